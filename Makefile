@@ -1,0 +1,48 @@
+# The two commands a new user needs (see README.md):
+#   make demo   set up, start the local Slurm dev cluster, run the main job
+#   make test   set up and run every test (the same command CI runs)
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+APT_PACKAGES := slurmctld slurmd slurm-client munge slurmdbd mariadb-server prometheus systemd
+
+.PHONY: setup system-deps venv lint test test-unit demo clean
+
+setup: system-deps venv
+
+# Debian packages: Slurm 22.05 + munge for the dev cluster, MariaDB for its accounting
+# mode, Prometheus for the metrics integration test, systemd for `systemd-analyze verify`.
+system-deps:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
+	    | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages: $$missing"; \
+	  if [ "$$(id -u)" != 0 ]; then echo "run as root (or install: $$missing)" >&2; exit 1; fi; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
+	fi
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[torch,dev]'
+	touch $@
+
+lint: venv
+	$(VENV)/bin/ruff check malletrain tests benchmarks examples
+	$(VENV)/bin/mypy malletrain
+
+# Unit tier: pure logic only, no Slurm, a few seconds.
+test-unit: venv
+	$(VENV)/bin/pytest -q tests/unit
+
+test: setup lint
+	$(VENV)/bin/pytest -q
+
+demo: setup
+	$(PY) -m malletrain.demo
+
+clean:
+	-slurm/dev-cluster down
+	rm -rf $(VENV) build *.egg-info

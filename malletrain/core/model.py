@@ -1,0 +1,97 @@
+"""The allocator's input and output: the contract between core/ and its callers.
+
+The daemon builds an :class:`AllocationInput` from a Slurm snapshot plus the
+Profiling Advisor; the simulator builds one from a replayed trace. A policy is a
+pure function ``AllocationInput -> Plan``; the caller applies the difference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class IdleNode:
+    """A node malletrain may use right now (idle in Slurm, or already held by a malleable job)."""
+
+    name: str
+    #: Predicted remaining idle time in seconds from ``now``; ``None`` = nothing planned (unbounded).
+    window_s: float | None
+    #: How long the node has been idle (seconds), for the hole-length estimate.
+    idle_age_s: float = 0.0
+    #: Network locality group (e.g. leaf switch) if known, so a job's nodes stay close.
+    switch: str | None = None
+
+
+@dataclass(frozen=True)
+class ThroughputModel:
+    """What a policy believes about a job's throughput (whole job, samples/s) at n nodes.
+
+    ``points`` are (nodes, samples_per_s) sorted by nodes; between points the curve
+    is linear, beyond the last point it is flat (a conservative extrapolation)
+    unless ``optimistic_slope`` allows a bounded optimistic extension, the way the
+    Profiling Advisor expresses uncertainty about untried sizes.
+    """
+
+    points: tuple[tuple[int, float], ...]
+    optimistic_slope: float = 0.0
+
+    def rate(self, n: int) -> float:
+        if n <= 0 or not self.points:
+            return 0.0
+        pts = self.points
+        if n <= pts[0][0]:
+            # below the first measured size: scale proportionally from it
+            return pts[0][1] * n / pts[0][0]
+        for (n0, r0), (n1, r1) in zip(pts, pts[1:], strict=False):
+            if n <= n1:
+                return r0 + (r1 - r0) * (n - n0) / (n1 - n0)
+        last_n, last_r = pts[-1]
+        return last_r + self.optimistic_slope * (n - last_n)
+
+
+@dataclass(frozen=True)
+class MalleableJob:
+    job_id: str
+    min_nodes: int
+    max_nodes: int
+    #: Nodes the job holds now (empty when it is not running).
+    nodes: tuple[str, ...]
+    throughput: ThroughputModel
+    #: Seconds of progress lost when the job grows / shrinks (measured or default).
+    scale_up_s: float
+    scale_down_s: float
+    #: Submit order, for first-come-first-served tie breaks.
+    submit_order: int = 0
+
+
+@dataclass(frozen=True)
+class AllocationInput:
+    now_s: float
+    #: Every node a policy may hand out: free idle nodes and nodes held by the jobs below.
+    nodes: tuple[IdleNode, ...]
+    jobs: tuple[MalleableJob, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How many and which nodes each job should hold after this decision."""
+
+    assignments: Mapping[str, tuple[str, ...]]
+    #: The policy's objective value for this plan (its own units), for logs and tests.
+    objective: float = 0.0
+    decision_s: float = 0.0
+    notes: tuple[str, ...] = field(default=(), compare=False)
+
+    def count(self, job_id: str) -> int:
+        return len(self.assignments.get(job_id, ()))
+
+
+class Policy(Protocol):
+    """An allocation policy: a pure function of its input."""
+
+    name: str
+
+    def decide(self, inp: AllocationInput) -> Plan: ...

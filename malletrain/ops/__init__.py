@@ -1,0 +1,1 @@
+"""Operations: typed settings, metrics, logging, systemd integration."""

@@ -1,0 +1,1 @@
+"""The Slurm cluster backend: typed snapshots in (observe) and actions out (act)."""
