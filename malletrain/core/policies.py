@@ -1,0 +1,74 @@
+"""The policy registry: a name -> a factory of :class:`~malletrain.core.model.Policy`.
+
+Callers (``malletrain simulate --policy NAME``, the daemon's settings) look a
+policy up here. Each entry says where the policy's throughput curves come from,
+because a policy never reads a jobs file itself; the caller fills
+``MalleableJob.throughput``:
+
+* ``curves="true"``: the caller passes the jobs' true (measured) curves;
+* ``curves="learned"``: the caller passes ``ProfilingAdvisor.model(job_id)``
+  (and ``ProfilingAdvisor.scale_costs``), learned online from progress reports;
+* ``curves="none"``: the policy ignores the curves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from malletrain.core.model import Policy
+
+CurveSource = Literal["true", "learned", "none"]
+
+
+@dataclass(frozen=True)
+class PolicyOptions:
+    """Knobs a caller may set; each policy reads the ones that concern it."""
+
+    #: FreeTrain's look-ahead (seconds): the value of one second of throughput.
+    tfwd_s: float = 10.0
+    #: malletrain's cap on any node's window (seconds): beyond it nothing is predictable.
+    horizon_s: float = 1800.0
+    #: Wall-clock limit for one MILP solve (FreeTrain).
+    milp_time_limit_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    name: str
+    curves: CurveSource
+    description: str
+    factory: Callable[[PolicyOptions], Policy]
+
+
+def _equal_share(opts: PolicyOptions) -> Policy:
+    from malletrain.core.baselines import EqualShare
+
+    return EqualShare()
+
+
+POLICIES: dict[str, PolicySpec] = {
+    spec.name: spec
+    for spec in (
+        PolicySpec(
+            "equal-share",
+            "none",
+            "equal split over admitted jobs, clipped to [min, max], leftovers FCFS",
+            _equal_share,
+        ),
+    )
+}
+
+
+def policy_names() -> tuple[str, ...]:
+    return tuple(POLICIES)
+
+
+def make_policy(name: str, options: PolicyOptions | None = None) -> Policy:
+    """A fresh policy instance (policies may keep learned state, e.g. hole lengths)."""
+    try:
+        spec = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
+    return spec.factory(options or PolicyOptions())
