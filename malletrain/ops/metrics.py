@@ -1,0 +1,322 @@
+"""Prometheus metrics of the daemon.
+
+Two kinds of metrics, two mechanisms (the client_python pattern for exporters):
+
+* **State** (idle nodes, each job's nodes, samples/s ...) is whatever the daemon saw at
+  its last tick. The daemon publishes one immutable :class:`MetricsSnapshot` per tick
+  and a custom collector turns the latest one into gauges *at scrape time*. A job that
+  ends simply disappears from the next snapshot, so no label set is ever left stale.
+* **Events** (decision time, tick duration, yield latency, preemptions, Slurm call
+  errors) are observed as they happen through the small typed API of :class:`Metrics`
+  into histograms and counters.
+
+Library code never touches prometheus_client's global default registry: the registry
+is passed in, so tests (and two daemons in one process) stay independent.
+
+Names follow Prometheus conventions: ``malletrain_`` prefix, base units in the name
+(``_seconds``), ``_total`` for counters. The per-job label is ``job_id``, not ``job``:
+Prometheus attaches its own ``job`` label (the scrape job) to every series and would
+rename ours to ``exported_job``.
+
+Usage (daemon)::
+
+    from prometheus_client import CollectorRegistry
+    from malletrain.ops.metrics import JobStatus, Metrics, MetricsSnapshot, serve
+
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    server = serve(settings.metrics.address, registry)   # http://HOST:PORT/metrics
+    ...
+    # each tick:
+    t0 = time.monotonic()
+    plan = policy.decide(inp)
+    metrics.observe_decision(time.monotonic() - t0)
+    metrics.publish(MetricsSnapshot(
+        time_s=time.time(), total_nodes=8, idle_nodes=3, scavenged_nodes=4,
+        predicted_idle_node_seconds=1200.0,
+        jobs=(JobStatus(job_id="m1", user="alice", state="running", nodes=4,
+                        samples_per_s=812.5, samples_total=10_000, rescales_up=2,
+                        rescales_down=1),),
+    ))
+    metrics.observe_tick(time.monotonic() - tick_started)
+    # when Slurm preempts a slot and the node is free again:
+    metrics.count_preemption()
+    metrics.observe_yield(seconds_from_slurm_wanting_the_node_to_release)
+    # around every Slurm command:
+    metrics.observe_slurm_call("squeue", seconds, ok=False)
+    ...
+    server.stop()
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import start_http_server
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+PREFIX = "malletrain"
+
+#: Seconds from Slurm wanting a node back to the slot released. Slurm's GraceTime is a
+#: few seconds to minutes, so the buckets cover 50 ms to 2 min.
+YIELD_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
+#: Allocation decisions should take milliseconds (target < 50 ms at 5,000 nodes).
+DECISION_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+#: One tick = Slurm queries + decision + actions.
+TICK_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: One Slurm CLI call (sinfo/squeue take ~10 ms on a small cluster).
+SLURM_CALL_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """One malleable job as the daemon saw it at the last tick."""
+
+    job_id: str
+    user: str
+    #: lifecycle state name (e.g. "queued", "running", "evicted"); free text for the gauge label.
+    state: str
+    nodes: int
+    samples_per_s: float = 0.0
+    #: samples processed since the job was submitted (from its progress reports).
+    samples_total: int = 0
+    rescales_up: int = 0
+    rescales_down: int = 0
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """What the daemon knows at the end of one tick; the collector reads the latest one.
+
+    Node counts are over the nodes of the configured partitions:
+    ``idle_nodes`` are idle in Slurm (no job at all), ``scavenged_nodes`` are held by
+    malletrain's slot jobs, so ``idle_nodes + scavenged_nodes`` are the holes malletrain
+    could use and ``scavenged / (idle + scavenged)`` is how much of them it uses.
+    """
+
+    #: when the snapshot was taken (Unix time, seconds).
+    time_s: float
+    total_nodes: int
+    idle_nodes: int
+    scavenged_nodes: int
+    #: sum over idle and scavenged nodes of the predicted idle window (seconds); a node
+    #: with no planned job counts with the daemon's horizon (slurm.max_slot_time_s).
+    predicted_idle_node_seconds: float
+    jobs: tuple[JobStatus, ...] = ()
+    #: did the last Slurm query succeed? (False: the numbers above are the last good ones.)
+    slurm_up: bool = True
+
+
+class SnapshotCollector(Collector):
+    """Builds the gauge families from the latest published snapshot at each scrape."""
+
+    def __init__(self) -> None:
+        self._snapshot: MetricsSnapshot | None = None
+
+    def set(self, snapshot: MetricsSnapshot) -> None:
+        # One reference assignment: a scrape sees the old or the new snapshot, never a mix.
+        self._snapshot = snapshot
+
+    @property
+    def snapshot(self) -> MetricsSnapshot | None:
+        return self._snapshot
+
+    def describe(self) -> Iterable[Metric]:
+        # Returning the (empty) families lets the registry check for name clashes at
+        # registration without calling collect() on a snapshot that does not exist yet.
+        return list(self._families(None))
+
+    def collect(self) -> Iterable[Metric]:
+        return list(self._families(self._snapshot))
+
+    @staticmethod
+    def _families(s: MetricsSnapshot | None) -> Iterator[Metric]:
+        def gauge(name: str, doc: str, value: float | None) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(f"{PREFIX}_{name}", doc)
+            if value is not None:
+                g.add_metric([], value)
+            return g
+
+        yield gauge("last_tick_timestamp_seconds",
+                    "Unix time of the daemon's last completed tick (alert if it gets old).",
+                    s.time_s if s else None)
+        yield gauge("slurm_up", "1 if the last Slurm query succeeded, else 0.",
+                    (1.0 if s.slurm_up else 0.0) if s else None)
+        yield gauge("cluster_nodes", "Nodes in the partitions malletrain watches.",
+                    s.total_nodes if s else None)
+        yield gauge("idle_nodes", "Nodes idle in Slurm (no job at all) at the last tick.",
+                    s.idle_nodes if s else None)
+        yield gauge("scavenged_nodes", "Nodes held by malletrain slot jobs at the last tick.",
+                    s.scavenged_nodes if s else None)
+        yield gauge("predicted_idle_node_seconds",
+                    "Sum of the predicted idle windows of idle and scavenged nodes, seconds.",
+                    s.predicted_idle_node_seconds if s else None)
+
+        jobs = s.jobs if s else ()
+        by_state = GaugeMetricFamily(f"{PREFIX}_jobs", "Malleable jobs by lifecycle state.",
+                                     labels=["state"])
+        counts: dict[str, int] = {}
+        for j in jobs:
+            counts[j.state] = counts.get(j.state, 0) + 1
+        for state, n in sorted(counts.items()):
+            by_state.add_metric([state], n)
+        yield by_state
+
+        labels = ["job_id", "user"]
+        nodes = GaugeMetricFamily(f"{PREFIX}_job_nodes", "Nodes a malleable job holds.",
+                                  labels=labels)
+        rate = GaugeMetricFamily(f"{PREFIX}_job_samples_per_second",
+                                 "A job's training throughput (whole job), samples/s.",
+                                 labels=labels)
+        samples = CounterMetricFamily(f"{PREFIX}_job_samples",
+                                      "Samples a job has processed since submission.",
+                                      labels=labels)
+        rescales = CounterMetricFamily(f"{PREFIX}_job_rescales",
+                                       "Times a job changed size, by direction (up/down).",
+                                       labels=[*labels, "direction"])
+        for j in jobs:
+            key = [j.job_id, j.user]
+            nodes.add_metric(key, j.nodes)
+            rate.add_metric(key, j.samples_per_s)
+            samples.add_metric(key, j.samples_total)
+            rescales.add_metric([*key, "up"], j.rescales_up)
+            rescales.add_metric([*key, "down"], j.rescales_down)
+        yield from (nodes, rate, samples, rescales)
+
+
+class Metrics:
+    """The daemon's metrics, registered on ``registry``. See the module docstring."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self._collector = SnapshotCollector()
+        registry.register(self._collector)
+        p = PREFIX
+        self.decision_seconds = Histogram(
+            f"{p}_decision_duration_seconds", "Time of one allocation decision.",
+            buckets=DECISION_BUCKETS_S, registry=registry)
+        self.tick_seconds = Histogram(
+            f"{p}_tick_duration_seconds", "Time of one observe-decide-act tick.",
+            buckets=TICK_BUCKETS_S, registry=registry)
+        self.yield_seconds = Histogram(
+            f"{p}_yield_latency_seconds",
+            "Seconds from Slurm wanting a scavenged node back to malletrain's slot released.",
+            buckets=YIELD_BUCKETS_S, registry=registry)
+        self.preemptions = Counter(
+            f"{p}_preemptions", "Scavenger slots preempted by Slurm for regular work.",
+            registry=registry)
+        self.slurm_calls = Counter(
+            f"{p}_slurm_calls", "Slurm commands run, by command.", ["call"], registry=registry)
+        self.slurm_call_errors = Counter(
+            f"{p}_slurm_call_errors", "Slurm commands that failed or timed out, by command.",
+            ["call"], registry=registry)
+        self.slurm_call_seconds = Histogram(
+            f"{p}_slurm_call_duration_seconds", "Duration of Slurm commands, by command.",
+            ["call"], buckets=SLURM_CALL_BUCKETS_S, registry=registry)
+        self.config_reloads = Counter(
+            f"{p}_config_reloads", "SIGHUP config reloads, by result (ok/rejected).",
+            ["result"], registry=registry)
+        for result in ("ok", "rejected"):
+            self.config_reloads.labels(result=result)  # export 0 before the first reload
+
+    # -- state ------------------------------------------------------------------------
+    def publish(self, snapshot: MetricsSnapshot) -> None:
+        """Make ``snapshot`` what the next scrape reports."""
+        self._collector.set(snapshot)
+
+    @property
+    def snapshot(self) -> MetricsSnapshot | None:
+        return self._collector.snapshot
+
+    # -- events -----------------------------------------------------------------------
+    def observe_decision(self, seconds: float) -> None:
+        self.decision_seconds.observe(seconds)
+
+    def observe_tick(self, seconds: float) -> None:
+        self.tick_seconds.observe(seconds)
+
+    def observe_yield(self, seconds: float) -> None:
+        self.yield_seconds.observe(seconds)
+
+    def count_preemption(self, n: int = 1) -> None:
+        self.preemptions.inc(n)
+
+    def observe_slurm_call(self, call: str, seconds: float, ok: bool = True) -> None:
+        """One Slurm command (``call`` = its name, e.g. "squeue"; keep the set small)."""
+        self.slurm_calls.labels(call=call).inc()
+        self.slurm_call_seconds.labels(call=call).observe(seconds)
+        if not ok:
+            self.slurm_call_errors.labels(call=call).inc()
+
+    def count_reload(self, ok: bool) -> None:
+        self.config_reloads.labels(result="ok" if ok else "rejected").inc()
+
+    # -- introspection ------------------------------------------------------------------
+    def sample_names(self) -> set[str]:
+        """Every series name these metrics can expose (to check dashboards and alerts)."""
+        sources: list[SnapshotCollector | Counter | Histogram] = [
+            self._collector, self.decision_seconds, self.tick_seconds, self.yield_seconds,
+            self.preemptions, self.slurm_calls, self.slurm_call_errors,
+            self.slurm_call_seconds, self.config_reloads,
+        ]
+        names: set[str] = set()
+        for source in sources:
+            for family in source.describe():
+                # prometheus_client adds a _created series to its own counters/histograms
+                created = set() if source is self._collector else {f"{family.name}_created"}
+                if family.type == "counter":
+                    names |= {f"{family.name}_total"} | created
+                elif family.type == "histogram":
+                    names |= {f"{family.name}_{x}" for x in ("bucket", "count", "sum")} | created
+                else:
+                    names.add(family.name)
+        return names
+
+
+class MetricsServer:
+    """A running /metrics endpoint; :meth:`stop` shuts it down and frees the port."""
+
+    def __init__(self, server: WSGIServer, thread: threading.Thread) -> None:
+        self._server = server
+        self._thread = thread
+
+    @property
+    def host(self) -> str:
+        return str(self._server.server_address[0])
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful with port 0)."""
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout_s)
+
+
+def serve(address: str, registry: CollectorRegistry) -> MetricsServer:
+    """Serve ``registry`` on ``address`` ("HOST:PORT", "[v6]:PORT") in a daemon thread.
+
+    Raises OSError if the address cannot be bound (the daemon reports it and exits).
+    """
+    from malletrain.ops.settings import parse_address
+
+    host, port = parse_address(address)
+    server, thread = start_http_server(port, addr=host, registry=registry)
+    ms = MetricsServer(server, thread)
+    log.info("serving metrics on %s", ms.url)
+    return ms

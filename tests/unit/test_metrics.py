@@ -1,0 +1,166 @@
+"""Metrics: snapshot collector, event API, naming conventions, the real HTTP endpoint."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import urllib.request
+
+import pytest
+from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from malletrain.ops.metrics import JobStatus, Metrics, MetricsSnapshot, serve
+
+
+def snapshot(idle: int = 3, scavenged: int = 4, jobs: tuple[JobStatus, ...] = ()):
+    return MetricsSnapshot(
+        time_s=1_800_000_000.0, total_nodes=8, idle_nodes=idle, scavenged_nodes=scavenged,
+        predicted_idle_node_seconds=1234.5, jobs=jobs,
+    )
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        assert resp.status == 200
+        text = resp.read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+@pytest.fixture
+def served():
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    server = serve("127.0.0.1:0", registry)
+    yield metrics, server
+    server.stop()
+
+
+def test_gauges_come_from_the_latest_snapshot(served):
+    metrics, server = served
+    before = scrape(server.url)
+    assert ("malletrain_idle_nodes", ()) not in before  # nothing observed yet: no value, not 0
+
+    alice = JobStatus("m1", "alice", "running", nodes=4, samples_per_s=812.5,
+                      samples_total=10_000, rescales_up=2, rescales_down=1)
+    bob = JobStatus("m2", "bob", "queued", nodes=0)
+    metrics.publish(snapshot(jobs=(alice, bob)))
+    got = scrape(server.url)
+    assert got[("malletrain_idle_nodes", ())] == 3
+    assert got[("malletrain_scavenged_nodes", ())] == 4
+    assert got[("malletrain_cluster_nodes", ())] == 8
+    assert got[("malletrain_predicted_idle_node_seconds", ())] == 1234.5
+    assert got[("malletrain_slurm_up", ())] == 1
+    assert got[("malletrain_last_tick_timestamp_seconds", ())] == 1_800_000_000.0
+    a = (("job_id", "m1"), ("user", "alice"))
+    assert got[("malletrain_job_nodes", a)] == 4
+    assert got[("malletrain_job_samples_per_second", a)] == 812.5
+    assert got[("malletrain_job_samples_total", a)] == 10_000
+    assert got[("malletrain_job_rescales_total", (("direction", "up"), *a))] == 2
+    assert got[("malletrain_job_rescales_total", (("direction", "down"), *a))] == 1
+    assert got[("malletrain_jobs", (("state", "queued"),))] == 1
+    assert got[("malletrain_jobs", (("state", "running"),))] == 1
+
+    # a job that left is gone from the next scrape: no stale series
+    metrics.publish(snapshot(idle=5, scavenged=0, jobs=(bob,)))
+    got = scrape(server.url)
+    assert got[("malletrain_idle_nodes", ())] == 5
+    assert not [k for k in got if ("job_id", "m1") in k[1]]
+
+
+def test_event_api_counts_and_histograms(served):
+    metrics, server = served
+    for s in (0.002, 0.003, 0.2):
+        metrics.observe_decision(s)
+    metrics.observe_tick(0.04)
+    metrics.observe_yield(0.3)
+    metrics.observe_yield(7.0)
+    metrics.count_preemption()
+    metrics.count_preemption(2)
+    metrics.observe_slurm_call("squeue", 0.01)
+    metrics.observe_slurm_call("squeue", 10.0, ok=False)
+    metrics.observe_slurm_call("sbatch", 0.05, ok=False)
+    metrics.count_reload(ok=False)
+    got = scrape(server.url)
+    assert got[("malletrain_decision_duration_seconds_count", ())] == 3
+    assert got[("malletrain_decision_duration_seconds_bucket", (("le", "0.005"),))] == 2
+    assert got[("malletrain_decision_duration_seconds_sum", ())] == pytest.approx(0.205)
+    assert got[("malletrain_tick_duration_seconds_count", ())] == 1
+    assert got[("malletrain_yield_latency_seconds_bucket", (("le", "0.5"),))] == 1
+    assert got[("malletrain_yield_latency_seconds_bucket", (("le", "10.0"),))] == 2
+    assert got[("malletrain_preemptions_total", ())] == 3
+    assert got[("malletrain_slurm_calls_total", (("call", "squeue"),))] == 2
+    assert got[("malletrain_slurm_call_errors_total", (("call", "squeue"),))] == 1
+    assert got[("malletrain_slurm_call_errors_total", (("call", "sbatch"),))] == 1
+    assert got[("malletrain_config_reloads_total", (("result", "rejected"),))] == 1
+    assert got[("malletrain_config_reloads_total", (("result", "ok"),))] == 0
+
+
+def test_names_follow_prometheus_conventions():
+    names = Metrics(CollectorRegistry()).sample_names()
+    assert names and all(n.startswith("malletrain_") for n in names)
+    for n in names:
+        assert "job_id" not in n
+        if n.endswith(("_bucket", "_sum", "_count")):
+            assert "_seconds_" in n, n  # every histogram measures time, in base units
+    assert "malletrain_preemptions_total" in names
+    assert "malletrain_yield_latency_seconds_bucket" in names
+
+
+def test_registry_is_never_the_global_default():
+    Metrics(CollectorRegistry())
+    Metrics(CollectorRegistry())  # two instances do not clash
+    assert not [n for n in REGISTRY._names_to_collectors if n.startswith("malletrain_")]
+
+
+def test_scrape_never_mixes_two_snapshots(served):
+    """idle + scavenged is constant in every snapshot; a scrape must see one of them whole."""
+    metrics, server = served
+    stop = threading.Event()
+
+    def publisher():
+        i = 0
+        while not stop.is_set():
+            metrics.publish(snapshot(idle=i % 9, scavenged=8 - i % 9))
+            i += 1
+
+    metrics.publish(snapshot(idle=0, scavenged=8))
+    t = threading.Thread(target=publisher)
+    t.start()
+    try:
+        for _ in range(10):
+            got = scrape(server.url)
+            total = got[("malletrain_idle_nodes", ())] + got[("malletrain_scavenged_nodes", ())]
+            assert total == 8
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_stop_frees_the_port():
+    registry = CollectorRegistry()
+    Metrics(registry)
+    server = serve("127.0.0.1:0", registry)
+    port = server.port
+    scrape(server.url)
+    server.stop()
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))  # would raise EADDRINUSE if still served
+    with pytest.raises(OSError):
+        urllib.request.urlopen(server.url, timeout=2)
+
+
+def test_serve_rejects_a_bad_address_and_a_taken_port():
+    registry = CollectorRegistry()
+    with pytest.raises(ValueError):
+        serve("no-port", registry)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        with pytest.raises(OSError):
+            serve(f"127.0.0.1:{s.getsockname()[1]}", registry)
