@@ -1,0 +1,250 @@
+"""The elastic coordinator: the daemon's handle on the membership of malleable jobs.
+
+The coordinator is a ``torch.distributed.TCPStore`` that lives OFF the preemptible nodes, plus
+this typed API over its keys (layout in :mod:`malletrain.elastic.protocol`). All state is in
+the store, none in this object, so:
+
+* the daemon can host the store in-process (:meth:`Coordinator.start`), or
+* run it in a separate process that survives a ``kill -9`` of the daemon
+  (``malletrain coordinator --port 29400 --address-file F``) and connect with
+  :meth:`Coordinator.attach`; a restarted daemon attaches again and reads the current
+  epoch, membership, registrations, departures and progress back.
+
+Daemon usage (one job)::
+
+    coord = Coordinator.attach("login1:29400")          # or Coordinator.start("0.0.0.0")
+    # start Slurm slot jobs with the env contract below; their workers register
+    waiting = coord.registered("job42")                 # {member_id: MemberInfo}
+    epoch = coord.publish("job42", ["m0", "m1"])        # grow / shrink / planned leave
+    coord.progress("job42")                             # ProgressReport | None, ~1/s
+    coord.departures("job42")                           # SIGTERM'd / failed / removed members
+    coord.is_finished("job42"); coord.forget("job42")
+
+Membership semantics:
+
+* ``publish(job, members)`` defines the next epoch; ``members`` is the full new list, in rank
+  order. Workers switch at their next step boundary, all at once. Members that were in the job
+  and are not in the list leave cleanly at that boundary (exit code 0, departure reason
+  ``removed``): that is a planned leave, no step is lost. ``publish(job, [])`` evicts the job
+  to zero: the last members save the state to ``MALLETRAIN_STATE_DIR`` first.
+* Survivors also write epochs themselves, without waiting for the daemon: after a member
+  announced SIGTERM at a step boundary (``source="leave"``) and after a failure (crash,
+  SIGKILL, frozen member; ``source="heal"``). Each epoch is written once (compare-and-set), so
+  :meth:`publish` and a heal cannot both define the same epoch; :meth:`publish` retries on the
+  next number and returns the epoch it got.
+* Only members that registered and have not departed since can be published
+  (:class:`MemberUnavailable` otherwise, a retryable error: re-plan on the next tick).
+
+Worker environment contract (set by the daemon on each Slurm slot job; one slot = one member =
+one node running ``torchrun --nnodes=1 --nproc-per-node=K script.py``):
+
+=========================  ==================================================================
+``MALLETRAIN_COORDINATOR``  ``host:port`` of the store (required)
+``MALLETRAIN_JOB_ID``       the job id, ``[A-Za-z0-9._-]{1,128}`` (required)
+``MALLETRAIN_MEMBER_ID``    this slot's member id, unique within the job, same charset (required)
+``MALLETRAIN_STATE_DIR``    directory for the evicted-to-zero snapshot; must be reachable from
+                            every node the job may run on (login node / parallel FS). Optional:
+                            without it, eviction to zero loses the training state (warned).
+``LOCAL_RANK``,             set by torchrun; default 0 and 1 without torchrun. Global rank =
+``LOCAL_WORLD_SIZE``        sum of the local world sizes of the members before this one in the
+                            membership + LOCAL_RANK (= member index * K + LOCAL_RANK).
+=========================  ==================================================================
+
+Optional tuning (seconds): ``MALLETRAIN_STEP_TIMEOUT_S`` (collective timeout during steps,
+bounds a frozen member, default 10), ``MALLETRAIN_SYNC_TIMEOUT_S`` (process group formation and
+state broadcast, default 120), ``MALLETRAIN_JOIN_TIMEOUT_S`` (how long the members of a new epoch
+wait for each other before the ones present drop the missing, default 30),
+``MALLETRAIN_HEAL_WAIT_S`` (after a failure, how long survivors wait for each other's "alive"
+marks, default 2).
+
+Trust: the store has no authentication. Anything that can reach its port can change any job's
+membership; run it on the management network only.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from malletrain.elastic import protocol as p
+from malletrain.elastic.jobstore import JobStore
+from malletrain.elastic.protocol import (
+    Departure,
+    FinishRecord,
+    MemberInfo,
+    Membership,
+    ProgressReport,
+)
+from malletrain.errors import PermanentError, RetryableError
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "Coordinator",
+    "Departure",
+    "FinishRecord",
+    "MemberInfo",
+    "MemberUnavailable",
+    "Membership",
+    "ProgressReport",
+]
+
+
+class MemberUnavailable(RetryableError):
+    """A member passed to :meth:`Coordinator.publish` is not registered (or departed)."""
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` -> (host, port), with a one-line error for a bad value."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise PermanentError(f"invalid coordinator address {address!r}: expected host:port")
+    return host, int(port_text)
+
+
+class Coordinator:
+    """Typed access to the membership store. Thread-safe (one lock around store calls)."""
+
+    def __init__(self, store: dist.TCPStore, host: str, port: int, *, owner: bool) -> None:
+        self._store = store
+        self._host = host
+        self._port = port
+        self._owner = owner
+        self._lock = threading.Lock()
+        self._jobs: dict[str, JobStore] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    def start(cls, host: str = "127.0.0.1", port: int = 0) -> Coordinator:
+        """Host a new store in this process (``port=0``: pick a free port; see ``address``).
+
+        ``host`` is the address to bind AND the one advertised in :attr:`address`; pass the
+        login node's cluster-facing name or IP (``0.0.0.0`` binds everywhere but is
+        advertised as the machine's hostname).
+        """
+        store = dist.TCPStore(
+            host, port, is_master=True, wait_for_workers=False, multi_tenant=True,
+            timeout=timedelta(seconds=30),
+        )
+        advertised = host
+        if host in ("0.0.0.0", "::", ""):
+            import socket
+
+            advertised = socket.getfqdn()
+        log.info("coordinator store listening on %s:%d", advertised, store.port)
+        return cls(store, advertised, store.port, owner=True)
+
+    @classmethod
+    def attach(cls, address: str, timeout_s: float = 10.0) -> Coordinator:
+        """Connect to a store hosted elsewhere (e.g. by ``malletrain coordinator``).
+
+        Raises :class:`RetryableError` if it cannot be reached within ``timeout_s``.
+        """
+        host, port = parse_address(address)
+        try:
+            store = dist.TCPStore(
+                host, port, is_master=False, timeout=timedelta(seconds=timeout_s)
+            )
+        except (RuntimeError, TimeoutError) as exc:
+            raise RetryableError(f"cannot reach the coordinator at {address}: {exc}") from exc
+        return cls(store, host, port, owner=False)
+
+    @property
+    def address(self) -> str:
+        """``host:port`` to put into ``MALLETRAIN_COORDINATOR``."""
+        return f"{self._host}:{self._port}"
+
+    @property
+    def store(self) -> dist.TCPStore:
+        """The underlying store (tests and tools; not needed for normal use)."""
+        return self._store
+
+    def close(self) -> None:
+        """Drop the store handle. If this object hosts the store, the server stops."""
+        with self._lock:
+            self._jobs.clear()
+            del self._store
+
+    def _job(self, job_id: str) -> JobStore:
+        js = self._jobs.get(job_id)
+        if js is None:
+            js = self._jobs[job_id] = JobStore(self._store, job_id)
+        return js
+
+    # ------------------------------------------------------------------ per job
+
+    def registered(self, job_id: str) -> dict[str, MemberInfo]:
+        """Members whose workers are up and waiting to join (not in the current epoch)."""
+        with self._lock:
+            js = self._job(job_id)
+            return p.waiting_members(js.events(), js.current())
+
+    def live_members(self, job_id: str) -> dict[str, MemberInfo]:
+        """Every registered member that has not departed since (in the job or waiting)."""
+        with self._lock:
+            return p.live_registrations(self._job(job_id).events())
+
+    def publish(self, job_id: str, members: Sequence[str]) -> int:
+        """Publish the next membership epoch of ``job_id``; returns its number.
+
+        Raises :class:`MemberUnavailable` if a member never registered or departed since.
+        """
+        members = list(members)
+        with self._lock:
+            js = self._job(job_id)
+            live = p.live_registrations(js.events())
+            gone = [m for m in members if m not in live]
+            if gone:
+                raise MemberUnavailable(
+                    f"job {job_id}: member(s) {gone} are not registered or have departed"
+                )
+            sizes = {m: info.local_world_size for m, info in live.items()}
+            while True:
+                epoch = js.latest_epoch() + 1
+                wanted = p.build_membership(epoch, members, sizes, "publish", time.time())
+                won, _held = js.propose(wanted)
+                if won:
+                    log.info("job %s: published epoch %d = %s", job_id, epoch, members)
+                    return epoch
+                log.info("job %s: epoch %d was taken by the workers; retrying", job_id, epoch)
+
+    def membership(self, job_id: str) -> Membership | None:
+        """The newest epoch of the job (None before the first publish)."""
+        with self._lock:
+            return self._job(job_id).current()
+
+    def epoch(self, job_id: str, epoch: int) -> Membership | None:
+        """One specific epoch (history), None if it does not exist."""
+        with self._lock:
+            return self._job(job_id).membership(epoch)
+
+    def progress(self, job_id: str) -> ProgressReport | None:
+        """The newest progress report of the job (global rank 0 writes it about 1/s)."""
+        with self._lock:
+            return self._job(job_id).progress()
+
+    def departures(self, job_id: str) -> list[Departure]:
+        """Every departure so far, in order (``seq`` grows; keep the last one you saw)."""
+        with self._lock:
+            return p.departures(self._job(job_id).events())
+
+    def is_finished(self, job_id: str) -> bool:
+        """True once the job reached its stop condition (see :meth:`result`)."""
+        return self.result(job_id) is not None
+
+    def result(self, job_id: str) -> FinishRecord | None:
+        with self._lock:
+            return self._job(job_id).finished()
+
+    def forget(self, job_id: str) -> None:
+        """Delete the job's keys (call after the job ended and its workers exited)."""
+        with self._lock:
+            n = self._job(job_id).forget()
+            self._jobs.pop(job_id, None)
+        log.info("job %s: forgot %d keys", job_id, n)

@@ -1,0 +1,154 @@
+"""Reads and writes of one job's keys in the shared store (used by both sides).
+
+The coordinator (daemon side) and the workers go through this one class so that the
+protocol of :mod:`malletrain.elastic.protocol` is implemented exactly once. The store is
+duck-typed (:class:`StoreLike`): a ``torch.distributed.TCPStore`` in production, which keeps
+this module free of a torch import.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from malletrain.elastic import protocol as p
+
+log = logging.getLogger(__name__)
+
+
+class StoreLike(Protocol):
+    """The subset of ``torch.distributed.Store`` used here."""
+
+    def set(self, key: str, value: str) -> None: ...
+    def get(self, key: str) -> bytes: ...
+    def add(self, key: str, amount: int) -> int: ...
+    def check(self, keys: list[str]) -> bool: ...
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes: ...
+    def delete_key(self, key: str) -> bool: ...
+
+
+class JobStore:
+    """One job's view of the store. Not thread-safe; callers serialize."""
+
+    def __init__(self, store: StoreLike, job_id: str) -> None:
+        self.store = store
+        self.keys = p.Keys(job_id)
+        self.job_id = job_id
+        self._events: list[p.Event] = []  # cache of the append-only log, read incrementally
+
+    # ------------------------------------------------------------------ memberships
+
+    def _get(self, key: str) -> bytes | None:
+        # get() blocks until the key exists, so always check() first.
+        if not self.store.check([key]):
+            return None
+        return self.store.get(key)
+
+    def latest_epoch(self) -> int:
+        """The newest published epoch, 0 if none. Scans upward from the ``latest`` hint."""
+        raw = self._get(self.keys.latest)
+        epoch = int(raw) if raw else 0
+        while self.store.check([self.keys.cfg(epoch + 1)]):
+            epoch += 1
+        return epoch
+
+    def has_epoch(self, epoch: int) -> bool:
+        return self.store.check([self.keys.cfg(epoch)])
+
+    def membership(self, epoch: int) -> p.Membership | None:
+        raw = self._get(self.keys.cfg(epoch))
+        return None if raw is None else p.decode_membership(raw)
+
+    def current(self) -> p.Membership | None:
+        epoch = self.latest_epoch()
+        return self.membership(epoch) if epoch > 0 else None
+
+    def propose(self, m: p.Membership) -> tuple[bool, p.Membership]:
+        """Try to define epoch ``m.epoch``; return (won, the membership that holds)."""
+        mine = p.encode_membership(m)
+        held = self.store.compare_set(self.keys.cfg(m.epoch), "", mine)
+        won = held.decode() == mine
+        if won:
+            self.store.set(self.keys.latest, str(m.epoch))
+        return won, p.decode_membership(held)
+
+    # ------------------------------------------------------------------ event log
+
+    def append_event(self, kind: str, member_id: str, data: Mapping[str, Any]) -> int:
+        seq = self.store.add(self.keys.events, 1) - 1
+        self.store.set(self.keys.event(seq), p.encode_event(kind, member_id, time.time(), data))
+        return seq
+
+    def events(self) -> list[p.Event]:
+        """All events so far (cached; only new ones are read)."""
+        count = self.store.add(self.keys.events, 0)
+        while len(self._events) < count:
+            seq = len(self._events)
+            raw = self._get(self.keys.event(seq))
+            if raw is None:  # counter bumped, record not written yet: read it next time
+                break
+            self._events.append(p.decode_event(seq, raw))
+        return list(self._events)
+
+    def register(self, info: p.MemberInfo) -> int:
+        return self.append_event(
+            "register",
+            info.member_id,
+            {"node": info.node, "pid": info.pid, "local_world_size": info.local_world_size},
+        )
+
+    def depart(
+        self, member_id: str, reason: p.DepartureReason, epoch: int | None, step: int | None
+    ) -> int:
+        return self.append_event(
+            "depart", member_id, {"reason": reason, "epoch": epoch, "step": step}
+        )
+
+    # ------------------------------------------------------------------ progress / finish
+
+    def set_progress(self, report: p.ProgressReport) -> None:
+        self.store.set(self.keys.progress, p.encode_progress(report))
+
+    def progress(self) -> p.ProgressReport | None:
+        raw = self._get(self.keys.progress)
+        return None if raw is None else p.decode_progress(raw)
+
+    def set_finished(self, record: p.FinishRecord) -> None:
+        self.store.set(self.keys.finished, p.encode_finish(record))
+
+    def finished(self) -> p.FinishRecord | None:
+        raw = self._get(self.keys.finished)
+        return None if raw is None else p.decode_finish(raw)
+
+    # ------------------------------------------------------------------ per-epoch markers
+
+    def mark(self, key: str) -> None:
+        self.store.set(key, "1")
+
+    def all_present(self, keys: Sequence[str]) -> bool:
+        return self.store.check(list(keys)) if keys else True
+
+    def present(self, keys: Sequence[str]) -> list[str]:
+        return [k for k in keys if self.store.check([k])]
+
+    # ------------------------------------------------------------------ cleanup
+
+    def forget(self) -> int:
+        """Delete the job's known keys; returns how many were deleted.
+
+        The gloo rendezvous keys under ``pg/<e>/`` and the arrive/alive markers are not
+        enumerable in a TCPStore and stay behind (a few hundred bytes per rank and epoch).
+        """
+        deleted = 0
+        latest = self.latest_epoch()
+        count = self.store.add(self.keys.events, 0)
+        keys = [self.keys.cfg(e) for e in range(1, latest + 1)]
+        keys += [self.keys.event(i) for i in range(count)]
+        keys += [self.keys.latest, self.keys.events, self.keys.progress, self.keys.finished]
+        for key in keys:
+            if self.store.delete_key(key):
+                deleted += 1
+        self._events = []
+        return deleted

@@ -1,0 +1,315 @@
+"""The wire protocol between the coordinator and the workers: store keys and records.
+
+Everything an elastic job shares lives in ONE ``torch.distributed.TCPStore`` hosted off the
+preemptible nodes (by the daemon, or by ``malletrain coordinator``). Keeping *all* state in
+the store (and none in the Python object that wrote it) is what lets a restarted daemon
+re-attach: :class:`~malletrain.elastic.coordinator.Coordinator` reads the epochs, the
+registrations and the progress back from the keys below.
+
+Keys of job ``J`` (all under ``mt/J/``)::
+
+    latest               hint: the newest epoch number (text int); readers scan upward from it
+    cfg/<e>              Membership of epoch e (JSON). Written ONCE with compare_set(key, "", v):
+                         whoever writes it first (coordinator publish, or survivors healing
+                         after a failure / a SIGTERM) defines epoch e; losers re-read.
+    events               counter (store.add) of the append-only event log
+    ev/<i>               Event i (JSON): a member registered (its workers are up and waiting)
+                         or departed (sigterm / removed / failed / crashed / finished)
+    progress             the newest ProgressReport (JSON), written by global rank 0
+    finished             FinishRecord (JSON) once the job reached its stop condition
+    arrive/<e>/<m>/<lr>  "process lr of member m is ready to form epoch e" (pre-rendezvous)
+    alive/<e>/<m>/<lr>   "process lr of member m survived a failure of epoch e" (healing)
+    pg/<e>/...           the process group rendezvous of epoch e (fresh PrefixStore per epoch)
+
+This module is pure (no torch, no I/O) so the record formats are unit-tested directly.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from malletrain.errors import PermanentError
+
+#: job and member ids end up inside store keys: no "/" or spaces allowed.
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+#: why a member's processes left the job.
+DepartureReason = Literal["sigterm", "removed", "failed", "crashed", "finished"]
+#: who wrote a membership epoch: the coordinator (publish), survivors after a failure
+#: (heal), or survivors after members announced a SIGTERM at a step boundary (leave).
+MembershipSource = Literal["publish", "heal", "leave"]
+
+
+def check_id(kind: str, value: str) -> str:
+    """Return ``value`` if it is a valid job/member id, else raise a one-line error."""
+    if not _ID_RE.match(value):
+        raise PermanentError(
+            f"invalid {kind} {value!r}: use 1-128 characters from [A-Za-z0-9._-], "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+class Keys:
+    """Store key names of one job (see the module docstring for the layout)."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = check_id("job id", job_id)
+        self.root = f"mt/{job_id}/"
+
+    @property
+    def latest(self) -> str:
+        return self.root + "latest"
+
+    def cfg(self, epoch: int) -> str:
+        return f"{self.root}cfg/{epoch}"
+
+    @property
+    def events(self) -> str:
+        return self.root + "events"
+
+    def event(self, index: int) -> str:
+        return f"{self.root}ev/{index}"
+
+    @property
+    def progress(self) -> str:
+        return self.root + "progress"
+
+    @property
+    def finished(self) -> str:
+        return self.root + "finished"
+
+    def arrive(self, epoch: int, member_id: str, local_rank: int) -> str:
+        return f"{self.root}arrive/{epoch}/{member_id}/{local_rank}"
+
+    def alive(self, epoch: int, member_id: str, local_rank: int) -> str:
+        return f"{self.root}alive/{epoch}/{member_id}/{local_rank}"
+
+    def pg_prefix(self, epoch: int) -> str:
+        return f"{self.root}pg/{epoch}"
+
+
+@dataclass(frozen=True)
+class MemberInfo:
+    """A member (one node slot running ``local_world_size`` worker processes)."""
+
+    member_id: str
+    node: str
+    pid: int
+    local_world_size: int
+    registered_at_s: float  # unix time of the registration
+
+
+@dataclass(frozen=True)
+class Membership:
+    """Who is in the job during one epoch, in rank order.
+
+    Global rank of local rank ``lr`` of ``members[i]`` is
+    ``sum(local_world_sizes[:i]) + lr`` (``i * K + lr`` when every member runs K processes).
+    """
+
+    epoch: int
+    members: tuple[str, ...]
+    local_world_sizes: tuple[int, ...]
+    source: MembershipSource
+    published_at_s: float
+    #: members the writer of a "heal"/"leave" epoch dropped, and why they were dropped.
+    dropped: tuple[str, ...] = ()
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.local_world_sizes)
+
+    def rank_offset(self, member_id: str) -> int:
+        i = self.members.index(member_id)
+        return sum(self.local_world_sizes[:i])
+
+    def local_world_size(self, member_id: str) -> int:
+        return self.local_world_sizes[self.members.index(member_id)]
+
+
+@dataclass(frozen=True)
+class ProgressReport:
+    """What global rank 0 reports at most every ``report_interval_s`` (and at the end)."""
+
+    epoch: int
+    step: int  # completed optimizer steps since the job started (survives rescales)
+    samples_total: int  # samples processed since the job started
+    samples_per_s: float  # global throughput over the last report interval
+    world_size: int
+    step_time_s: float  # mean wall time of one step over the last report interval
+    time_s: float  # unix time of the report
+    members: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Departure:
+    """A member's processes left (or were found gone). ``seq`` orders the event log."""
+
+    seq: int
+    member_id: str
+    reason: DepartureReason
+    epoch: int | None
+    step: int | None
+    time_s: float
+
+
+@dataclass(frozen=True)
+class FinishRecord:
+    """The job reached its stop condition; ``samples_total`` is exact."""
+
+    step: int
+    samples_total: int
+    time_s: float
+
+
+@dataclass(frozen=True)
+class Event:
+    """One entry of the append-only event log of a job."""
+
+    seq: int
+    kind: Literal["register", "depart"]
+    member_id: str
+    time_s: float
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------- encoding
+
+
+def _dumps(obj: Mapping[str, Any]) -> str:
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True)
+
+
+def encode_membership(m: Membership) -> str:
+    return _dumps(asdict(m))
+
+
+def decode_membership(raw: bytes | str) -> Membership:
+    d = json.loads(raw)
+    return Membership(
+        epoch=int(d["epoch"]),
+        members=tuple(str(x) for x in d["members"]),
+        local_world_sizes=tuple(int(x) for x in d["local_world_sizes"]),
+        source=d["source"],
+        published_at_s=float(d["published_at_s"]),
+        dropped=tuple(str(x) for x in d.get("dropped", ())),
+    )
+
+
+def encode_progress(p: ProgressReport) -> str:
+    return _dumps(asdict(p))
+
+
+def decode_progress(raw: bytes | str) -> ProgressReport:
+    d = json.loads(raw)
+    d["members"] = tuple(d.get("members", ()))
+    return ProgressReport(**d)
+
+
+def encode_finish(f: FinishRecord) -> str:
+    return _dumps(asdict(f))
+
+
+def decode_finish(raw: bytes | str) -> FinishRecord:
+    return FinishRecord(**json.loads(raw))
+
+
+def encode_event(kind: str, member_id: str, time_s: float, data: Mapping[str, Any]) -> str:
+    return _dumps({"kind": kind, "member_id": member_id, "time_s": time_s, "data": dict(data)})
+
+
+def decode_event(seq: int, raw: bytes | str) -> Event:
+    d = json.loads(raw)
+    return Event(
+        seq=seq,
+        kind=d["kind"],
+        member_id=str(d["member_id"]),
+        time_s=float(d["time_s"]),
+        data=d.get("data", {}),
+    )
+
+
+# ---------------------------------------------------------------------------- event log views
+
+
+def member_info(ev: Event) -> MemberInfo:
+    return MemberInfo(
+        member_id=ev.member_id,
+        node=str(ev.data.get("node", "")),
+        pid=int(ev.data.get("pid", 0)),
+        local_world_size=int(ev.data.get("local_world_size", 1)),
+        registered_at_s=ev.time_s,
+    )
+
+
+def departures(events: Iterable[Event]) -> list[Departure]:
+    """The departure events, in log order."""
+    out = []
+    for ev in events:
+        if ev.kind != "depart":
+            continue
+        epoch = ev.data.get("epoch")
+        step = ev.data.get("step")
+        out.append(
+            Departure(
+                seq=ev.seq,
+                member_id=ev.member_id,
+                reason=ev.data.get("reason", "crashed"),
+                epoch=None if epoch is None else int(epoch),
+                step=None if step is None else int(step),
+                time_s=ev.time_s,
+            )
+        )
+    return out
+
+
+def live_registrations(events: Iterable[Event]) -> dict[str, MemberInfo]:
+    """Members whose newest event is a registration (up, not departed since)."""
+    latest: dict[str, Event] = {}
+    for ev in sorted(events, key=lambda e: e.seq):
+        latest[ev.member_id] = ev
+    return {m: member_info(ev) for m, ev in latest.items() if ev.kind == "register"}
+
+
+def waiting_members(
+    events: Iterable[Event], current: Membership | None
+) -> dict[str, MemberInfo]:
+    """Registered members that are not in the current membership (ready to be added)."""
+    in_job = set(current.members) if current is not None else set()
+    return {m: info for m, info in live_registrations(events).items() if m not in in_job}
+
+
+def build_membership(
+    epoch: int,
+    members: Sequence[str],
+    sizes: Mapping[str, int],
+    source: MembershipSource,
+    now_s: float,
+    dropped: Sequence[str] = (),
+) -> Membership:
+    """A Membership for ``members`` (order = rank order), validating the ids."""
+    seen: set[str] = set()
+    for m in members:
+        check_id("member id", m)
+        if m in seen:
+            raise PermanentError(f"member {m!r} listed twice in the membership")
+        seen.add(m)
+    missing = [m for m in members if m not in sizes]
+    if missing:
+        raise PermanentError(
+            f"cannot publish unknown member(s) {missing}: they never registered with the "
+            "coordinator (their workers are not up)"
+        )
+    return Membership(
+        epoch=epoch,
+        members=tuple(members),
+        local_world_sizes=tuple(int(sizes[m]) for m in members),
+        source=source,
+        published_at_s=now_s,
+        dropped=tuple(dropped),
+    )
