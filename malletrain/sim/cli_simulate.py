@@ -1,0 +1,132 @@
+"""``malletrain simulate``: replay an idle-node trace with malleable jobs under a policy.
+
+The trace is one of: an idle-node CSV (``--idle-trace``), an SWF job log replayed
+through FCFS + EASY backfill (``--swf`` with ``--swf-nodes``), or Philly's
+per-minute node log (``--philly``). The same core policy, scavenger and profiler
+code as the daemon's decide what the jobs get. See ``docs/evaluation.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from malletrain.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "simulate",
+        help="replay an idle-node trace with malleable jobs under a policy",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--idle-trace", metavar="FILE", help="CSV time_s,node,state")
+    src.add_argument("--swf", metavar="FILE", help="SWF job log (.swf or .swf.gz)")
+    src.add_argument("--philly", metavar="FILE", help="Philly per-minute time,active,total log")
+    p.add_argument("--swf-nodes", type=int, metavar="N", help="machine size for --swf")
+    p.add_argument(
+        "--swf-procs-per-node",
+        type=int,
+        default=1,
+        metavar="P",
+        help="SWF field 5 counts processors: P per node (default 1: it counts nodes)",
+    )
+    p.add_argument("--jobs", required=True, metavar="FILE", help="jobs YAML")
+    p.add_argument("--policy", required=True, help="policy name (see core/policies.py)")
+    p.add_argument("--max-concurrent-jobs", type=int, default=10, metavar="K")
+    p.add_argument("--tfwd-s", type=float, default=10.0, metavar="S", help="FreeTrain look-ahead")
+    p.add_argument(
+        "--start-s",
+        type=float,
+        default=0.0,
+        metavar="T",
+        help="trace time to start at (SWF: the replay before it only warms the machine up)",
+    )
+    p.add_argument("--until-s", type=float, metavar="T", help="trace time to stop at")
+    p.add_argument("--out", required=True, metavar="DIR")
+    bar = p.add_mutually_exclusive_group()
+    bar.add_argument("--progress", dest="progress", action="store_true", default=None)
+    bar.add_argument("--no-progress", dest="progress", action="store_false")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from malletrain.core.policies import POLICIES, PolicyOptions, make_policy
+    from malletrain.sim.curves import provider_for
+    from malletrain.sim.engine import Simulator
+    from malletrain.sim.jobs import parse_jobs
+    from malletrain.sim.report import ProgressBar, write_outputs
+    from malletrain.sim.swf import swf_trace
+    from malletrain.sim.trace import IdleTrace, read_idle_csv, read_philly_minutes, slice_from
+
+    if args.policy not in POLICIES:
+        raise UserError(f"unknown --policy {args.policy!r}; known: {', '.join(POLICIES)}")
+    if args.max_concurrent_jobs < 1:
+        raise UserError("--max-concurrent-jobs must be at least 1")
+    if args.start_s < 0 or (args.until_s is not None and args.until_s <= args.start_s):
+        raise UserError("need 0 <= --start-s < --until-s")
+    if args.tfwd_s <= 0:
+        raise UserError("--tfwd-s must be positive")
+    jobs = parse_jobs(args.jobs)
+    trace: IdleTrace
+    if args.swf:
+        if not args.swf_nodes:
+            raise UserError("--swf needs --swf-nodes N (the machine's node count)")
+        trace = swf_trace(
+            args.swf,
+            args.swf_nodes,
+            start_s=args.start_s,
+            until_s=args.until_s,
+            procs_per_node=args.swf_procs_per_node,
+        )
+    elif args.philly:
+        trace = read_philly_minutes(args.philly)
+    else:
+        trace = read_idle_csv(args.idle_trace)
+    if not args.swf and args.start_s > 0:
+        trace = slice_from(trace, args.start_s)
+    spec = POLICIES[args.policy]
+    policy = make_policy(args.policy, PolicyOptions(tfwd_s=args.tfwd_s))
+    until = trace.end_s if args.until_s is None else min(args.until_s, trace.end_s)
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    bar = ProgressBar(trace.start_s, until) if show else None
+    sim = Simulator(
+        trace,
+        jobs,
+        policy,
+        provider_for(spec.curves),
+        max_concurrent_jobs=args.max_concurrent_jobs,
+        until_s=until,
+        progress=bar,
+    )
+    try:
+        result = sim.run()
+    finally:
+        if bar is not None:
+            bar.close()
+    result.policy = args.policy
+    summary = write_outputs(
+        result,
+        Path(args.out),
+        {
+            "curves": spec.curves,
+            "tfwd_s": args.tfwd_s,
+            "max_concurrent_jobs": args.max_concurrent_jobs,
+            "jobs_file": str(args.jobs),
+        },
+    )
+    print(
+        f"{args.policy}: samples_total={summary['samples_total']:.6g} "
+        f"idle_used_share={summary['idle_used_share']:.3f} rescales={summary['rescales']} "
+        f"jobs_finished={summary['jobs_finished']} "
+        f"decision_ms_p50={summary['decision_ms_p50']:.2f} "
+        f"wall_s={summary['wall_s']:.1f} -> {args.out}"
+    )
+    return 0
+

@@ -1,0 +1,399 @@
+"""The replay: malleable jobs on a trace's idle nodes, decided by a core policy.
+
+Semantics follow FreeTrain's replayer so that results compare (issue 4 §3):
+
+1. Events are the trace's change times. Between events every running job advances
+   at its *true* rate for its node count; a job that reaches ``total_samples`` in
+   between finishes at that exact moment (its nodes stay unused until the event).
+2. At an event, nodes that turned busy are taken from the jobs holding them; each
+   such job loses ``scale_down_s`` x its rate (before the loss) once for the event.
+   A job left below ``min_nodes`` stops and releases the rest.
+3. Finished jobs leave; jobs are admitted in submit order up to the concurrency
+   limit (an admitted job stays admitted until it finishes).
+4. The policy decides on every idle node (free or held) and every admitted job.
+   A job that changes size loses ``scale_up_s`` (growing) or ``scale_down_s``
+   (shrinking or stopping) x its current rate; one that both gains and loses nodes
+   pays both. Starting from zero nodes costs nothing.
+
+Samples are net of losses, so a job's count may dip below zero right after a loss.
+The jobs' true curves reach the policy only when its registry entry says
+``curves="true"``; ``curves="learned"`` policies get the Profiling Advisor's model,
+fed with the progress each job really made, as the daemon feeds it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from malletrain.core.model import AllocationInput, MalleableJob, Plan, Policy, ThroughputModel
+from malletrain.errors import PermanentError
+from malletrain.sim.curves import CurveProvider
+from malletrain.sim.jobs import SimJob
+from malletrain.sim.trace import IdleTrace, TraceEvent
+from malletrain.sim.view import SnapshotView
+
+log = logging.getLogger(__name__)
+
+
+class PolicyError(PermanentError):
+    """The policy returned a plan the cluster cannot carry out (a bug in the policy)."""
+
+
+@dataclass
+class _Run:
+    """Mutable replay state of one job (internal)."""
+
+    job: SimJob
+    order: int
+    nodes: list[int] = field(default_factory=list)
+    done: float = 0.0
+    admitted_s: float | None = None
+    started_s: float | None = None
+    finished_s: float | None = None
+    #: When the job's size last changed (profiling discards warm-up after it).
+    changed_s: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.job.true_model.rate(len(self.nodes)) if self.nodes else 0.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One timeline row: the state right after the decision at ``time_s``."""
+
+    time_s: float
+    idle_nodes: int
+    used_nodes: int
+    running_jobs: int
+    samples_total: float
+
+
+@dataclass(frozen=True)
+class JobNodes:
+    """A change of one job's node count (for the timeline and plot)."""
+
+    time_s: float
+    job: str
+    nodes: int
+
+
+@dataclass
+class Result:
+    policy: str
+    trace: str
+    start_s: float
+    end_s: float
+    samples_total: float = 0.0
+    samples_lost_rescale: float = 0.0
+    samples_lost_preemption: float = 0.0
+    idle_node_seconds: float = 0.0
+    used_node_seconds: float = 0.0
+    rescales: int = 0
+    preemptions: int = 0
+    starts: int = 0
+    events: int = 0
+    decision_s: list[float] = field(default_factory=list)
+    jobs: list[_Run] = field(default_factory=list)
+    timeline: list[Sample] = field(default_factory=list)
+    job_nodes: list[JobNodes] = field(default_factory=list)
+    upper_bound_samples: float = 0.0
+    wall_s: float = 0.0
+
+    def summary(self) -> dict[str, object]:
+        finished = [r for r in self.jobs if r.finished_s is not None]
+        jct = [r.finished_s - r.job.submit_s for r in finished if r.finished_s is not None]
+        dec_ms = np.array(self.decision_s) * 1000.0 if self.decision_s else np.zeros(1)
+        first_submit = min((r.job.submit_s for r in self.jobs), default=0.0)
+        makespan = (
+            max(r.finished_s for r in finished if r.finished_s is not None) - first_submit
+            if finished and len(finished) == len(self.jobs)
+            else None
+        )
+        unit_work = sum(r.done / r.job.true_model.rate(1) for r in self.jobs)
+        return {
+            "policy": self.policy,
+            "trace": self.trace,
+            "start_s": self.start_s,
+            "end_s": self.end_s,
+            "samples_total": self.samples_total,
+            "samples_lost_rescale": self.samples_lost_rescale,
+            "samples_lost_preemption": self.samples_lost_preemption,
+            "one_worker_seconds_total": unit_work,
+            "idle_node_seconds": self.idle_node_seconds,
+            "used_node_seconds": self.used_node_seconds,
+            "idle_used_share": (
+                self.used_node_seconds / self.idle_node_seconds if self.idle_node_seconds else 0.0
+            ),
+            "upper_bound_samples": self.upper_bound_samples,
+            "rescales": self.rescales,
+            "preemptions": self.preemptions,
+            "starts": self.starts,
+            "jobs_total": len(self.jobs),
+            "jobs_admitted": sum(r.admitted_s is not None for r in self.jobs),
+            "jobs_finished": len(finished),
+            "mean_jct_s": float(np.mean(jct)) if jct else None,
+            "makespan_s": makespan,
+            "events": self.events,
+            "decision_ms_p50": float(np.percentile(dec_ms, 50)),
+            "decision_ms_p99": float(np.percentile(dec_ms, 99)),
+            "decision_ms_max": float(dec_ms.max()),
+            "wall_s": self.wall_s,
+        }
+
+
+ProgressFn = Callable[[float], None]
+
+
+class Simulator:
+    """Replays one trace with one job set under one policy."""
+
+    def __init__(
+        self,
+        trace: IdleTrace,
+        jobs: Iterable[SimJob],
+        policy: Policy,
+        curves: CurveProvider,
+        *,
+        max_concurrent_jobs: int = 10,
+        until_s: float | None = None,
+        progress: ProgressFn | None = None,
+    ) -> None:
+        self.trace = trace
+        self.policy = policy
+        self.curves = curves
+        self.max_concurrent = max_concurrent_jobs
+        self.until_s = trace.end_s if until_s is None else min(until_s, trace.end_s)
+        self.progress = progress
+        runs = sorted(jobs, key=lambda j: j.submit_s)
+        self.runs = [_Run(j, i) for i, j in enumerate(runs)]
+        n = len(trace.node_names)
+        self.view = SnapshotView(trace.node_names)
+        self.index = {name: i for i, name in enumerate(trace.node_names)}
+        self.idle = np.zeros(n, dtype=bool)
+        self.idle_since = np.zeros(n)
+        self.holder = np.full(n, -1, dtype=np.int64)
+        self.result = Result(
+            policy=getattr(policy, "name", type(policy).__name__),
+            trace=trace.source,
+            start_s=trace.start_s,
+            end_s=self.until_s,
+        )
+        self.result.jobs = self.runs
+        self._next_submit = 0
+        self._active: list[_Run] = []
+
+    # -- time passing ---------------------------------------------------------------
+    def _advance(self, t0: float, t1: float) -> None:
+        dt = t1 - t0
+        if dt <= 0:
+            return
+        self.result.idle_node_seconds += int(self.idle.sum()) * dt
+        for run in self._active:
+            if not run.nodes or run.finished_s is not None:
+                continue
+            rate = run.rate
+            left = run.job.total_samples - run.done
+            n = len(run.nodes)
+            if rate > 0 and rate * dt >= left:
+                took = max(0.0, left / rate)
+                run.done = run.job.total_samples
+                run.finished_s = t0 + took
+                self.result.used_node_seconds += n * took
+                self.curves.observe(run.job, n, t0, t0 + took, rate * took, run.changed_s)
+            else:
+                run.done += rate * dt
+                self.result.used_node_seconds += n * dt
+                self.curves.observe(run.job, n, t0, t1, rate * dt, run.changed_s)
+
+    # -- one event ------------------------------------------------------------------
+    def _apply_trace(self, ev: TraceEvent) -> None:
+        t = ev.time_s
+        if ev.became_idle:
+            idx = np.asarray(ev.became_idle, dtype=np.int64)
+            self.idle[idx] = True
+            self.idle_since[idx] = t
+        if not ev.became_busy:
+            return
+        busy = np.asarray(ev.became_busy, dtype=np.int64)
+        self.idle[busy] = False
+        holders = self.holder[busy]
+        for slot in np.unique(holders[holders >= 0]):
+            run = self.runs[int(slot)]
+            lost_nodes = set(busy[holders == slot].tolist())
+            keep = [i for i in run.nodes if i not in lost_nodes]
+            if len(keep) < run.job.min_nodes:
+                keep = []
+            if run.finished_s is None:
+                loss = run.job.scale_down_s * run.rate
+                run.done -= loss
+                self.result.samples_lost_preemption += loss
+                self.result.preemptions += 1
+                self.curves.rescaled(run.job, len(run.nodes), len(keep), t)
+            self._set_nodes(run, keep, t)
+        self.holder[busy] = -1
+
+    def _set_nodes(self, run: _Run, nodes: list[int], t: float) -> None:
+        if nodes == run.nodes:
+            return
+        if run.nodes:
+            self.holder[np.asarray(run.nodes, dtype=np.int64)] = -1
+        if nodes:
+            self.holder[np.asarray(nodes, dtype=np.int64)] = run.order
+        if len(nodes) != len(run.nodes) or set(nodes) != set(run.nodes):
+            run.changed_s = t
+            self.result.job_nodes.append(JobNodes(t, run.job.name, len(nodes)))
+        run.nodes = nodes
+
+    def _retire_and_admit(self, t: float) -> None:
+        still: list[_Run] = []
+        for run in self._active:
+            if run.finished_s is not None:
+                self._set_nodes(run, [], t)
+                self.curves.forget(run.job)
+            else:
+                still.append(run)
+        self._active = still
+        while (
+            len(self._active) < self.max_concurrent
+            and self._next_submit < len(self.runs)
+            and self.runs[self._next_submit].job.submit_s <= t
+        ):
+            run = self.runs[self._next_submit]
+            run.admitted_s = t
+            self._active.append(run)
+            self._next_submit += 1
+
+    def _decide(self, ev: TraceEvent) -> None:
+        t = ev.time_s
+        idle_idx = np.flatnonzero(self.idle)
+        nodes = self.view.idle_nodes(t, idle_idx, ev.planned, self.idle_since)
+        names = self.trace.node_names
+        mjobs = []
+        for run in self._active:
+            model, up_s, down_s = self.curves.model(run.job)
+            mjobs.append(
+                MalleableJob(
+                    job_id=run.job.name,
+                    min_nodes=run.job.min_nodes,
+                    max_nodes=run.job.max_nodes,
+                    nodes=tuple(names[i] for i in run.nodes),
+                    throughput=model,
+                    scale_up_s=up_s,
+                    scale_down_s=down_s,
+                    submit_order=run.order,
+                )
+            )
+        inp = AllocationInput(now_s=t, nodes=nodes, jobs=tuple(mjobs))
+        t0 = time.perf_counter()
+        plan = self.policy.decide(inp)
+        self.result.decision_s.append(time.perf_counter() - t0)
+        self._apply_plan(plan, t)
+
+    def _apply_plan(self, plan: Plan, t: float) -> None:
+        by_name = {run.job.name: run for run in self._active}
+        unknown = set(plan.assignments) - set(by_name)
+        if unknown:
+            raise PolicyError(f"plan at t={t:g} names jobs not offered: {sorted(unknown)}")
+        taken: set[int] = set()
+        wanted: dict[str, list[int]] = {}
+        for name, node_names in plan.assignments.items():
+            run = by_name[name]
+            idx = []
+            for nn in node_names:
+                i = self.index.get(nn)
+                if i is None or not self.idle[i]:
+                    raise PolicyError(f"plan at t={t:g} gives {name} node {nn!r}, not idle")
+                if i in taken:
+                    raise PolicyError(f"plan at t={t:g} gives node {nn!r} to two jobs")
+                taken.add(i)
+                idx.append(i)
+            if idx and not run.job.min_nodes <= len(idx) <= run.job.max_nodes:
+                raise PolicyError(
+                    f"plan at t={t:g} gives {name} {len(idx)} nodes, outside "
+                    f"[{run.job.min_nodes}, {run.job.max_nodes}]"
+                )
+            wanted[name] = idx
+        # Release first so a node may pass from one job to another in one decision.
+        changes = []
+        for run in self._active:
+            new = wanted.get(run.job.name, [])
+            old = run.nodes
+            if set(new) == set(old):
+                continue
+            grew = bool(set(new) - set(old))
+            shrank = bool(set(old) - set(new))
+            if old:
+                rate = run.rate
+                cost_s = (run.job.scale_up_s if grew else 0.0) + (
+                    run.job.scale_down_s if shrank else 0.0
+                )
+                loss = cost_s * rate
+                run.done -= loss
+                self.result.samples_lost_rescale += loss
+                self.result.rescales += 1
+                self.curves.rescaled(run.job, len(old), len(new), t)
+            elif new:
+                self.result.starts += 1
+                if run.started_s is None:
+                    run.started_s = t
+            changes.append((run, sorted(new)))
+        for run, _ in changes:
+            if run.nodes:
+                self.holder[np.asarray(run.nodes, dtype=np.int64)] = -1
+        for run, new in changes:
+            if new:
+                self.holder[np.asarray(new, dtype=np.int64)] = run.order
+            run.changed_s = t
+            self.result.job_nodes.append(JobNodes(t, run.job.name, len(new)))
+            run.nodes = new
+
+    # -- the loop -------------------------------------------------------------------
+    def run(self) -> Result:
+        wall0 = time.perf_counter()
+        last_t: float | None = None
+        upper_rate = max((r.job.best_per_node_rate() for r in self.runs), default=0.0)
+        for ev in self.trace.events():
+            if ev.time_s > self.until_s:
+                break
+            if last_t is not None:
+                self._advance(last_t, ev.time_s)
+            last_t = ev.time_s
+            self._apply_trace(ev)
+            self._retire_and_admit(ev.time_s)
+            self._decide(ev)
+            self.result.events += 1
+            self._record(ev.time_s)
+            if self.progress is not None:
+                self.progress(ev.time_s)
+        if last_t is not None:
+            self._advance(last_t, self.until_s)
+            self._record(self.until_s)
+        self.result.samples_total = sum(r.done for r in self.runs)
+        self.result.upper_bound_samples = self.result.idle_node_seconds * upper_rate
+        self.result.wall_s = time.perf_counter() - wall0
+        return self.result
+
+    def _record(self, t: float) -> None:
+        running = [r for r in self._active if r.nodes and r.finished_s is None]
+        self.result.timeline.append(
+            Sample(
+                time_s=t,
+                idle_nodes=int(self.idle.sum()),
+                used_nodes=sum(len(r.nodes) for r in running),
+                running_jobs=len(running),
+                samples_total=sum(r.done for r in self.runs),
+            )
+        )
+
+
+def empty_model() -> ThroughputModel:
+    """What a policy that needs no curves is given: nothing."""
+    return ThroughputModel(())
+
+

@@ -1,0 +1,200 @@
+"""The malleable jobs a simulation runs: a YAML job set with each job's true curve.
+
+Format (``jobs:`` list)::
+
+    jobs:
+      - name: imagenet-0
+        submit_s: 0
+        min_nodes: 1
+        max_nodes: 64
+        total_samples: 1.0e9
+        scale_up_s: 18
+        scale_down_s: 12
+        curve: [[1, 217.0], [2, 424.0], [4, 849.0]]   # [nodes, samples_per_s] of the whole job
+
+``curve`` is the job's true throughput, linear between points. Only the simulator
+and the ``*-known-curves``/``freetrain`` policies see it; the ``malletrain`` policy
+learns it from progress reports. Errors name the file, line and field.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from malletrain.core.model import ThroughputModel
+from malletrain.sim.trace import TraceError, input_error
+
+
+@dataclass(frozen=True)
+class SimJob:
+    name: str
+    submit_s: float
+    min_nodes: int
+    max_nodes: int
+    total_samples: float
+    scale_up_s: float
+    scale_down_s: float
+    curve: tuple[tuple[int, float], ...]
+
+    @property
+    def true_model(self) -> ThroughputModel:
+        return ThroughputModel(self.curve)
+
+    def best_per_node_rate(self) -> float:
+        """The most samples/s one node of this job can give (the linear upper bound)."""
+        model = self.true_model
+        return max(model.rate(n) / n for n in range(max(1, self.min_nodes), self.max_nodes + 1))
+
+
+_REQUIRED = (
+    "name",
+    "submit_s",
+    "min_nodes",
+    "max_nodes",
+    "total_samples",
+    "scale_up_s",
+    "scale_down_s",
+    "curve",
+)
+
+
+def _line(node: yaml.Node | None) -> int | None:
+    return node.start_mark.line + 1 if node is not None else None
+
+
+def _number(path: str, node: yaml.Node, field: str, value: Any, *, integer: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise input_error(path, _line(node), field, f"expected a number, got {value!r}")
+    if not math.isfinite(value):
+        raise input_error(path, _line(node), field, f"expected a finite number, got {value!r}")
+    if integer and value != int(value):
+        raise input_error(path, _line(node), field, f"expected a whole number, got {value!r}")
+    return float(value)
+
+
+def parse_jobs(path: str | Path, text: str | None = None) -> list[SimJob]:
+    """Parse and validate a jobs YAML file (every error names file, line and field)."""
+    name = str(path)
+    if text is None:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise TraceError(f"{name}: cannot read: {exc.strerror}") from None
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise input_error(name, line, "yaml", f"malformed YAML: {problem}") from None
+    if not isinstance(data, dict) or "jobs" not in data or root is None:
+        raise input_error(name, _line(root), "jobs", "expected a top-level 'jobs:' list")
+    assert isinstance(root, yaml.MappingNode)
+    jobs_node = next(v for k, v in root.value if k.value == "jobs")
+    if not isinstance(data["jobs"], list) or not isinstance(jobs_node, yaml.SequenceNode):
+        raise input_error(name, _line(jobs_node), "jobs", "expected a list of jobs")
+    out: list[SimJob] = []
+    seen: set[str] = set()
+    for item, node in zip(data["jobs"], jobs_node.value, strict=True):
+        out.append(_parse_job(name, item, node, seen))
+    if not out:
+        raise input_error(name, _line(jobs_node), "jobs", "the job list is empty")
+    return out
+
+
+def _parse_job(path: str, item: Any, node: yaml.Node, seen: set[str]) -> SimJob:
+    if not isinstance(item, dict) or not isinstance(node, yaml.MappingNode):
+        raise input_error(path, _line(node), "jobs[]", "each job must be a mapping")
+    fields = {k.value: v for k, v in node.value}
+    for key in _REQUIRED:
+        if key not in item:
+            raise input_error(path, _line(node), key, "missing")
+    unknown = sorted(set(item) - set(_REQUIRED))
+    if unknown:
+        raise input_error(path, _line(fields[unknown[0]]), unknown[0], "unknown field")
+    jname = item["name"]
+    if not isinstance(jname, str | int) or str(jname) == "":
+        raise input_error(path, _line(fields["name"]), "name", "expected a non-empty name")
+    jname = str(jname)
+    if jname in seen:
+        raise input_error(path, _line(fields["name"]), "name", f"duplicate job name {jname!r}")
+    seen.add(jname)
+
+    def num(key: str, *, integer: bool = False, positive: bool = False) -> float:
+        v = _number(path, fields[key], key, item[key], integer=integer)
+        if v < 0 or (positive and v == 0):
+            want = "positive" if positive else "non-negative"
+            raise input_error(path, _line(fields[key]), key, f"must be {want}, got {v:g}")
+        return v
+
+    submit = num("submit_s")
+    lo = int(num("min_nodes", integer=True, positive=True))
+    hi = int(num("max_nodes", integer=True, positive=True))
+    if hi < lo:
+        raise input_error(
+            path, _line(fields["max_nodes"]), "max_nodes", f"{hi} is below min_nodes {lo}"
+        )
+    total = num("total_samples", positive=True)
+    up = num("scale_up_s")
+    down = num("scale_down_s")
+    curve = _parse_curve(path, item["curve"], fields["curve"])
+    return SimJob(jname, submit, lo, hi, total, up, down, curve)
+
+
+def _parse_curve(path: str, value: Any, node: yaml.Node) -> tuple[tuple[int, float], ...]:
+    if not isinstance(value, list) or not value or not isinstance(node, yaml.SequenceNode):
+        raise input_error(path, _line(node), "curve", "expected a list of [nodes, samples_per_s]")
+    points: list[tuple[int, float]] = []
+    for pt, pnode in zip(value, node.value, strict=True):
+        line = _line(pnode)
+        if not isinstance(pt, list) or len(pt) != 2:
+            raise input_error(path, line, "curve", f"expected [nodes, samples_per_s], got {pt!r}")
+        n = _number(path, pnode, "curve.nodes", pt[0], integer=True)
+        r = _number(path, pnode, "curve.samples_per_s", pt[1])
+        if n <= 0:
+            raise input_error(path, line, "curve.nodes", f"must be positive, got {n:g}")
+        if r <= 0:
+            raise input_error(path, line, "curve.samples_per_s", f"must be positive, got {r:g}")
+        if points and n <= points[-1][0]:
+            raise input_error(
+                path, line, "curve.nodes", f"not increasing in nodes ({n:g} after {points[-1][0]})"
+            )
+        if points and r < points[-1][1]:
+            raise input_error(
+                path,
+                line,
+                "curve.samples_per_s",
+                f"throughput falls with more nodes ({r:g} at {n:g} < {points[-1][1]:g} at "
+                f"{points[-1][0]}); cut the curve (and max_nodes) at its peak",
+            )
+        points.append((int(n), float(r)))
+    return tuple(points)
+
+
+def dump_jobs(jobs: list[SimJob]) -> str:
+    """Render a job set as YAML (the inverse of :func:`parse_jobs`)."""
+    lines = ["jobs:"]
+    for j in jobs:
+        curve = ", ".join(f"[{n}, {_yaml_float(r)}]" for n, r in j.curve)
+        lines += [
+            f"  - name: {j.name}",
+            f"    submit_s: {j.submit_s:g}",
+            f"    min_nodes: {j.min_nodes}",
+            f"    max_nodes: {j.max_nodes}",
+            f"    total_samples: {_yaml_float(j.total_samples)}",
+            f"    scale_up_s: {j.scale_up_s:g}",
+            f"    scale_down_s: {j.scale_down_s:g}",
+            f"    curve: [{curve}]",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _yaml_float(x: float) -> str:
+    """Six significant digits, written so YAML 1.1 reads a float (``1e+09`` is a string)."""
+    return repr(float(f"{x:.6g}"))

@@ -1,0 +1,256 @@
+"""Idle-node traces: what the simulated cluster leaves idle, event by event.
+
+Every trace source (idle-node CSV, Philly's per-minute log, an SWF job log replayed
+through FCFS + EASY backfill) becomes the same stream of :class:`TraceEvent` s, so the
+replay engine does not care where idleness came from. Nodes are small integers
+(indices into :attr:`IdleTrace.node_names`) because a 4,000-node trace changes a few
+nodes per event and the engine must not pay per node per event.
+
+Readers are pure parsers over text: a malformed row raises :class:`TraceError` naming
+the file, the line and the field, never a traceback.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from malletrain.errors import PermanentError
+
+log = logging.getLogger(__name__)
+
+
+class TraceError(PermanentError):
+    """An input file the simulator cannot use; the message names file, line and field."""
+
+
+def input_error(path: str | Path, line: int | None, field: str, what: str) -> TraceError:
+    where = f"{path}:{line}" if line is not None else str(path)
+    return TraceError(f"{where}: field '{field}': {what}")
+
+
+@dataclass(frozen=True)
+class PlannedStart:
+    """One pending job of the regular workload as the backfill plan sees it now.
+
+    ``nodes`` are only the plan's nodes that are idle right now (the others are
+    busy anyway), which is all the scavenger needs to bound a hole.
+    """
+
+    job_id: int
+    start_s: float
+    nodes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    """The cluster at one change time: which nodes turned idle or busy."""
+
+    time_s: float
+    became_idle: tuple[int, ...]
+    became_busy: tuple[int, ...]
+    #: The backfill plan at this time; ``None`` when the source predicts nothing.
+    planned: tuple[PlannedStart, ...] | None = None
+
+
+@dataclass(frozen=True)
+class IdleTrace:
+    """A named node set and a time-ordered stream of idle/busy changes.
+
+    The first event (at ``start_s``) turns the initially idle nodes idle. ``events``
+    is an iterator factory so long sources (an SWF replay) are produced lazily.
+    """
+
+    source: str
+    node_names: tuple[str, ...]
+    start_s: float
+    #: Last time the source knows anything about (the replay stops there at the latest).
+    end_s: float
+    events_list: tuple[TraceEvent, ...] = ()
+
+    def events(self) -> Iterator[TraceEvent]:
+        return iter(self.events_list)
+
+
+def _check_time(path: str, line: int, field: str, text: str, last: float | None) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise input_error(path, line, field, f"not a number: {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise input_error(path, line, field, f"not a finite number: {text!r}")
+    if value < 0:
+        raise input_error(path, line, field, f"negative time {value:g}")
+    if last is not None and value < last:
+        raise input_error(
+            path, line, field, f"rows not sorted by time ({value:g} after {last:g})"
+        )
+    return value
+
+
+def read_idle_csv(path: str | Path, text: str | None = None) -> IdleTrace:
+    """Read ``time_s,node,state`` rows: time-0 rows name every node, later rows are changes.
+
+    Unknown nodes after time 0, unsorted or negative times and states other than
+    ``idle``/``busy`` are errors. A row that repeats a node's current state is allowed
+    and changes nothing.
+    """
+    name = str(path)
+    if text is None:
+        text = Path(path).read_text()
+    reader = csv.reader(io.StringIO(text))
+    header = next(reader, None)
+    if header is None or [h.strip() for h in header] != ["time_s", "node", "state"]:
+        raise input_error(name, 1, "header", f"expected 'time_s,node,state', got {header!r}")
+    index: dict[str, int] = {}
+    names: list[str] = []
+    state: list[bool] = []  # True = idle
+    initial_done = False
+    last_t: float | None = None
+    events: list[TraceEvent] = []
+    cur_t = 0.0
+    cur_idle: list[int] = []
+    cur_busy: list[int] = []
+    initial_idle: list[int] = []
+
+    def flush() -> None:
+        if cur_idle or cur_busy:
+            events.append(TraceEvent(cur_t, tuple(cur_idle), tuple(cur_busy)))
+
+    for lineno, row in enumerate(reader, start=2):
+        if not row or all(not c.strip() for c in row):
+            continue
+        if len(row) != 3:
+            raise input_error(name, lineno, "row", f"expected 3 fields, got {len(row)}")
+        t = _check_time(name, lineno, "time_s", row[0].strip(), last_t)
+        node = row[1].strip()
+        st = row[2].strip().lower()
+        if not node:
+            raise input_error(name, lineno, "node", "empty node name")
+        if st not in ("idle", "busy"):
+            raise input_error(name, lineno, "state", f"expected 'idle' or 'busy', got {row[2]!r}")
+        if last_t is None and t != 0:
+            raise input_error(
+                name, lineno, "time_s", f"the first rows must be at time 0 (got {t:g})"
+            )
+        last_t = t
+        if t == 0 and not initial_done:
+            if node in index:
+                raise input_error(name, lineno, "node", f"node {node!r} listed twice at time 0")
+            index[node] = len(names)
+            names.append(node)
+            state.append(st == "idle")
+            if st == "idle":
+                initial_idle.append(index[node])
+            continue
+        if not initial_done:
+            initial_done = True
+            events.append(TraceEvent(0.0, tuple(initial_idle), ()))
+            cur_t = t
+        if node not in index:
+            raise input_error(
+                name, lineno, "node", f"unknown node {node!r} (not listed at time 0)"
+            )
+        if t != cur_t:
+            flush()
+            cur_t, cur_idle, cur_busy = t, [], []
+        i = index[node]
+        want_idle = st == "idle"
+        if state[i] == want_idle:
+            continue
+        state[i] = want_idle
+        (cur_idle if want_idle else cur_busy).append(i)
+    if not names:
+        raise input_error(name, None, "rows", "no nodes listed at time 0")
+    if not initial_done:
+        events.append(TraceEvent(0.0, tuple(initial_idle), ()))
+    else:
+        flush()
+    end = last_t if last_t is not None else 0.0
+    return IdleTrace(name, tuple(names), 0.0, end, tuple(events))
+
+
+def read_philly_minutes(path: str | Path, text: str | None = None) -> IdleTrace:
+    """Read Philly's per-minute ``time,active,total`` log; idle nodes = total - active.
+
+    The log gives counts, not node names. Nodes are named ``philly-NNN`` and the idle
+    set is always the ``k`` lowest-numbered nodes (a stack: the node that turned idle
+    last is the first to be taken back). So a node's idle age predicts how long it
+    stays idle, as it does in real clusters where long holes outlast short ones.
+    """
+    name = str(path)
+    if text is None:
+        text = Path(path).read_text()
+    reader = csv.reader(io.StringIO(text))
+    header = next(reader, None)
+    cols = [h.strip() for h in header] if header else []
+    if cols[:3] != ["time", "active", "total"]:
+        raise input_error(name, 1, "header", f"expected 'time,active,total', got {header!r}")
+    counts: list[tuple[float, int]] = []
+    t0: datetime | None = None
+    last_t: float | None = None
+    max_idle = 0
+    for lineno, row in enumerate(reader, start=2):
+        if not row or all(not c.strip() for c in row):
+            continue
+        if len(row) < 3:
+            raise input_error(name, lineno, "row", f"expected 3 fields, got {len(row)}")
+        try:
+            stamp = datetime.fromisoformat(row[0].strip())
+        except ValueError:
+            raise input_error(name, lineno, "time", f"not a date-time: {row[0]!r}") from None
+        if t0 is None:
+            t0 = stamp
+        t = (stamp - t0).total_seconds()
+        if t < 0 or (last_t is not None and t < last_t):
+            raise input_error(name, lineno, "time", "rows not sorted by time")
+        last_t = t
+        vals = []
+        for field, cell in (("active", row[1]), ("total", row[2])):
+            try:
+                v = int(float(cell))
+            except ValueError:
+                raise input_error(name, lineno, field, f"not a number: {cell!r}") from None
+            if v < 0:
+                raise input_error(name, lineno, field, f"negative count {v}")
+            vals.append(v)
+        active, total = vals
+        if active > total:
+            raise input_error(name, lineno, "active", f"{active} active > {total} total nodes")
+        idle = total - active
+        max_idle = max(max_idle, idle)
+        if not counts or counts[-1][1] != idle:
+            counts.append((t, idle))
+    if not counts:
+        raise input_error(name, None, "rows", "no data rows")
+    names = tuple(f"philly-{i:03d}" for i in range(max_idle))
+    events: list[TraceEvent] = []
+    prev = 0
+    for t, k in counts:
+        if k > prev:
+            events.append(TraceEvent(t, tuple(range(prev, k)), ()))
+        elif k < prev:
+            events.append(TraceEvent(t, (), tuple(range(k, prev))))
+        else:
+            events.append(TraceEvent(t, (), ()))
+        prev = k
+    return IdleTrace(name, names, 0.0, last_t or 0.0, tuple(events))
+
+
+def slice_from(trace: IdleTrace, start_s: float) -> IdleTrace:
+    """The trace from ``start_s`` on; the state at ``start_s`` becomes its first event."""
+    idle: set[int] = set()
+    later: list[TraceEvent] = []
+    for ev in trace.events():
+        if ev.time_s <= start_s:
+            idle |= set(ev.became_idle)
+            idle -= set(ev.became_busy)
+        else:
+            later.append(ev)
+    first = TraceEvent(start_s, tuple(sorted(idle)), ())
+    return IdleTrace(trace.source, trace.node_names, start_s, trace.end_s, (first, *later))
