@@ -440,25 +440,34 @@ class SettingsError(ConfigError):
 # ---------------------------------------------------------------------------------------
 # YAML reading (with line numbers and duplicate-key detection)
 # ---------------------------------------------------------------------------------------
-def _node_lines(node: yaml.Node, prefix: str, out: dict[str, int], dupes: list[Problem]) -> None:
-    """Record the line of each key path; report keys given twice (PyYAML keeps the last)."""
-    if not isinstance(node, yaml.MappingNode):
-        return
-    seen: set[str] = set()
-    for key_node, value_node in node.value:
-        if not isinstance(key_node, yaml.ScalarNode):
+def _node_lines(node: yaml.Node, out: dict[str, int], dupes: list[Problem]) -> None:
+    """Record the line of each key path; report keys given twice (PyYAML keeps the last).
+
+    Iterative with a budget: aliases can make a small file a huge tree (billion laughs), and
+    line numbers are only a courtesy for error messages.
+    """
+    budget = 10_000
+    stack: list[tuple[yaml.Node, str]] = [(node, "")]
+    while stack and budget > 0:
+        current, prefix = stack.pop()
+        if not isinstance(current, yaml.MappingNode):
             continue
-        key = str(key_node.value)
-        path = f"{prefix}.{key}" if prefix else key
-        line = key_node.start_mark.line + 1
-        if key in seen:
-            dupes.append(Problem(path, "is given twice", line))
-        seen.add(key)
-        out.setdefault(path, line)
-        _node_lines(value_node, path, out, dupes)
-        if isinstance(value_node, yaml.SequenceNode):
-            for i, item in enumerate(value_node.value):
-                out.setdefault(f"{path}[{i}]", item.start_mark.line + 1)
+        seen: set[str] = set()
+        for key_node, value_node in current.value:
+            budget -= 1
+            if not isinstance(key_node, yaml.ScalarNode):
+                continue
+            key = str(key_node.value)
+            path = f"{prefix}.{key}" if prefix else key
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                dupes.append(Problem(path, "is given twice", line))
+            seen.add(key)
+            out.setdefault(path, line)
+            stack.append((value_node, path))
+            if isinstance(value_node, yaml.SequenceNode):
+                for i, item in enumerate(value_node.value[:100]):
+                    out.setdefault(f"{path}[{i}]", item.start_mark.line + 1)
 
 
 def _read_yaml(text: str, file: str) -> tuple[Any, dict[str, int]]:
@@ -477,7 +486,7 @@ def _read_yaml(text: str, file: str) -> tuple[Any, dict[str, int]]:
     lines: dict[str, int] = {}
     dupes: list[Problem] = []
     if node is not None:
-        _node_lines(node, "", lines, dupes)
+        _node_lines(node, lines, dupes)
     if dupes:
         raise SettingsError(file, dupes)
     return data, lines
@@ -496,6 +505,14 @@ def _describe(value: Any) -> str:
     if len(shown) > 60:
         shown = shown[:57] + "..."
     return f"{kind} ({shown})" if value is not None else "null"
+
+
+def _num(x: float) -> str:
+    """A number for a message: 5 not 5.0, and no OverflowError for a 400-digit integer."""
+    if isinstance(x, int):
+        text = str(x)
+        return text if len(text) <= 20 else text[:8] + f"...({len(text)} digits)"
+    return f"{x:g}"
 
 
 class _Converter:
@@ -568,10 +585,15 @@ class _Converter:
             if isinstance(raw, bool) or not isinstance(raw, (int, float)):
                 self.fail(path, f"must be a number, got {_describe(raw)}")
                 return None
-            if not math.isfinite(raw):
+            try:
+                value = float(raw)
+            except OverflowError:
+                self.fail(path, "is too large")
+                return None
+            if not math.isfinite(value):
                 self.fail(path, f"must be a finite number, got {raw}")
                 return None
-            return float(raw)
+            return value
         if tp is str:
             if not isinstance(raw, str):
                 self.fail(path, f"must be a string, got {_describe(raw)} (quote it in YAML)")
@@ -583,7 +605,10 @@ class _Converter:
             if "\0" in raw:
                 self.fail(path, "must not contain a NUL character")
                 return None
-            p = Path(raw).expanduser()
+            if raw.startswith("~"):
+                self.fail(path, f"~ is not expanded (whose home?); write the full path: {raw!r}")
+                return None
+            p = Path(raw)
             return p if p.is_absolute() else self.base_dir / p
         raise TypeError(f"settings field type {tp!r} is not supported")  # a bug in this module
 
@@ -602,11 +627,11 @@ class _Converter:
             return
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if meta.get("min") is not None and value < meta["min"]:
-                self.fail(path, f"must be >= {meta['min']:g}, got {value:g}")
+                self.fail(path, f"must be >= {_num(meta['min'])}, got {_num(value)}")
             elif meta.get("gt") is not None and value <= meta["gt"]:
-                self.fail(path, f"must be > {meta['gt']:g}, got {value:g}")
+                self.fail(path, f"must be > {_num(meta['gt'])}, got {_num(value)}")
             elif meta.get("max") is not None and value > meta["max"]:
-                self.fail(path, f"must be <= {meta['max']:g}, got {value:g}")
+                self.fail(path, f"must be <= {_num(meta['max'])}, got {_num(value)}")
         check = meta.get("check")
         if check is not None and not self.problems_at(path):
             problem = check(value)
