@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from malletrain.core.model import ThroughputModel
-from malletrain.sim.trace import TraceError, input_error
+from malletrain.sim.trace import input_error, read_text
 
 
 @dataclass(frozen=True)
@@ -81,10 +81,7 @@ def parse_jobs(path: str | Path, text: str | None = None) -> list[SimJob]:
     """Parse and validate a jobs YAML file (every error names file, line and field)."""
     name = str(path)
     if text is None:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise TraceError(f"{name}: cannot read: {exc.strerror}") from None
+        text = read_text(path)
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
@@ -196,5 +193,9 @@ def dump_jobs(jobs: list[SimJob]) -> str:
 
 
 def _yaml_float(x: float) -> str:
-    """Six significant digits, written so YAML 1.1 reads a float (``1e+09`` is a string)."""
-    return repr(float(f"{x:.6g}"))
+    """Exact, and written so YAML 1.1 reads a float (it reads ``1e+20`` as a string)."""
+    text = repr(float(x))
+    if "e" in text and "." not in text:
+        mantissa, exponent = text.split("e")
+        text = f"{mantissa}.0e{exponent}"
+    return text

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from malletrain.sim.trace import IdleTrace, PlannedStart, TraceEvent, input_error
+from malletrain.sim.trace import IdleTrace, PlannedStart, TraceEvent, input_error, read_text
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +65,7 @@ def read_swf(
     """
     name = str(path)
     if text is None:
-        p = Path(path)
-        if p.suffix == ".gz":
-            import gzip
-
-            text = gzip.decompress(p.read_bytes()).decode()
-        else:
-            text = p.read_text()
+        text = read_text(path)
     jobs: list[SwfJob] = []
     skipped = 0
     too_big = 0
@@ -191,7 +185,8 @@ class EasyBackfillReplay:
         out: list[PlannedStart] = []
         for job in list(self.queue)[: self.plan_depth]:
             k = job.nodes
-            idx = np.argpartition(avail, k - 1)[:k] if k < self.n else np.arange(self.n)
+            # Earliest-free nodes, lowest index first among equals (as jobs start).
+            idx = np.argsort(avail, kind="stable")[:k]
             start = float(avail[idx].max())
             avail[idx] = start + job.requested_s
             on_idle = idx[self.free[idx]]
@@ -205,12 +200,17 @@ class EasyBackfillReplay:
         for i, job in enumerate(self.jobs):
             heap.append((job.submit_s, 1, i))
         heapq.heapify(heap)
-        prev_free = self.free.copy()
         emitted_first = False
+        prev_free = self.free.copy()
         while heap:
             now = heap[0][0]
             if now > until_s:
                 break
+            if not emitted_first and now > start_s:
+                # The state at start_s (reached earlier) is the first event.
+                emitted_first = True
+                yield self._initial(start_s)
+                prev_free = self.free.copy()
             while heap and heap[0][0] == now:
                 _, kind, ref = heapq.heappop(heap)
                 if kind == 0:
@@ -224,22 +224,12 @@ class EasyBackfillReplay:
                 r = self.running[job_id]
                 heapq.heappush(heap, (now + r.job.run_s, 0, job_id))
             if now < start_s:
-                prev_free = self.free.copy()
                 continue
             if not emitted_first:
-                # The state at start_s is the first event (nodes idle since earlier).
                 emitted_first = True
-                t = float(start_s)
-                if now > start_s:
-                    yield TraceEvent(
-                        t, tuple(int(i) for i in np.flatnonzero(prev_free)), (), self.plan(t)
-                    )
-                else:
-                    yield TraceEvent(
-                        t, tuple(int(i) for i in np.flatnonzero(self.free)), (), self.plan(now)
-                    )
-                    prev_free = self.free.copy()
-                    continue
+                yield self._initial(now)
+                prev_free = self.free.copy()
+                continue
             changed = prev_free != self.free
             if changed.any():
                 idle = np.flatnonzero(changed & self.free)
@@ -251,6 +241,12 @@ class EasyBackfillReplay:
                     self.plan(now),
                 )
                 prev_free = self.free.copy()
+        if not emitted_first and start_s <= until_s:
+            yield self._initial(start_s)
+
+    def _initial(self, t: float) -> TraceEvent:
+        idle = tuple(int(i) for i in np.flatnonzero(self.free))
+        return TraceEvent(float(t), idle, (), self.plan(t))
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,20 @@ class IdleTrace:
         return iter(self.events_list)
 
 
+def read_text(path: str | Path) -> str:
+    """A trace file's text, or a :class:`TraceError` naming it."""
+    p = Path(path)
+    try:
+        if p.suffix == ".gz":
+            import gzip
+
+            return gzip.decompress(p.read_bytes()).decode()
+        return p.read_text()
+    except (OSError, UnicodeDecodeError, EOFError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise TraceError(f"{path}: cannot read: {reason}") from None
+
+
 def _check_time(path: str, line: int, field: str, text: str, last: float | None) -> float:
     try:
         value = float(text)
@@ -102,7 +116,7 @@ def read_idle_csv(path: str | Path, text: str | None = None) -> IdleTrace:
     """
     name = str(path)
     if text is None:
-        text = Path(path).read_text()
+        text = read_text(path)
     reader = csv.reader(io.StringIO(text))
     header = next(reader, None)
     if header is None or [h.strip() for h in header] != ["time_s", "node", "state"]:
@@ -185,7 +199,7 @@ def read_philly_minutes(path: str | Path, text: str | None = None) -> IdleTrace:
     """
     name = str(path)
     if text is None:
-        text = Path(path).read_text()
+        text = read_text(path)
     reader = csv.reader(io.StringIO(text))
     header = next(reader, None)
     cols = [h.strip() for h in header] if header else []

@@ -1,0 +1,82 @@
+"""``malletrain simulate`` end to end on small traces: summary, timelines, PNG, errors."""
+
+import csv
+import json
+
+import pytest
+
+from malletrain.cli import main
+
+TRACE = "time_s,node,state\n" + "".join(f"0,n{i},idle\n" for i in range(6)) + (
+    "60,n5,busy\n120,n4,busy\n180,n5,idle\n240,n4,idle\n300,n0,busy\n360,n0,idle\n"
+)
+
+JOBS = """jobs:
+  - name: big
+    submit_s: 0
+    min_nodes: 1
+    max_nodes: 4
+    total_samples: 1.0e+7
+    scale_up_s: 10
+    scale_down_s: 5
+    curve: [[1, 10.0], [2, 19.0], [4, 35.0]]
+  - name: small
+    submit_s: 30
+    min_nodes: 1
+    max_nodes: 2
+    total_samples: 500
+    scale_up_s: 10
+    scale_down_s: 5
+    curve: [[1, 2.0], [2, 3.5]]
+"""
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "idle.csv").write_text(TRACE)
+    (tmp_path / "jobs.yaml").write_text(JOBS)
+    return tmp_path
+
+
+def test_simulate_writes_summary_timeline_and_plot(files, capsys):
+    out = files / "out"
+    rc = main(
+        ["simulate", "--idle-trace", str(files / "idle.csv"), "--jobs", str(files / "jobs.yaml"),
+         "--policy", "equal-share", "--out", str(out), "--progress"]
+    )
+    assert rc == 0
+    s = json.loads((out / "summary.json").read_text())
+    for key in ("policy", "samples_total", "idle_node_seconds", "used_node_seconds", "rescales",
+                "jobs_finished", "decision_ms_p50", "decision_ms_max", "mean_jct_s", "makespan_s"):
+        assert key in s
+    assert s["policy"] == "equal-share"
+    # 6 nodes for 0-60, 5 for 60-120, 4 for 120-180, 5 for 180-240, 6 for 240-300, 5, 6 at 360.
+    assert s["idle_node_seconds"] == pytest.approx(60 * (6 + 5 + 4 + 5 + 6 + 5))
+    assert 0 < s["used_node_seconds"] <= s["idle_node_seconds"]
+    assert s["samples_total"] > 0 and s["upper_bound_samples"] >= s["samples_total"]
+    rows = list(csv.DictReader((out / "timeline.csv").open()))
+    assert rows[0]["time_s"] == "0" and rows[-1]["time_s"] == "360"
+    assert [int(r["idle_nodes"]) for r in rows[:3]] == [6, 5, 4]
+    changes = list(csv.DictReader((out / "job_nodes.csv").open()))
+    assert {r["job"] for r in changes} == {"big", "small"}
+    assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    err = capsys.readouterr().err
+    assert "%" in err  # the progress bar
+
+
+def test_bad_input_is_one_line_error_with_file_line_field(files, capsys):
+    (files / "bad.csv").write_text("time_s,node,state\n0,n0,idle\n10,n9,busy\n")
+    rc = main(["simulate", "--idle-trace", str(files / "bad.csv"), "--jobs",
+               str(files / "jobs.yaml"), "--policy", "equal-share", "--out", str(files / "o")])
+    err = capsys.readouterr().err.strip()
+    assert rc != 0
+    assert err.count("\n") == 0 and "bad.csv:3" in err and "'node'" in err
+    assert "Traceback" not in err
+
+
+def test_unknown_policy_and_missing_swf_nodes(files, capsys):
+    base = ["--jobs", str(files / "jobs.yaml"), "--out", str(files / "o")]
+    assert main(["simulate", "--idle-trace", str(files / "idle.csv"), "--policy", "nope", *base])
+    assert "unknown --policy" in capsys.readouterr().err
+    assert main(["simulate", "--swf", str(files / "x.swf"), "--policy", "equal-share", *base])
+    assert "--swf-nodes" in capsys.readouterr().err

@@ -1,0 +1,146 @@
+"""Replay semantics on tiny, hand-computed scenarios (FreeTrain's replayer, issue 4 §3).
+
+A scripted policy hands out exactly the nodes a test names, so every number below
+can be checked with pencil and paper.
+"""
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from malletrain.core.model import AllocationInput, Plan
+from malletrain.sim.curves import TrueCurves
+from malletrain.sim.engine import PolicyError, Simulator
+from malletrain.sim.jobs import SimJob
+from malletrain.sim.trace import IdleTrace, TraceEvent
+
+
+@dataclass
+class Script:
+    """At time t, give each listed job exactly these nodes; otherwise keep what is still idle."""
+
+    steps: dict[float, dict[str, tuple[str, ...]]]
+    name: str = "script"
+    seen: list[AllocationInput] = field(default_factory=list)
+
+    def decide(self, inp: AllocationInput) -> Plan:
+        self.seen.append(inp)
+        idle = {n.name for n in inp.nodes}
+        plan = {j.job_id: tuple(n for n in j.nodes if n in idle) for j in inp.jobs}
+        plan.update(self.steps.get(inp.now_s, {}))
+        return Plan(assignments=plan)
+
+
+def job(name, *, submit=0.0, lo=1, hi=4, total=1e9, up=2.0, down=1.0, curve=((1, 1.0), (4, 4.0))):
+    return SimJob(name, submit, lo, hi, total, up, down, tuple(curve))
+
+
+def trace(*events, names=("a", "b", "c", "d"), end=None):
+    evs = tuple(TraceEvent(t, tuple(i), tuple(b)) for t, i, b in events)
+    return IdleTrace("test", names, evs[0].time_s, end if end is not None else evs[-1].time_s, evs)
+
+
+def run(tr, jobs, steps, **kw):
+    pol = Script(steps)
+    sim = Simulator(tr, jobs, pol, TrueCurves(), **kw)
+    return sim.run(), pol
+
+
+def done(result, name):
+    return next(r.done for r in result.jobs if r.job.name == name)
+
+
+def test_start_from_zero_is_free_and_growth_pays_scale_up_at_old_rate():
+    tr = trace((0, [0, 1, 2, 3], []), (10, [], []), (20, [], []))
+    res, _ = run(tr, [job("j")], {0: {"j": ("a",)}, 10: {"j": ("a", "b", "c")}})
+    # 0-10: 1 node, 1/s = 10. At 10 grow 1->3: lose up_s(2) x rate(1)=1 = 2. 10-20: 3/s = 30.
+    assert done(res, "j") == pytest.approx(10 - 2 + 30)
+    assert res.samples_lost_rescale == pytest.approx(2.0)
+    assert (res.rescales, res.starts, res.preemptions) == (1, 1, 0)
+    assert res.used_node_seconds == pytest.approx(10 * 1 + 10 * 3)
+    assert res.idle_node_seconds == pytest.approx(20 * 4)
+
+
+def test_shrink_pays_scale_down_at_old_rate_and_stop_too():
+    tr = trace((0, [0, 1, 2, 3], []), (10, [], []), (20, [], []), (30, [], []))
+    res, _ = run(tr, [job("j")], {0: {"j": ("a", "b", "c", "d")}, 10: {"j": ("a",)}, 20: {"j": ()}})
+    # 0-10: 4/s = 40; shrink 4->1: lose 1 x 4 = 4; 10-20: 10; stop 1->0: lose 1 x 1 = 1.
+    assert done(res, "j") == pytest.approx(40 - 4 + 10 - 1)
+    assert res.rescales == 2
+
+
+def test_swap_of_nodes_pays_both_ways():
+    tr = trace((0, [0, 1], []), (10, [], []), (20, [], []))
+    res, _ = run(tr, [job("j")], {0: {"j": ("a",)}, 10: {"j": ("b",)}})
+    assert done(res, "j") == pytest.approx(10 - (2 + 1) * 1 + 10)
+
+
+def test_takeover_costs_scale_down_once_per_event_however_many_nodes():
+    # Two of j's three nodes turn busy in one event: one scale_down x rate(3), not two.
+    tr = trace((0, [0, 1, 2], []), (10, [], [1, 2]), (20, [], []))
+    res, pol = run(tr, [job("j")], {0: {"j": ("a", "b", "c")}})
+    assert done(res, "j") == pytest.approx(30 - 1 * 3 + 10)
+    assert res.preemptions == 1 and res.rescales == 0
+    assert res.samples_lost_preemption == pytest.approx(3.0)
+    # The policy saw the job already shrunk to its surviving node.
+    at10 = pol.seen[1]
+    assert at10.jobs[0].nodes == ("a",) and [n.name for n in at10.nodes] == ["a"]
+
+
+def test_takeover_below_min_stops_the_job_and_frees_the_rest():
+    tr = trace((0, [0, 1, 2], []), (10, [], [0]), (20, [], []))
+    res, pol = run(tr, [job("j", lo=3)], {0: {"j": ("a", "b", "c")}})
+    # 0-10: 3/s = 30; lose 1 x 3 at the takeover; then below min: stopped, nothing more.
+    assert done(res, "j") == pytest.approx(30 - 3)
+    assert pol.seen[1].jobs[0].nodes == ()
+    assert res.used_node_seconds == pytest.approx(30)
+
+
+def test_finishes_at_exactly_total_samples_between_events():
+    tr = trace((0, [0], []), (10, [], []), (30, [], []), (40, [], []))
+    res, _ = run(tr, [job("j", total=25)], {0: {"j": ("a",)}})
+    r = res.jobs[0]
+    assert r.done == 25 and r.finished_s == pytest.approx(25.0)
+    s = res.summary()
+    assert s["jobs_finished"] == 1 and s["mean_jct_s"] == pytest.approx(25.0)
+    assert s["makespan_s"] == pytest.approx(25.0)
+    assert res.used_node_seconds == pytest.approx(25.0)  # not the 5 s until the event
+
+
+def test_admission_in_submit_order_up_to_the_limit():
+    jobs = [job("late", submit=5), job("first"), job("second", total=5), job("third")]
+    tr = trace((0, [0, 1], []), (10, [], []), (20, [], []))
+    res, pol = run(tr, jobs, {0: {"first": ("a",), "second": ("b",)}}, max_concurrent_jobs=2)
+    assert [j.job_id for j in pol.seen[0].jobs] == ["first", "second"]
+    # "second" finishes at t=5; at t=10 it leaves and "third" (submitted before "late") enters.
+    assert [j.job_id for j in pol.seen[1].jobs] == ["first", "third"]
+    assert [j.job_id for j in pol.seen[2].jobs] == ["first", "third"]
+    assert res.summary()["jobs_admitted"] == 3
+
+
+def test_finished_job_losing_a_node_pays_nothing():
+    tr = trace((0, [0], []), (10, [], [0]), (20, [], []))
+    res, _ = run(tr, [job("j", total=5)], {0: {"j": ("a",)}})
+    assert res.jobs[0].done == 5 and res.preemptions == 0
+
+
+@pytest.mark.parametrize(
+    ("step", "match"),
+    [
+        ({"j": ("a", "zz")}, "not idle"),
+        ({"j": ("a", "a")}, "two jobs"),
+        ({"ghost": ("a",)}, "not offered"),
+        ({"j": ("a", "b", "c", "d", "e")}, "outside"),
+    ],
+)
+def test_invalid_plans_are_rejected(step, match):
+    tr = trace((0, [0, 1, 2, 3, 4], []), (10, [], []), names=("a", "b", "c", "d", "e"))
+    with pytest.raises(PolicyError, match=match):
+        run(tr, [job("j")], {0: step})
+
+
+def test_policy_sees_idle_ages():
+    tr = trace((0, [0], []), (10, [1], []), (25, [], []), names=("a", "b"))
+    _, pol = run(tr, [job("j")], {})
+    ages = {n.name: n.idle_age_s for n in pol.seen[2].nodes}
+    assert ages == {"a": 25.0, "b": 15.0}
