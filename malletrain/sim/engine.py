@@ -217,7 +217,7 @@ class Simulator:
         if ev.became_idle:
             idx = np.asarray(ev.became_idle, dtype=np.int64)
             self.idle[idx] = True
-            self.idle_since[idx] = t
+            self.idle_since[idx] = t if ev.idle_since_s is None else ev.idle_since_s
         if not ev.became_busy:
             return
         busy = np.asarray(ev.became_busy, dtype=np.int64)
@@ -226,7 +226,7 @@ class Simulator:
         for slot in np.unique(holders[holders >= 0]):
             run = self.runs[int(slot)]
             lost_nodes = set(busy[holders == slot].tolist())
-            keep = [i for i in run.nodes if i not in lost_nodes]
+            keep = [i for i in run.nodes if i not in lost_nodes]  # stays sorted
             if len(keep) < run.job.min_nodes:
                 keep = []
             if run.finished_s is None:
@@ -300,31 +300,36 @@ class Simulator:
         unknown = set(plan.assignments) - set(by_name)
         if unknown:
             raise PolicyError(f"plan at t={t:g} names jobs not offered: {sorted(unknown)}")
-        taken: set[int] = set()
         wanted: dict[str, list[int]] = {}
+        every: list[int] = []
         for name, node_names in plan.assignments.items():
             run = by_name[name]
-            idx = []
-            for nn in node_names:
-                i = self.index.get(nn)
-                if i is None or not self.idle[i]:
-                    raise PolicyError(f"plan at t={t:g} gives {name} node {nn!r}, not idle")
-                if i in taken:
-                    raise PolicyError(f"plan at t={t:g} gives node {nn!r} to two jobs")
-                taken.add(i)
-                idx.append(i)
+            try:
+                idx = sorted(self.index[nn] for nn in node_names)
+            except KeyError as exc:
+                what = f"plan at t={t:g} gives {name} node {exc.args[0]!r}, not idle"
+                raise PolicyError(what) from None
             if idx and not run.job.min_nodes <= len(idx) <= run.job.max_nodes:
                 raise PolicyError(
                     f"plan at t={t:g} gives {name} {len(idx)} nodes, outside "
                     f"[{run.job.min_nodes}, {run.job.max_nodes}]"
                 )
             wanted[name] = idx
+            every += idx
+        arr = np.asarray(every, dtype=np.int64)
+        if len(arr) and not self.idle[arr].all():
+            bad = self.trace.node_names[int(arr[~self.idle[arr]][0])]
+            raise PolicyError(f"plan at t={t:g} gives node {bad!r}, not idle")
+        if len(np.unique(arr)) != len(arr):
+            values, counts = np.unique(arr, return_counts=True)
+            dup = self.trace.node_names[int(values[counts > 1][0])]
+            raise PolicyError(f"plan at t={t:g} gives node {dup!r} to two jobs")
         # Release first so a node may pass from one job to another in one decision.
         changes = []
         for run in self._active:
             new = wanted.get(run.job.name, [])
             old = run.nodes
-            if set(new) == set(old):
+            if new == old:
                 continue
             grew = bool(set(new) - set(old))
             shrank = bool(set(old) - set(new))

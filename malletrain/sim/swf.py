@@ -134,6 +134,7 @@ class EasyBackfillReplay:
         self.n = machine_nodes
         self.plan_depth = plan_depth
         self.free = np.ones(machine_nodes, dtype=bool)
+        self.free_since = np.zeros(machine_nodes)
         self.queue: deque[SwfJob] = deque()
         self.running: dict[int, _Running] = {}
         #: (job_id, start_s) of every started job, for tests and the log.
@@ -216,6 +217,7 @@ class EasyBackfillReplay:
                 if kind == 0:
                     r = self.running.pop(ref)
                     self.free[r.nodes] = True
+                    self.free_since[r.nodes] = now
                 else:
                     self.queue.append(self.jobs[ref])
             before = set(self.running)
@@ -245,8 +247,9 @@ class EasyBackfillReplay:
             yield self._initial(start_s)
 
     def _initial(self, t: float) -> TraceEvent:
-        idle = tuple(int(i) for i in np.flatnonzero(self.free))
-        return TraceEvent(float(t), idle, (), self.plan(t))
+        idx = np.flatnonzero(self.free)
+        since = tuple(float(x) for x in self.free_since[idx])
+        return TraceEvent(float(t), tuple(int(i) for i in idx), (), self.plan(t), since)
 
 
 @dataclass(frozen=True)

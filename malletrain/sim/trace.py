@@ -56,6 +56,9 @@ class TraceEvent:
     became_busy: tuple[int, ...]
     #: The backfill plan at this time; ``None`` when the source predicts nothing.
     planned: tuple[PlannedStart, ...] | None = None
+    #: When each ``became_idle`` node really turned idle, if earlier than ``time_s``
+    #: (the first event of a slice: its nodes have been idle for a while).
+    idle_since_s: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -258,13 +261,16 @@ def read_philly_minutes(path: str | Path, text: str | None = None) -> IdleTrace:
 
 def slice_from(trace: IdleTrace, start_s: float) -> IdleTrace:
     """The trace from ``start_s`` on; the state at ``start_s`` becomes its first event."""
-    idle: set[int] = set()
+    since: dict[int, float] = {}
     later: list[TraceEvent] = []
     for ev in trace.events():
         if ev.time_s <= start_s:
-            idle |= set(ev.became_idle)
-            idle -= set(ev.became_busy)
+            for i in ev.became_idle:
+                since.setdefault(i, ev.time_s)
+            for i in ev.became_busy:
+                since.pop(i, None)
         else:
             later.append(ev)
-    first = TraceEvent(start_s, tuple(sorted(idle)), ())
+    idle = tuple(sorted(since))
+    first = TraceEvent(start_s, idle, (), None, tuple(since[i] for i in idle))
     return IdleTrace(trace.source, trace.node_names, start_s, trace.end_s, (first, *later))

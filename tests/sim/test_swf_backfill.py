@@ -80,6 +80,7 @@ def test_swf_trace_slice(tmp_path):
         (200.0, (1, 2, 3), ()),
     ]
     assert evs[0].planned[0].start_s == 100.0
+    assert evs[0].idle_since_s == (60.0, 60.0)  # freed by job 3 at t=60
     assert tr.node_names == ("n0", "n1", "n2", "n3")
 
 

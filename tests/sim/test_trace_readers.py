@@ -32,6 +32,7 @@ def test_slice_from_keeps_state_at_start():
     tr = slice_from(read_idle_csv("t.csv", GOOD), 6.0)
     evs = list(tr.events())
     assert (evs[0].time_s, evs[0].became_idle) == (6.0, (1, 2))
+    assert evs[0].idle_since_s == (5.0, 0.0)
     assert [(e.time_s, e.became_busy) for e in evs[1:]] == [(9.0, (2,))]
 
 
