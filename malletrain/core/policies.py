@@ -48,9 +48,30 @@ def _equal_share(opts: PolicyOptions) -> Policy:
     return EqualShare()
 
 
+def _malletrain(name: str) -> Callable[[PolicyOptions], Policy]:
+    def factory(opts: PolicyOptions) -> Policy:
+        from malletrain.core.allocator import malletrain_policy
+
+        return malletrain_policy(name=name, horizon_s=opts.horizon_s)
+
+    return factory
+
+
 POLICIES: dict[str, PolicySpec] = {
     spec.name: spec
     for spec in (
+        PolicySpec(
+            "malletrain",
+            "learned",
+            "exact DP over node counts, per-node windows, curves learned online",
+            _malletrain("malletrain"),
+        ),
+        PolicySpec(
+            "malletrain-known-curves",
+            "true",
+            "malletrain's allocator given the true curves (an upper reference)",
+            _malletrain("malletrain-known-curves"),
+        ),
         PolicySpec(
             "equal-share",
             "none",

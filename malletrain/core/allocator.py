@@ -1,0 +1,332 @@
+"""malletrain's Resource Allocator: exact node counts by dynamic programming, then node choice.
+
+Formulation as built (docs/allocator.md has the derivation and the why)
+-----------------------------------------------------------------------
+Every node ``i`` gets an *effective window* ``w_i``: its predicted remaining idle
+time (Slurm's backfill plan, ``IdleNode.window_s``) or, where nothing is planned,
+the expected remaining idle time given its idle age from the learned hole-length
+distribution (:mod:`malletrain.core.holes`), both capped at the horizon ``H``; and
+a *reclaim probability* ``p_i``: the chance that Slurm takes it back within ``H``.
+
+A job ``j`` that holds a set ``A`` of ``n`` nodes keeps running as its nodes are
+reclaimed one by one in window order, so with its nodes ranked by descending
+window ``w_(1) >= ... >= w_(n)`` its work over the horizon is::
+
+    work_j(A) = r_j(m) * w_(m) + sum_{k=m+1..n} (r_j(k) - r_j(k-1)) * w_(k)
+
+(``m`` = min_nodes: below it the job stops), each reclaim costs a scale-down at
+the rate it had then (``sum_{k>=m} d_j * r_j(k) * p_(k)``), and changing the
+size now costs ``u_j * r_j(c_j)`` (grow) or ``d_j * r_j(c_j)`` (shrink), as in
+FreeTrain; starting from zero is free. With ``w_i = Tfwd`` for all nodes and no
+reclaims this is exactly FreeTrain's objective; per-node windows make a node that
+will be reclaimed in 40 s worth 40 s of its marginal throughput minus a
+scale-down, so a 20 s scale-up onto it does not pay, while a long hole does.
+
+Which nodes a count means is fixed per job, so that the count problem stays a
+multiple-choice knapsack that dynamic programming solves *exactly*: a job of
+``n <= c`` keeps its ``n`` longest-window nodes (releases those about to be
+reclaimed first); a job of ``n > c`` keeps all its nodes and grows onto the
+longest windows of the free pool (then, clipped below the pool, nodes others may
+release), with the windows merged into one ranking. Every job is valued against
+the pool's best windows; the node-choice step then hands the pool out longest
+window first in order of the value each job gains per new node, so jobs growing
+at the same decision share the top of the pool.
+
+Solving: ``f_j(t)`` = best value of jobs ``1..j`` on at most ``t`` nodes,
+``f_j(t) = max(f_{j-1}(t) + V_j(0), max_{n in [min_j, max_j]} f_{j-1}(t-n) + V_j(n))``,
+vectorised over ``t`` with numpy: O(jobs x nodes x sizes), no solver.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from malletrain.core.holes import HoleLengthModel, HoleTracker
+from malletrain.core.model import AllocationInput, MalleableJob, Plan, ThroughputModel
+from malletrain.core.placement import assign_nodes
+
+log = logging.getLogger(__name__)
+
+
+@lru_cache(maxsize=4096)
+def _rates_cached(points: tuple[tuple[int, float], ...], slope: float, max_n: int) -> np.ndarray:
+    ns = np.arange(max_n + 1, dtype=float)
+    if not points or max_n <= 0:
+        out = np.zeros(max_n + 1)
+    else:
+        xs = np.array([0.0] + [float(pt[0]) for pt in points])
+        ys = np.array([0.0] + [float(pt[1]) for pt in points])
+        out = np.interp(ns, xs, ys)
+        last_n, last_r = points[-1]
+        beyond = ns > last_n
+        out[beyond] = last_r + slope * (ns[beyond] - last_n)
+        out = np.maximum(out, 0.0)
+    out.flags.writeable = False
+    return out
+
+
+def rates_upto(model: ThroughputModel, max_n: int) -> np.ndarray:
+    """``model.rate(n)`` for n = 0..max_n, vectorised (same semantics as ThroughputModel.rate)."""
+    return _rates_cached(model.points, float(model.optimistic_slope), int(max_n))
+
+
+def job_value_table(
+    jobs: Sequence[MalleableJob],
+    own_w: Sequence[np.ndarray],
+    own_p: Sequence[np.ndarray],
+    grow_w: np.ndarray,
+    grow_p: np.ndarray,
+    grow_n: np.ndarray | None = None,
+) -> np.ndarray:
+    """V[j, n] for every job j and count n = 0..K (``-inf`` where n is not allowed).
+
+    ``own_w[j]``/``own_p[j]``: job j's present nodes sorted by descending window.
+    ``grow_w``/``grow_p`` (jobs x M): the nodes each job would grow onto, sorted
+    by descending window; ``grow_n[j]``: how many of job j's row are real nodes
+    (default: all). All jobs at once, vectorised over jobs, counts and nodes.
+    """
+    n_jobs = len(jobs)
+    c = np.array([w.size for w in own_w], dtype=np.int64)
+    lo = np.array([max(1, j.min_nodes) for j in jobs], dtype=np.int64)
+    if grow_n is None:
+        grow_n = np.full(n_jobs, grow_w.shape[1], dtype=np.int64)
+    hi = np.minimum(np.array([j.max_nodes for j in jobs], dtype=np.int64), c + grow_n)
+    big_k = int(max(1, hi.max(initial=0), c.max(initial=0), lo.max(initial=0)))
+    rates = np.stack([rates_upto(j.throughput, big_k) for j in jobs])
+    up = np.array([j.scale_up_s for j in jobs])
+    down = np.array([j.scale_down_s for j in jobs])
+    rows = np.arange(n_jobs)
+    rate_now = rates[rows, c]
+    k = np.arange(1, big_k + 1)[None, :]
+    # rank coefficients: work a[k] * w_(k), reclaim cost b[k] * p_(k)
+    a = np.where(k > lo[:, None], rates[:, 1:] - rates[:, :-1], 0.0)
+    a[rows, lo - 1] = rates[rows, lo]
+    b = np.where(k >= lo[:, None], down[:, None] * rates[:, 1:], 0.0)
+    # own nodes, zero padded (ow) and -inf padded (owm, so padding never outranks)
+    big_c = int(c.max(initial=0))
+    ow = np.zeros((n_jobs, max(big_c, 1)))
+    op = np.zeros_like(ow)
+    owm = np.full_like(ow, -np.inf)
+    for j in range(n_jobs):
+        ow[j, : c[j]] = own_w[j]
+        op[j, : c[j]] = own_p[j]
+        owm[j, : c[j]] = own_w[j]
+    values = np.full((n_jobs, big_k + 1), -np.inf)
+    values[:, 0] = np.where(c > 0, -down * rate_now, 0.0)
+    # n <= c: keep the n longest-window own nodes
+    if big_c:
+        keep = np.cumsum(a[:, :big_c] * ow[:, :big_c] - b[:, :big_c] * op[:, :big_c], axis=1)
+        kk = k[:, :big_c]
+        ok = (kk <= c[:, None]) & (kk >= lo[:, None]) & (kk <= hi[:, None])
+        shrink_cost = np.where(kk < c[:, None], (down * rate_now)[:, None], 0.0)
+        values[:, 1 : big_c + 1] = np.where(ok, keep - shrink_cost, -np.inf)
+    # n = c + m: own nodes merged with the first m growth nodes
+    m_max = int(max(0, (hi - c).max(initial=0)))
+    if m_max:
+        g = grow_w[:, :m_max]
+        gp = grow_p[:, :m_max]
+        ms = np.arange(1, m_max + 1)
+        # own nodes keep ranks 1..c and growth node l takes rank c + l, unless a
+        # growth node has a longer window than some own node ("mixed" jobs)
+        min_own = np.min(np.where(np.isfinite(owm), owm, np.inf), axis=1)
+        mixed = np.flatnonzero((c > 0) & (g[:, 0] > min_own))
+        e = np.repeat(c[:, None], m_max, axis=1)
+        own_term = np.zeros((n_jobs, m_max))
+        if big_c:
+            own_term += np.where(c > 0, keep[rows, np.maximum(c - 1, 0)], 0.0)[:, None]
+        if mixed.size:
+            gm, owx, opx = g[mixed], ow[mixed], op[mixed]
+            # rank of growth node l = l + #own nodes with a window >= its window
+            e[mixed] = (owm[mixed][:, None, :] >= gm[:, :, None]).sum(axis=2)
+            # rank of own node i = i + min(m, #growth nodes with a longer window)
+            q = (gm[:, None, :] > owx[:, :, None]).sum(axis=2)
+            rank_o = np.arange(1, big_c + 1)[None, None, :] + np.minimum(
+                ms[None, :, None], q[:, None, :]
+            )
+            rank_o = np.minimum(rank_o, big_k) - 1
+            sub = mixed[:, None, None]
+            own_term[mixed] = (
+                a[sub, rank_o] * owx[:, None, :] - b[sub, rank_o] * opx[:, None, :]
+            ).sum(axis=2)
+        rank_g = np.minimum(ms[None, :] + e, big_k) - 1
+        pool_term = np.cumsum(
+            np.take_along_axis(a, rank_g, 1) * g - np.take_along_axis(b, rank_g, 1) * gp, axis=1
+        )
+        grow_val = pool_term + own_term - np.where(c > 0, up * rate_now, 0.0)[:, None]
+        n_grid = np.arange(1, big_k + 1)[None, :]
+        m_idx = np.clip(n_grid - c[:, None] - 1, 0, m_max - 1)
+        ok = (n_grid > c[:, None]) & (n_grid >= lo[:, None]) & (n_grid <= hi[:, None])
+        values[:, 1:] = np.where(ok, np.take_along_axis(grow_val, m_idx, 1), values[:, 1:])
+    return values
+
+
+def solve_counts(values: np.ndarray, capacity: int) -> tuple[np.ndarray, float]:
+    """Exact multiple-choice knapsack over a value table.
+
+    ``values[j, n]`` is job j's value at count n (``-inf`` = not allowed; count 0
+    must be allowed). Chooses one count per job, total <= capacity, maximising
+    the sum. Returns (count per job, optimal objective).
+
+    ``f(t)`` = best value of the jobs so far on at most ``t`` nodes. Jobs are
+    processed by ascending largest count so that the early stages only span the
+    capacity the jobs so far can use (an exact shortcut, not a heuristic).
+    """
+    n_jobs, width = values.shape
+    finite = np.isfinite(values)
+    if not finite[:, 0].all():
+        raise ValueError("every job must allow count 0")
+    # An option worth no more than a smaller count of the same job can never be
+    # needed (f counts "at most t" nodes): dropping it keeps the result exact.
+    best_below = np.maximum.accumulate(np.where(finite, values, -np.inf), axis=1)
+    useful = finite.copy()
+    useful[:, 1:] &= values[:, 1:] > best_below[:, :-1]
+    finite = useful
+    largest = np.where(finite, np.arange(width)[None, :], 0).max(axis=1)
+    order = np.argsort(largest, kind="stable")
+    capacity = int(max(0, min(capacity, int(largest.sum()))))
+    f = np.zeros(1)
+    history: list[np.ndarray] = []
+    choices: list[list[tuple[int, float]]] = []
+    reach = 0
+    buf = np.empty(capacity + 1)
+    for j in order.tolist():
+        ns = np.flatnonzero(finite[j])
+        opts = list(zip(ns.tolist(), values[j, ns].tolist(), strict=True))
+        choices.append(opts)
+        history.append(f)
+        reach = min(capacity, reach + int(largest[j]))
+        prev = f
+        if prev.size < reach + 1:  # f is non-decreasing: pad with its last value
+            prev = np.concatenate((prev, np.full(reach + 1 - prev.size, prev[-1])))
+        g = prev + opts[0][1]
+        for n, v in opts[1:]:
+            if n <= reach:
+                tmp = buf[: reach + 1 - n]
+                np.add(prev[: reach + 1 - n], v, out=tmp)
+                np.maximum(g[n:], tmp, out=g[n:])
+        f = g
+    t = int(np.argmax(f))
+    objective = float(f[t])
+    counts = np.zeros(n_jobs, dtype=np.int64)
+    f_after = f
+    for pos in range(n_jobs - 1, -1, -1):
+        j = int(order[pos])
+        f_before = history[pos]
+        target = f_after[t]
+        chosen, best_err = 0, math.inf
+        for n, v in choices[pos]:
+            if n > t:
+                continue
+            before = f_before[min(t - n, f_before.size - 1)]
+            err = abs(before + v - target)
+            if err < best_err:
+                best_err, chosen = err, n
+        counts[j] = chosen
+        t = min(t - chosen, f_before.size - 1)
+        f_after = f_before
+    return counts, objective
+
+
+@dataclass
+class MalleTrainPolicy:
+    """malletrain's allocator as a :class:`~malletrain.core.model.Policy`.
+
+    Keeps one piece of learned state: the hole-length distribution, fed from the
+    idle-node lists it is given (a node that disappears was reclaimed).
+    """
+
+    name: str = "malletrain"
+    horizon_s: float = 1800.0
+    holes: HoleTracker = field(default_factory=HoleTracker)
+
+    def effective_windows(self, inp: AllocationInput) -> tuple[np.ndarray, np.ndarray]:
+        """(w_i, p_i) per node of ``inp.nodes``: capped window and reclaim probability."""
+        h = self.horizon_s
+        nodes = inp.nodes
+        w = np.empty(len(nodes))
+        p = np.empty(len(nodes))
+        unknown = []
+        for i, node in enumerate(nodes):
+            if node.window_s is None:
+                unknown.append(i)
+            else:
+                win = max(0.0, node.window_s)
+                w[i] = min(win, h)
+                p[i] = 1.0 if win < h else 0.0
+        if unknown:
+            ages = np.array([nodes[i].idle_age_s for i in unknown])
+            rem, p_end = self.holes.model.expected_remaining_s(ages, h)
+            w[unknown] = rem
+            p[unknown] = p_end
+        return w, p
+
+    def decide(self, inp: AllocationInput) -> Plan:
+        t0 = time.perf_counter()
+        self.holes.update(inp.now_s, inp.nodes)
+        counts, objective, w, growth_order = self.solve(inp)
+        windows = {n.name: float(w[i]) for i, n in enumerate(inp.nodes)}
+        assignments = assign_nodes(inp, counts, windows_s=windows, growth_order=growth_order)
+        return Plan(
+            assignments=assignments, objective=objective, decision_s=time.perf_counter() - t0
+        )
+
+    def solve(self, inp: AllocationInput) -> tuple[dict[str, int], float, np.ndarray, list[str]]:
+        """The count problem alone: (counts, objective, node windows, growth order)."""
+        w, p = self.effective_windows(inp)
+        if not inp.jobs:
+            return {}, 0.0, w, []
+        index = {n.name: i for i, n in enumerate(inp.nodes)}
+        held = np.zeros(len(inp.nodes), dtype=bool)
+        own_idx: list[np.ndarray] = []
+        for job in inp.jobs:
+            idx = np.array([index[n] for n in job.nodes if n in index], dtype=np.int64)
+            if idx.size:
+                idx = idx[np.argsort(-w[idx], kind="stable")]
+                held[idx] = True
+            own_idx.append(idx)
+        free = np.flatnonzero(~held)
+        free = free[np.argsort(-w[free], kind="stable")]
+        need = max(
+            (j.max_nodes - i.size for j, i in zip(inp.jobs, own_idx, strict=True)), default=0
+        )
+        m_max = max(0, min(need, len(inp.nodes)))
+        grow_w = np.zeros((len(inp.jobs), m_max))
+        grow_p = np.zeros_like(grow_w)
+        n_free = min(free.size, m_max)
+        grow_w[:, :n_free] = w[free[:n_free]]
+        grow_p[:, :n_free] = p[free[:n_free]]
+        grow_n = np.full(len(inp.jobs), n_free, dtype=np.int64)
+        if m_max > free.size:
+            # beyond the free pool: nodes other jobs may release, ranked below the pool
+            held_idx = np.flatnonzero(held)
+            held_idx = held_idx[np.argsort(-w[held_idx], kind="stable")]
+            cap = float(w[free[-1]]) if free.size else math.inf
+            for j, idx in enumerate(own_idx):
+                others = held_idx[~np.isin(held_idx, idx)][: m_max - free.size]
+                grow_w[j, free.size : free.size + others.size] = np.minimum(w[others], cap)
+                grow_p[j, free.size : free.size + others.size] = p[others]
+                grow_n[j] = free.size + others.size
+        own_w = [w[i] for i in own_idx]
+        own_p = [p[i] for i in own_idx]
+        values = job_value_table(inp.jobs, own_w, own_p, grow_w, grow_p, grow_n)
+        count_arr, objective = solve_counts(values, len(inp.nodes))
+        counts = {job.job_id: int(n) for job, n in zip(inp.jobs, count_arr, strict=True)}
+        # growth order: the largest value per new node picks from the pool first
+        gain: list[tuple[float, int, str]] = []
+        for j, (job, idx) in enumerate(zip(inp.jobs, own_idx, strict=True)):
+            n = counts[job.job_id]
+            if n > idx.size:
+                gain.append((-float(values[j, n]) / n, job.submit_order, job.job_id))
+        growth_order = [j for _, _, j in sorted(gain)]
+        return counts, objective, w, growth_order
+
+
+def malletrain_policy(name: str = "malletrain", horizon_s: float = 1800.0) -> MalleTrainPolicy:
+    return MalleTrainPolicy(name=name, horizon_s=horizon_s, holes=HoleTracker(HoleLengthModel()))

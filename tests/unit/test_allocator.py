@@ -1,0 +1,298 @@
+"""malletrain's allocator: the value of a count, the exact DP, and the plans it makes.
+
+The DP is checked against SciPy's MILP (HiGHS) on random small instances, and the
+vectorised value table against a direct transcription of the formula in
+core/allocator.py's docstring (sort the job's nodes by window, sum the terms).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from malletrain.core.allocator import (
+    MalleTrainPolicy,
+    job_value_table,
+    rates_upto,
+    solve_counts,
+)
+from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
+
+
+def reference_value(job: MalleableJob, own, pool, n: int) -> float:
+    """V_j(n) straight from the definition: own/pool are lists of (window, p_reclaim)."""
+    c = len(own)
+    if n == 0:
+        return -job.scale_down_s * job.throughput.rate(c) if c else 0.0
+    own_sorted = sorted(own, key=lambda x: -x[0])
+    nodes = own_sorted[:n] if n <= c else own_sorted + pool[: n - c]
+    nodes = sorted(nodes, key=lambda x: -x[0])
+    lo = max(1, job.min_nodes)
+    r = job.throughput.rate
+    work = r(lo) * nodes[lo - 1][0]
+    work += sum((r(k) - r(k - 1)) * nodes[k - 1][0] for k in range(lo + 1, n + 1))
+    reclaim = sum(job.scale_down_s * r(k) * nodes[k - 1][1] for k in range(lo, n + 1))
+    penalty = 0.0
+    if c and n > c:
+        penalty = job.scale_up_s * r(c)
+    elif c and n < c:
+        penalty = job.scale_down_s * r(c)
+    return work - reclaim - penalty
+
+
+curve_points = st.lists(
+    st.tuples(st.integers(1, 12), st.floats(0.5, 100.0)), min_size=1, max_size=4
+).map(
+    lambda pts: tuple(
+        (n, r) for n, r in zip(sorted({p[0] for p in pts}), sorted(p[1] for p in pts), strict=False)
+    )
+)
+window = st.floats(0.0, 600.0)
+prob = st.floats(0.0, 1.0)
+
+
+@st.composite
+def job_case(draw):
+    pts = draw(curve_points)
+    lo = draw(st.integers(1, 4))
+    hi = draw(st.integers(lo, 10))
+    own = draw(st.lists(st.tuples(window, prob), max_size=hi))
+    if 0 < len(own) < lo:
+        own = []
+    pool = sorted(draw(st.lists(st.tuples(window, prob), max_size=10)), key=lambda x: -x[0])
+    tm = ThroughputModel(pts, optimistic_slope=draw(st.sampled_from([0.0, 1.5])))
+    job = MalleableJob("j", lo, hi, (), tm, draw(st.floats(0, 60)), draw(st.floats(0, 60)))
+    return job, own, pool
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(job_case(), min_size=1, max_size=4))
+def test_value_table_matches_definition(cases):
+    jobs = [c[0] for c in cases]
+    own_w, own_p = [], []
+    for _, own, _ in cases:
+        srt = sorted(own, key=lambda x: -x[0])
+        own_w.append(np.array([x[0] for x in srt]))
+        own_p.append(np.array([x[1] for x in srt]))
+    m = max(len(pool) for _, _, pool in cases)
+    grow_w = np.zeros((len(cases), m))
+    grow_p = np.zeros((len(cases), m))
+    grow_n = np.zeros(len(cases), dtype=np.int64)
+    for j, (_, _, pool) in enumerate(cases):
+        grow_w[j, : len(pool)] = [x[0] for x in pool]
+        grow_p[j, : len(pool)] = [x[1] for x in pool]
+        grow_n[j] = len(pool)
+    table = job_value_table(jobs, own_w, own_p, grow_w, grow_p, grow_n)
+    for j, (job, own, pool) in enumerate(cases):
+        c = len(own)
+        top = min(job.max_nodes, c + len(pool))
+        for n in range(table.shape[1]):
+            allowed = n == 0 or max(1, job.min_nodes) <= n <= top
+            if not allowed:
+                assert table[j, n] == -math.inf, (j, n)
+                continue
+            want = reference_value(job, own, pool, n)
+            assert table[j, n] == pytest.approx(want, rel=1e-9, abs=1e-6), (j, n)
+
+
+def test_rates_upto_matches_model_rate():
+    tm = ThroughputModel(((2, 10.0), (4, 16.0), (8, 20.0)), optimistic_slope=0.5)
+    assert rates_upto(tm, 12).tolist() == pytest.approx([tm.rate(n) for n in range(13)])
+
+
+def milp_counts(values: np.ndarray, capacity: int) -> float:
+    """The same multiple-choice knapsack as a MILP (binary z[j, n]), solved by HiGHS."""
+    from scipy.optimize import LinearConstraint, milp
+
+    idx = [(j, n) for j in range(values.shape[0]) for n in range(values.shape[1])]
+    idx = [(j, n) for j, n in idx if np.isfinite(values[j, n])]
+    cost = -np.array([values[j, n] for j, n in idx])
+    rows = []
+    for j in range(values.shape[0]):
+        rows.append([1.0 if jj == j else 0.0 for jj, _ in idx])
+    a_pick = np.array(rows)
+    a_cap = np.array([[float(n) for _, n in idx]])
+    res = milp(
+        cost,
+        constraints=[LinearConstraint(a_pick, 1, 1), LinearConstraint(a_cap, 0, capacity)],
+        integrality=np.ones(len(idx)),
+        bounds=(0, 1),
+    )
+    assert res.success
+    return -float(res.fun)
+
+
+value_tables = st.integers(1, 6).flatmap(
+    lambda jobs: st.integers(1, 9).flatmap(
+        lambda width: st.lists(
+            st.lists(
+                st.one_of(st.just(-math.inf), st.floats(-50.0, 500.0)),
+                min_size=width,
+                max_size=width,
+            ),
+            min_size=jobs,
+            max_size=jobs,
+        )
+    )
+)
+
+
+@settings(max_examples=120, deadline=None)
+@given(value_tables, st.integers(0, 30), st.lists(st.floats(-20, 0), min_size=6, max_size=6))
+def test_dp_matches_milp(rows, capacity, zero_values):
+    values = np.array(rows, dtype=float)
+    values[:, 0] = zero_values[: values.shape[0]]
+    counts, objective = solve_counts(values, capacity)
+    assert counts.sum() <= capacity
+    assert all(np.isfinite(values[j, n]) for j, n in enumerate(counts))
+    # the counts really achieve the objective
+    assert sum(values[j, n] for j, n in enumerate(counts)) == pytest.approx(objective, abs=1e-6)
+    assert objective == pytest.approx(milp_counts(values, capacity), rel=1e-7, abs=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(value_tables, st.integers(0, 12))
+def test_dp_matches_brute_force(rows, capacity):
+    values = np.array(rows, dtype=float)
+    values[:, 0] = 0.0
+    best = -math.inf
+    choices = [np.flatnonzero(np.isfinite(r)).tolist() for r in values]
+    for pick in itertools.product(*choices):
+        if sum(pick) <= capacity:
+            best = max(best, sum(values[j, n] for j, n in enumerate(pick)))
+    assert solve_counts(values, capacity)[1] == pytest.approx(best, abs=1e-6)
+
+
+# -- whole-policy behaviour ----------------------------------------------------------
+
+LINEAR = ThroughputModel(((1, 100.0), (16, 1600.0)))
+
+
+def make_job(job_id, lo=1, hi=8, nodes=(), up=20.0, down=10.0, tm=LINEAR, order=0):
+    return MalleableJob(job_id, lo, hi, tuple(nodes), tm, up, down, order)
+
+
+def check_plan(inp, plan):
+    seen = set()
+    offered = {n.name for n in inp.nodes}
+    for job in inp.jobs:
+        got = plan.assignments.get(job.job_id, ())
+        assert not (set(got) & seen)
+        seen |= set(got)
+        assert set(got) <= offered
+        assert len(got) == 0 or job.min_nodes <= len(got) <= job.max_nodes
+
+
+def test_short_hole_not_worth_a_scale_up_long_hole_is():
+    running = make_job("a", nodes=("n0", "n1"))
+    base = [IdleNode("n0", None, 3600.0), IdleNode("n1", None, 3600.0)]
+    policy = MalleTrainPolicy(horizon_s=600.0)
+    # a hole predicted to close in 15 s: growing costs 20 s x 200/s = 4000, gains ~1500
+    short = AllocationInput(0.0, (*base, IdleNode("n2", 15.0)), (running,))
+    plan = policy.decide(short)
+    check_plan(short, plan)
+    assert plan.count("a") == 2
+    # a hole predicted to last 10 minutes pays for the scale-up
+    long = AllocationInput(0.0, (*base, IdleNode("n2", 600.0)), (running,))
+    assert policy.decide(long).count("a") == 3
+
+
+def test_equal_windows_reproduce_freetrain_objective():
+    """With every window = H and nothing reclaimed, V(n) = H x r(n) - rescale cost."""
+    concave = ThroughputModel(((1, 100.0), (2, 180.0), (4, 300.0), (8, 400.0)))
+    jobs = (
+        make_job("a", hi=8, nodes=("n0", "n1"), tm=concave),
+        make_job("b", lo=2, hi=6, tm=LINEAR, order=1),
+    )
+    nodes = tuple(IdleNode(f"n{i}", 1e6) for i in range(7))
+    horizon = 10.0
+    policy = MalleTrainPolicy(horizon_s=horizon)
+    counts, objective, _, _ = policy.solve(AllocationInput(0.0, nodes, jobs))
+    best = -math.inf
+    for na in [0, *range(1, 9)]:
+        for nb in [0, *range(2, 7)]:
+            if na + nb > 7:
+                continue
+            va = horizon * concave.rate(na) - (
+                20.0 * concave.rate(2) if na > 2 else 10.0 * concave.rate(2) if na < 2 else 0
+            )
+            vb = horizon * LINEAR.rate(nb)
+            best = max(best, va + vb)
+    assert objective == pytest.approx(best)
+    assert counts["a"] + counts["b"] <= 7
+
+
+def test_shrink_releases_nodes_about_to_be_reclaimed():
+    # a holds 4 nodes; a new job b with a much better curve arrives; nothing else is free
+    fast = ThroughputModel(((1, 10_000.0), (8, 80_000.0)))
+    nodes = (
+        IdleNode("n0", None, 5000.0),
+        IdleNode("n1", 30.0),
+        IdleNode("n2", None, 5000.0),
+        IdleNode("n3", None, 5000.0),
+    )
+    jobs = (make_job("a", nodes=("n0", "n1", "n2", "n3")), make_job("b", hi=1, tm=fast, order=1))
+    inp = AllocationInput(0.0, nodes, jobs)
+    plan = MalleTrainPolicy(horizon_s=600.0).decide(inp)
+    check_plan(inp, plan)
+    assert plan.count("b") == 1 and plan.count("a") == 3
+    assert "n1" not in plan.assignments["a"]
+
+
+def test_growth_prefers_long_windows_and_the_jobs_switch():
+    nodes = (
+        IdleNode("a0", 1e6, 0.0, "s1"),
+        IdleNode("x1", 50.0, 0.0, "s1"),
+        IdleNode("x2", 1e6, 0.0, "s2"),
+        IdleNode("x3", 1e6, 0.0, "s1"),
+        IdleNode("x4", 1e6, 0.0, "s2"),
+    )
+    inp = AllocationInput(0.0, nodes, (make_job("a", hi=3, nodes=("a0",), up=1.0),))
+    plan = MalleTrainPolicy(horizon_s=600.0).decide(inp)
+    check_plan(inp, plan)
+    assert plan.assignments["a"][0] == "a0"
+    assert "x1" not in plan.assignments["a"]
+    assert "x3" in plan.assignments["a"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_random_plans_are_feasible(seed):
+    rng = np.random.default_rng(seed)
+    n_nodes = int(rng.integers(0, 30))
+    names = [f"n{i}" for i in range(n_nodes)]
+    nodes = tuple(
+        IdleNode(
+            nm,
+            None if rng.random() < 0.5 else float(rng.uniform(0, 900)),
+            float(rng.uniform(0, 4000)),
+            f"s{int(rng.integers(0, 3))}",
+        )
+        for nm in names
+    )
+    free = list(names)
+    rng.shuffle(free)
+    jobs = []
+    for j in range(int(rng.integers(0, 6))):
+        lo = int(rng.integers(1, 4))
+        hi = int(rng.integers(lo, 9))
+        c = int(rng.integers(0, hi + 1))
+        own = [] if c < lo else [free.pop() for _ in range(min(c, len(free)))]
+        if 0 < len(own) < lo:
+            free.extend(own)
+            own = []
+        pts = ((1, float(rng.uniform(1, 100))), (8, float(rng.uniform(100, 700))))
+        jobs.append(
+            make_job(f"j{j}", lo, hi, own, float(rng.uniform(0, 40)), 5.0, ThroughputModel(pts), j)
+        )
+    inp = AllocationInput(0.0, nodes, tuple(jobs))
+    policy = MalleTrainPolicy(horizon_s=float(rng.uniform(10, 2000)))
+    plan = policy.decide(inp)
+    check_plan(inp, plan)
+    counts, _objective, _, _ = policy.solve(inp)
+    assert {j.job_id: plan.count(j.job_id) for j in jobs} == counts
