@@ -56,7 +56,7 @@ def monotone_envelope(points: dict[int, float]) -> tuple[tuple[int, float], ...]
     for n in sorted(points):
         if n > peak_n:
             break
-        best = max(best, points[n])
+        best = max(best, round(points[n], 3))
         out.append((n, best))
     return tuple(out)
 
@@ -160,7 +160,7 @@ def build_job_set(
                 submit_s=round(t, 1),
                 min_nodes=1,
                 max_nodes=peak_n,
-                total_samples=peak_r * hours_at_max * 3600.0,
+                total_samples=float(round(peak_r * hours_at_max * 3600.0)),
                 scale_up_s=scale_up_s,
                 scale_down_s=scale_down_s,
                 curve=prof.curve,
@@ -180,6 +180,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--sia-cluster", default="aws", help="Sia cluster profile (default aws)")
     ap.add_argument("--gavel", metavar="FILE", help="gavel/simulation_throughputs.json")
     ap.add_argument("--gavel-worker", default="v100_unconsolidated")
+    ap.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="leave out profiles whose name contains NAME (repeatable)",
+    )
     ap.add_argument("--jobs", type=int, default=40, help="number of jobs (default 40)")
     ap.add_argument("--hours-at-max", type=float, default=24.0)
     ap.add_argument("--scale-up-s", type=float, default=18.0)
@@ -194,8 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             profiles += sia_profiles(args.sia, args.sia_cluster)
         if args.gavel:
             profiles += gavel_profiles(args.gavel, args.gavel_worker)
+        profiles = [p for p in profiles if not any(x in p.name for x in args.exclude)]
         if not profiles:
-            raise UserError("give --sia DIR and/or --gavel FILE")
+            raise UserError("no profiles: give --sia DIR and/or --gavel FILE (and fewer --exclude)")
         jobs = build_job_set(
             profiles,
             args.jobs,
@@ -209,9 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     Path(args.out).write_text(dump_jobs(jobs))
-    for p in profiles:
-        log.info("%s: %s", p.name, p.curve)
-    print(f"wrote {len(jobs)} jobs from {len(profiles)} profiles to {args.out}")
+    used = sorted({j.name.rsplit("-", 1)[0] for j in jobs})
+    print(f"wrote {len(jobs)} jobs from {len(used)} profiles to {args.out}: {', '.join(used)}")
     return 0
 
 
