@@ -50,13 +50,19 @@ from typing import Any, Literal
 
 import yaml
 
+from malletrain.core.policies import POLICIES as POLICY_REGISTRY
+from malletrain.core.policies import PolicyOptions
 from malletrain.errors import ConfigError
 
 #: Where the packaged systemd unit looks for the configuration.
 DEFAULT_CONFIG_PATH = Path("/etc/malletrain/malletrain.yaml")
 
-#: Allocation policies the daemon can run (the simulator has more, e.g. known-curves).
-POLICIES: tuple[str, ...] = ("malletrain", "freetrain", "equal-share")
+
+
+def daemon_policy_names() -> tuple[str, ...]:
+    """Policies the daemon can run: those of core's registry that do not need the jobs' true
+    throughput curves (only the simulator has those, e.g. ``malletrain-known-curves``)."""
+    return tuple(name for name, spec in POLICY_REGISTRY.items() if spec.curves != "true")
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 LogFormat = Literal["text", "json"]
@@ -151,8 +157,12 @@ def _check_socket_path(value: Path) -> str | None:
 
 
 def _check_policy(value: str) -> str | None:
-    if value not in POLICIES:
-        return f"must be one of {', '.join(POLICIES)}, got {value!r}"
+    names = daemon_policy_names()
+    if value not in names:
+        if value in POLICY_REGISTRY:
+            return f"{value!r} needs the jobs' true throughput curves (simulator only); " \
+                f"the daemon runs one of {', '.join(names)}"
+        return f"must be one of {', '.join(names)}, got {value!r}"
     return None
 
 
@@ -219,13 +229,19 @@ class AllocatorSettings:
         min=0.1, max=3600,
     ))
     policy: str = field(default="malletrain", metadata=_m(
-        f"Allocation policy: one of {', '.join(POLICIES)}.",
+        "Allocation policy, a name from malletrain.core.policies that needs no true "
+        "throughput curves: malletrain (curves learned online) or equal-share.",
         check=_check_policy,
     ))
     lookahead_s: float = field(default=10.0, metadata=_m(
-        "Look-ahead in seconds for the freetrain policy (FreeTrain's Tfwd), and the minimum "
-        "horizon any policy values a node by.",
+        "FreeTrain's look-ahead Tfwd in seconds (the value of one second of throughput), for "
+        "policies that use one.",
         gt=0, max=24 * 3600,
+    ))
+    horizon_s: float = field(default=1800.0, metadata=_m(
+        "malletrain's cap on any node's predicted idle window: beyond it nothing is "
+        "predictable, so an unbounded window counts as this long.",
+        min=1, max=7 * 24 * 3600,
     ))
     default_scale_up_s: float = field(default=3.0, metadata=_m(
         "Assumed cost of growing a job (seconds of lost progress) until the Profiling Advisor "
@@ -242,10 +258,17 @@ class AllocatorSettings:
         min=0, max=1000,
     ))
     max_decision_s: float = field(default=1.0, metadata=_m(
-        "Budget for one allocation decision; a slower policy falls back to equal share for "
-        "that tick and logs it.",
+        "Budget for one allocation decision (also the MILP solver's time limit where a "
+        "policy uses one); a slower decision is logged.",
         gt=0, max=60,
     ))
+
+    def policy_options(self) -> PolicyOptions:
+        """The knobs of :func:`malletrain.core.policies.make_policy` from these settings."""
+        return PolicyOptions(
+            tfwd_s=self.lookahead_s, horizon_s=self.horizon_s,
+            milp_time_limit_s=self.max_decision_s,
+        )
 
 
 @dataclass(frozen=True)

@@ -33,13 +33,13 @@ def test_empty_file_gives_defaults(tmp_path):
 
 def test_values_are_typed_and_frozen(tmp_path):
     s = load_settings(write(tmp_path, (
-        "allocator:\n  tick_interval_s: 2\n  policy: freetrain\n"
+        "allocator:\n  tick_interval_s: 2\n  policy: equal-share\n"
         "slurm:\n  partitions: [batch, gpu]\n  qos: scav\n"
         "logging:\n  level: debug\n  format: JSON\n"
         "state:\n  database_path: db/state.db\n"
     )))
     assert s.allocator.tick_interval_s == 2.0 and isinstance(s.allocator.tick_interval_s, float)
-    assert s.allocator.policy == "freetrain"
+    assert s.allocator.policy == "equal-share"
     assert s.slurm.partitions == ("batch", "gpu")
     assert s.logging.level == "DEBUG" and s.logging.format == "json"
     # relative paths are relative to the config file's directory
@@ -56,6 +56,7 @@ def test_values_are_typed_and_frozen(tmp_path):
         ("allocator:\n  tick_interval_s: .nan\n", "allocator.tick_interval_s", "finite"),
         ("allocator:\n  tick_intervals: 3\n", "allocator.tick_intervals", "did you mean"),
         ("allocator:\n  policy: best\n", "allocator.policy", "must be one of"),
+        ("allocator:\n  policy: malletrain-known-curves\n", "allocator.policy", "true throughput"),
         ("allocator:\n  warmup_reports: 1.5\n", "allocator.warmup_reports", "integer"),
         ("allocator:\n  warmup_reports: true\n", "allocator.warmup_reports", "integer"),
         ("allocator: 5\n", "allocator", "mapping"),
@@ -169,3 +170,12 @@ def test_every_field_is_documented_and_round_trips():
 
     text = yaml.safe_dump(settings_to_dict(Settings()))
     assert parse_settings(text, "roundtrip.yaml") == Settings()
+
+
+def test_policy_options_follow_the_settings(tmp_path):
+    from malletrain.core.policies import make_policy
+
+    s = load_settings(write(tmp_path, "allocator:\n  lookahead_s: 30\n  horizon_s: 600\n"))
+    opts = s.allocator.policy_options()
+    assert (opts.tfwd_s, opts.horizon_s) == (30.0, 600.0)
+    assert make_policy(s.allocator.policy, opts).name == "malletrain"
