@@ -73,6 +73,8 @@ class Node:
     features: tuple[str, ...] = ()
     gres: str = ""
     reason: str = ""
+    #: When the node last ran a job (epoch s), if Slurm says; for the idle age of a hole.
+    last_busy_at: float | None = None
 
 
 @dataclass(frozen=True)

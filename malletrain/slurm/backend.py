@@ -1,0 +1,410 @@
+"""The Slurm backend interface, its CLI implementation, the snapshot cache and the selection.
+
+Everything above this layer (daemon, ``malletrain nodes``, ops) talks to a
+:class:`SlurmBackend`:
+
+* observe: :meth:`SlurmBackend.snapshot` -> :class:`~malletrain.core.cluster.ClusterSnapshot`,
+  from ONE batched set of calls per tick;
+* act: ``submit(SbatchSpec) -> job id``, ``cancel``, ``signal``, ``hold``, ``release``,
+  ``requeue_hold``, ``update(job_id, **fields)``.
+
+Failures are typed (:mod:`malletrain.slurm.errors`): a timeout, slurmctld down or a "try
+again" answer raise :class:`SlurmUnavailableError` (retryable); wrap the backend in
+:class:`SnapshotCache` to keep serving the last good snapshot meanwhile.
+
+:func:`select_backend` returns the pyslurm implementation when pyslurm is importable and
+built for the cluster's Slurm version, else the CLI one, and logs once why.  On Slurm 22.05
+that is always the CLI: PyPI's pyslurm is 25.11 only and refuses to build against 22.05.
+
+Commands are argument lists run with a timeout, never shell strings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+from malletrain.core.cluster import ClusterSnapshot
+from malletrain.errors import RetryableError
+from malletrain.slurm.errors import (
+    SlurmCommandError,
+    SlurmCommandNotFoundError,
+    SlurmParseError,
+    SlurmUnavailableError,
+)
+from malletrain.slurm.hostlist import compress_hostlist
+from malletrain.slurm.parse import SnapshotTexts, build_snapshot, check_json_errors
+from malletrain.slurm.sbatch import SbatchSpec, parse_job_id
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 20.0
+
+#: The batched calls of one tick, in order (``--json`` ignores filters in 22.05, so none).
+SNAPSHOT_COMMANDS: Mapping[str, tuple[str, ...]] = {
+    "sinfo_json": ("sinfo", "--json"),
+    "squeue_json": ("squeue", "--all", "--json"),
+    "partitions": ("scontrol", "show", "partition", "-o"),
+    "reservations": ("scontrol", "show", "reservation", "-o"),
+    "planned": ("squeue", "--all", "--noheader", "--states=PENDING", "--format=%A %Y"),
+}
+
+#: stderr fragments that mean "Slurm is not answering right now" (retry), not "no".
+_RETRYABLE_MARKERS = (
+    "unable to contact slurm controller",
+    "socket timed out",
+    "connection refused",
+    "connect failure",
+    "zero bytes were transmitted",
+    "try again",
+    "transport endpoint",
+    "resource temporarily unavailable",
+    "communication connection failure",
+    "slurm backup controller in standby mode",
+    "protocol authentication error",
+    "munge",
+)
+#: Job ids that are gone or done: fine for an idempotent cancel.
+_GONE_MARKERS = ("already completing or completed", "invalid job id")
+
+#: ``scontrol update job`` fields a caller may set (Slurm's own names).
+UPDATABLE_FIELDS = frozenset(
+    {
+        "NodeList", "ReqNodeList", "ExcNodeList", "NumNodes", "TimeLimit", "TimeMin",
+        "Comment", "Partition", "JobName", "Dependency", "Features", "Nice", "StartTime",
+        "Priority",
+    }
+)
+_SIGNAL_RE = re.compile(r"^(?:SIG)?[A-Z][A-Z0-9]*$|^\d{1,2}$")
+_STEPS = ("children", "batch", "all")
+
+Runner = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+@runtime_checkable
+class SlurmBackend(Protocol):
+    """What the rest of malletrain needs from Slurm. Implementations: CLI, pyslurm."""
+
+    #: ``"cli"`` or ``"pyslurm"``.
+    name: str
+
+    def snapshot(self) -> ClusterSnapshot:
+        """Nodes, partitions, jobs (with planned starts/nodes) and reservations, now."""
+        ...
+
+    def submit(self, spec: SbatchSpec) -> int:
+        """Submit a batch job; return its id."""
+        ...
+
+    def cancel(self, job_id: int, *, missing_ok: bool = True) -> None:
+        """Cancel a job (idempotent unless ``missing_ok`` is false)."""
+        ...
+
+    def signal(self, job_id: int, sig: str, *, steps: str = "children") -> None:
+        """Send ``sig`` to the job's steps (``children``), batch shell (``batch``) or ``all``."""
+        ...
+
+    def hold(self, job_id: int) -> None: ...
+
+    def release(self, job_id: int) -> None: ...
+
+    def requeue_hold(self, job_id: int) -> None:
+        """Requeue a running job and hold it (``scontrol requeuehold``)."""
+        ...
+
+    def update(self, job_id: int, **fields: str | int | Sequence[str]) -> None:
+        """``scontrol update JobId=ID Key=Value...``, keys from :data:`UPDATABLE_FIELDS`."""
+        ...
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def classify_failure(argv: Sequence[str], returncode: int, stderr: str) -> Exception:
+    """A typed error for a failed command: retryable when Slurm was merely unreachable."""
+    words = " ".join(stderr.split())[:300] or f"exit status {returncode}"
+    command = " ".join(argv[:3])
+    lowered = stderr.lower()
+    if any(marker in lowered for marker in _RETRYABLE_MARKERS):
+        return SlurmUnavailableError(f"Slurm is not answering ({command}): {words}")
+    if "could not establish a configuration source" in lowered:
+        return SlurmCommandError(
+            f"{command}: no Slurm configuration found (set SLURM_CONF, e.g. from "
+            f"`slurm/dev-cluster env`): {words}", argv=tuple(argv), stderr=stderr)
+    return SlurmCommandError(f"{command} failed: {words}", argv=tuple(argv), stderr=stderr)
+
+
+def render_update(job_id: int, fields: Mapping[str, str | int | Sequence[str]]) -> list[str]:
+    """``scontrol update`` argv; a sequence of node names is compressed (``n[1-3]``)."""
+    if not fields:
+        raise ValueError("update: no fields given")
+    argv = ["scontrol", "update", f"JobId={int(job_id)}"]
+    for key, value in fields.items():
+        if key not in UPDATABLE_FIELDS:
+            raise ValueError(f"update: field {key!r} is not one of {sorted(UPDATABLE_FIELDS)}")
+        if isinstance(value, bool):
+            raise ValueError(f"update: field {key} must be a string or number, not a bool")
+        if isinstance(value, int):
+            text = str(value)
+        elif isinstance(value, str):
+            text = value
+        else:
+            text = compress_hostlist(str(v) for v in value)
+        if "\n" in text or "\0" in text:
+            raise ValueError(f"update: field {key} must be one line")
+        argv.append(f"{key}={text}")
+    return argv
+
+
+def render_signal(job_id: int, sig: str, steps: str = "children") -> list[str]:
+    if not _SIGNAL_RE.match(sig):
+        raise ValueError(f"signal: {sig!r} is not a signal name like TERM or USR1")
+    if steps not in _STEPS:
+        raise ValueError(f"signal: steps must be one of {_STEPS}, got {steps!r}")
+    argv = ["scancel", f"--signal={sig}"]
+    if steps == "batch":
+        argv.append("--batch")
+    elif steps == "all":
+        argv.append("--full")
+    argv.append(str(int(job_id)))
+    return argv
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+class CliBackend:
+    """The backend over Slurm's command-line clients (``sinfo``, ``squeue``, ``scontrol``...)."""
+
+    name = "cli"
+
+    def __init__(
+        self,
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        runner: Runner | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._env = dict(env) if env is not None else None
+        self.timeout_s = timeout_s
+        self._runner: Runner = runner or subprocess.run
+        self._clock = clock
+
+    def _run(
+        self,
+        argv: Sequence[str],
+        *,
+        input_text: str | None = None,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        env = dict(self._env if self._env is not None else os.environ)
+        if extra_env:
+            env.update(extra_env)
+        try:
+            return self._runner(
+                list(argv), input=input_text, capture_output=True, text=True,
+                timeout=self.timeout_s, env=env, check=False,
+            )
+        except FileNotFoundError as exc:
+            raise SlurmCommandNotFoundError(
+                f"{argv[0]}: command not found (is Slurm's client installed and on PATH?)"
+            ) from exc
+        except subprocess.TimeoutExpired as exc:
+            raise SlurmUnavailableError(
+                f"{' '.join(argv[:3])}: no answer within {self.timeout_s:g} s"
+            ) from exc
+        except OSError as exc:
+            raise SlurmUnavailableError(f"{argv[0]}: could not run: {exc}") from exc
+
+    def _check(self, argv: Sequence[str], **kw: object) -> str:
+        res = self._run(argv, **kw)  # type: ignore[arg-type]
+        if res.returncode != 0:
+            raise classify_failure(argv, res.returncode, res.stderr or res.stdout)
+        return res.stdout
+
+    # -- observe ----------------------------------------------------------------------
+    def snapshot_texts(self) -> SnapshotTexts:
+        """The raw outputs of one tick (what the golden files record)."""
+        outputs: dict[str, str] = {}
+        for key, argv in SNAPSHOT_COMMANDS.items():
+            outputs[key] = self._check(argv)
+            if key.endswith("_json"):
+                # Fail fast: with slurmctld down each further call would wait seconds more.
+                check_json_errors(outputs[key], " ".join(argv))
+        return SnapshotTexts(**outputs)
+
+    def snapshot(self) -> ClusterSnapshot:
+        taken_at = self._clock()
+        return build_snapshot(taken_at, self.snapshot_texts())
+
+    def slurm_version(self) -> str:
+        """The client's Slurm version as ``"22.05"`` (``sinfo --version``, no slurmctld needed)."""
+        out = self._check(["sinfo", "--version"])
+        m = re.search(r"(\d+)\.(\d+)", out)
+        if not m:
+            raise SlurmParseError(f"sinfo --version: no version in {out.strip()[:80]!r}")
+        return f"{int(m.group(1))}.{int(m.group(2)):02d}"
+
+    # -- act ---------------------------------------------------------------------------
+    def submit(self, spec: SbatchSpec) -> int:
+        out = self._check(spec.render(), input_text=spec.script, extra_env=spec.render_env())
+        try:
+            return parse_job_id(out)
+        except ValueError as exc:
+            raise SlurmParseError(f"sbatch: {exc}") from None
+
+    def cancel(self, job_id: int, *, missing_ok: bool = True) -> None:
+        argv = ["scancel", str(int(job_id))]
+        res = self._run(argv)
+        # scancel exits 0 but complains on stderr for a finished job; treat both alike.
+        text = f"{res.stderr}\n{res.stdout}".lower()
+        if any(m in text for m in _GONE_MARKERS):
+            if missing_ok:
+                return
+            raise SlurmCommandError(f"scancel {job_id}: {res.stderr.strip()}", tuple(argv),
+                                    res.stderr)
+        if res.returncode != 0:
+            raise classify_failure(argv, res.returncode, res.stderr)
+
+    def signal(self, job_id: int, sig: str, *, steps: str = "children") -> None:
+        argv = render_signal(job_id, sig, steps)
+        res = self._run(argv)
+        if res.returncode != 0 or "error" in res.stderr.lower():
+            raise classify_failure(argv, res.returncode or 1, res.stderr)
+
+    def hold(self, job_id: int) -> None:
+        self._check(["scontrol", "hold", str(int(job_id))])
+
+    def release(self, job_id: int) -> None:
+        self._check(["scontrol", "release", str(int(job_id))])
+
+    def requeue_hold(self, job_id: int) -> None:
+        self._check(["scontrol", "requeuehold", str(int(job_id))])
+
+    def update(self, job_id: int, **fields: str | int | Sequence[str]) -> None:
+        self._check(render_update(job_id, fields))
+
+
+# ----------------------------------------------------------------------------- cache
+
+
+class SnapshotCache:
+    """Keep the last good snapshot across failed ticks (submitit's and Ray's habit).
+
+    ``refresh()`` returns a fresh snapshot, or after a retryable failure (or one that
+    does not parse) the last good one with a warning saying how stale it is.  With no good
+    snapshot yet, or one older than ``max_age_s``, the error propagates: acting on a very
+    old view is worse than pausing.
+    """
+
+    def __init__(
+        self,
+        backend: SlurmBackend,
+        *,
+        max_age_s: float | None = 300.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.backend = backend
+        self.max_age_s = max_age_s
+        self._clock = clock
+        self.last: ClusterSnapshot | None = None
+        self.last_error: Exception | None = None
+        self.consecutive_failures = 0
+
+    @property
+    def stale(self) -> bool:
+        return self.consecutive_failures > 0
+
+    def refresh(self) -> ClusterSnapshot:
+        try:
+            snap = self.backend.snapshot()
+        except (RetryableError, SlurmParseError) as exc:
+            self.last_error = exc
+            self.consecutive_failures += 1
+            log.warning("Slurm snapshot failed (%d in a row): %s", self.consecutive_failures, exc)
+            if self.last is None:
+                raise
+            age_s = self._clock() - self.last.taken_at
+            if self.max_age_s is not None and age_s > self.max_age_s:
+                raise
+            note = f"stale: showing the snapshot of {age_s:.0f} s ago ({exc})"
+            return dataclasses.replace(self.last, warnings=(*self.last.warnings, note))
+        self.last = snap
+        self.last_error = None
+        self.consecutive_failures = 0
+        return snap
+
+
+# ----------------------------------------------------------------------------- selection
+
+_logged_reasons: set[str] = set()
+
+
+def _log_once(level: int, reason: str) -> None:
+    if reason not in _logged_reasons:
+        _logged_reasons.add(reason)
+        log.log(level, "%s", reason)
+
+
+def _major_minor(version: str) -> str | None:
+    m = re.match(r"^\s*(\d+)\.(\d+)", version)
+    return f"{int(m.group(1))}.{int(m.group(2)):02d}" if m else None
+
+
+def choose_backend_kind(pyslurm_version: str | None, slurm_version: str | None) -> tuple[str, str]:
+    """Pure decision: ``("pyslurm"|"cli", reason)`` from the two versions.
+
+    ``pyslurm_version`` is ``None`` when pyslurm cannot be imported.  pyslurm's major.minor
+    must equal Slurm's (pyslurm 25.11.x needs Slurm 25.11), since it links libslurm's ABI.
+    """
+    if pyslurm_version is None:
+        return "cli", (
+            "pyslurm is not importable; using the Slurm CLI backend (PyPI's pyslurm is "
+            "built for Slurm 25.11 only and does not build against older Slurm)"
+        )
+    want = _major_minor(pyslurm_version)
+    if slurm_version is None:
+        return "cli", (
+            f"pyslurm {pyslurm_version} is importable but the cluster's Slurm version is "
+            "unknown; using the Slurm CLI backend"
+        )
+    if want != _major_minor(slurm_version):
+        return "cli", (
+            f"pyslurm {pyslurm_version} is built for Slurm {want} but this cluster runs "
+            f"Slurm {slurm_version}; using the Slurm CLI backend"
+        )
+    return "pyslurm", f"pyslurm {pyslurm_version} matches Slurm {slurm_version}"
+
+
+def select_backend(
+    *, env: Mapping[str, str] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> SlurmBackend:
+    """The best backend for this cluster; says once (log) why it picked the CLI."""
+    cli = CliBackend(env=env, timeout_s=timeout_s)
+    try:
+        import pyslurm
+    except Exception:  # a broken build raises more than ImportError
+        pyslurm = None
+    pyslurm_version = getattr(pyslurm, "__version__", "0") if pyslurm is not None else None
+    slurm_version: str | None = None
+    if pyslurm is not None:
+        try:
+            slurm_version = cli.slurm_version()
+        except (SlurmCommandNotFoundError, SlurmCommandError, SlurmParseError,
+                SlurmUnavailableError):
+            slurm_version = None
+    kind, reason = choose_backend_kind(pyslurm_version, slurm_version)
+    if kind == "pyslurm":
+        from malletrain.slurm.pyslurm_backend import PyslurmBackend
+
+        _log_once(logging.INFO, f"using the pyslurm backend: {reason}")
+        return PyslurmBackend(pyslurm, cli=cli)
+    _log_once(logging.INFO if pyslurm is None else logging.WARNING, reason)
+    return cli
