@@ -1,0 +1,401 @@
+"""Job Profiling Advisor: learns each job's throughput-vs-nodes curve and rescale costs online.
+
+Pure logic: the caller owns the clock and passes timestamps, so the same code
+serves both callers:
+
+* the daemon feeds the progress reports its workers send
+  (``observe(job_id, t_s, nodes, samples_total)`` at every report, and
+  ``rescaled(job_id, t_s, old_nodes, new_nodes)`` when it changes a job's size
+  or Slurm takes nodes back), stores ``profile_dict(kind)`` in SQLite when a
+  job ends and calls ``load_profile(kind, data)`` at start-up;
+* the simulator feeds the progress each job really made, with the same calls.
+
+``samples_total`` is the job's cumulative, *net* progress counter (what its
+workers report): work lost to a rescale shows as samples missing from it (a
+pause in the daemon, a deduction in the simulator). That gap is how the real
+cost of a rescale is measured.
+
+What it learns, per job (and pooled per job *kind*, so a new job of a known
+kind starts from its predecessors' profile):
+
+* the throughput at every size the job ran at, passively (scavenging forces
+  size changes anyway); the first ``warmup_s`` seconds after any size change are
+  discarded (warm-up, rendezvous, first slow steps), unless nothing else was
+  ever measured at that size;
+* the real scale-up and scale-down cost, in the allocator's units (seconds of
+  the rate before the change): after a change from n to m at t_r, the first
+  clean interval at m gives m's rate r_m; the samples missing at time t are
+  ``r_m * (t - t_r) - (S(t) - S(t_r))``, divided by the rate at n;
+* a monotone concave model: weighted isotonic regression over the measured
+  sizes, then the least concave majorant through (0, 0); between sizes linear,
+  beyond the largest measured size an optimistic extension whose slope is the
+  last measured marginal (the most a concave curve allows) times ``optimism``.
+  The allocator therefore sees untried larger sizes as worth at most what
+  concavity permits, tries them when that pays, and the measurement replaces
+  the optimism (optimism in the face of uncertainty, bounded by concavity).
+  ``suggest_probe`` names the next untried size for callers that probe
+  explicitly.
+
+A job never measured gets a prior: its kind's profile, else linear scaling at the
+median per-node rate of the jobs already measured (so it competes as an average
+job until its first measurement), else 1 sample/s per node.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from malletrain.core.model import ThroughputModel
+
+log = logging.getLogger(__name__)
+
+PROFILE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class AdvisorSettings:
+    #: Progress within this many seconds after a size change is warm-up: not used for rates.
+    warmup_s: float = 30.0
+    #: Slope of the optimistic extension, as a fraction of the last measured marginal.
+    optimism: float = 1.0
+    #: Costs assumed until measured (FreeTrain's measurements: 12-19 s).
+    default_scale_up_s: float = 20.0
+    default_scale_down_s: float = 10.0
+    #: Measured costs are clipped to this (a stuck job is not a rescale cost).
+    max_cost_s: float = 600.0
+    #: Rate assumed per node for a job nobody knows anything about.
+    prior_rate_per_node: float = 1.0
+
+
+@dataclass
+class _Sum:
+    total: float = 0.0
+    weight: float = 0.0
+
+    def add(self, value: float, weight: float = 1.0) -> None:
+        self.total += value
+        self.weight += weight
+
+    def mean(self) -> float | None:
+        return self.total / self.weight if self.weight > 0 else None
+
+
+@dataclass
+class Profile:
+    """What is known about one job or one kind of job."""
+
+    #: size -> (samples, seconds) measured after warm-up
+    clean: dict[int, _Sum] = field(default_factory=dict)
+    #: size -> (samples, seconds) measured during warm-up (used only where nothing clean exists)
+    dirty: dict[int, _Sum] = field(default_factory=dict)
+    scale_up_s: _Sum = field(default_factory=_Sum)
+    scale_down_s: _Sum = field(default_factory=_Sum)
+
+    def rates(self) -> dict[int, tuple[float, float]]:
+        """size -> (samples/s, seconds of evidence)."""
+        out: dict[int, tuple[float, float]] = {}
+        for n in set(self.clean) | set(self.dirty):
+            src = self.clean.get(n)
+            if src is None or src.weight <= 0:
+                src = self.dirty.get(n)
+            if src is not None and src.weight > 0:
+                out[n] = (src.total / src.weight, src.weight)
+        return out
+
+    def merge(self, other: Profile) -> None:
+        for mine, theirs in ((self.clean, other.clean), (self.dirty, other.dirty)):
+            for n, s in theirs.items():
+                mine.setdefault(n, _Sum()).add(s.total, s.weight)
+        self.scale_up_s.add(other.scale_up_s.total, other.scale_up_s.weight)
+        self.scale_down_s.add(other.scale_down_s.total, other.scale_down_s.weight)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": PROFILE_VERSION,
+            "clean": {str(n): [s.total, s.weight] for n, s in sorted(self.clean.items())},
+            "dirty": {str(n): [s.total, s.weight] for n, s in sorted(self.dirty.items())},
+            "scale_up_s": [self.scale_up_s.total, self.scale_up_s.weight],
+            "scale_down_s": [self.scale_down_s.total, self.scale_down_s.weight],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Profile:
+        """Parse a stored profile; ValueError naming the bad field."""
+        if not isinstance(data, dict):
+            raise ValueError("profile: expected a mapping")
+        if data.get("version") != PROFILE_VERSION:
+            raise ValueError(f"profile: unsupported version {data.get('version')!r}")
+        prof = cls()
+        for key, target in (("clean", prof.clean), ("dirty", prof.dirty)):
+            raw = data.get(key, {})
+            if not isinstance(raw, dict):
+                raise ValueError(f"profile: {key!r} must be a mapping")
+            for n_str, pair in raw.items():
+                target[_size(n_str, key)] = _pair(pair, f"{key}[{n_str}]")
+        prof.scale_up_s = _pair(data.get("scale_up_s", [0.0, 0.0]), "scale_up_s")
+        prof.scale_down_s = _pair(data.get("scale_down_s", [0.0, 0.0]), "scale_down_s")
+        return prof
+
+
+def _size(text: str, where: str) -> int:
+    try:
+        n = int(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"profile: {where}: size {text!r} is not an integer") from None
+    if n <= 0:
+        raise ValueError(f"profile: {where}: size {n} must be positive")
+    return n
+
+
+def _pair(value: Any, where: str) -> _Sum:
+    ok = (
+        isinstance(value, list | tuple)
+        and len(value) == 2
+        and all(isinstance(v, int | float) and math.isfinite(v) for v in value)
+        and value[1] >= 0
+    )
+    if not ok:
+        raise ValueError(f"profile: {where} must be [total, weight] with weight >= 0")
+    return _Sum(float(value[0]), float(value[1]))
+
+
+@dataclass
+class _Pending:
+    """A size change whose cost is not measured yet."""
+
+    t_s: float
+    samples: float
+    old_n: int
+    new_n: int
+    old_rate: float
+
+
+@dataclass
+class _JobState:
+    kind: str | None
+    profile: Profile = field(default_factory=Profile)
+    last_t_s: float | None = None
+    last_n: int = 0
+    last_samples: float = 0.0
+    changed_t_s: float = -math.inf
+    pending: _Pending | None = None
+
+
+def fit_curve(rates: dict[int, tuple[float, float]], optimism: float) -> ThroughputModel:
+    """Monotone concave model through measured (size -> (rate, weight)) points.
+
+    Weighted isotonic regression (pool adjacent violators), then the least
+    concave majorant through the origin; beyond the last size the slope of the
+    last hull segment times ``optimism``.
+    """
+    sizes = sorted(n for n in rates if n > 0)
+    if not sizes:
+        return ThroughputModel(())
+    # pool adjacent violators: non-decreasing in size
+    blocks: list[list[float]] = []  # [value, weight, count]
+    for n in sizes:
+        r, wgt = rates[n]
+        blocks.append([max(0.0, r), max(wgt, 1e-9), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            v2, w2, c2 = blocks.pop()
+            v1, w1, c1 = blocks.pop()
+            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, c1 + c2])
+    iso: list[float] = []
+    for v, _, cnt in blocks:
+        iso.extend([v] * int(cnt))
+    # least concave majorant of (0,0) + points (upper hull, monotone chain)
+    hull: list[tuple[float, float]] = [(0.0, 0.0)]
+    for n, r in zip(sizes, iso, strict=True):
+        pt = (float(n), r)
+        while len(hull) >= 2:
+            (x1, y1), (x2, y2) = hull[-2], hull[-1]
+            # drop the middle point if it lies on or below the chord
+            if (y2 - y1) * (pt[0] - x1) <= (pt[1] - y1) * (x2 - x1):
+                hull.pop()
+            else:
+                break
+        hull.append(pt)
+    pts = tuple((int(x), y) for x, y in hull[1:])
+    if not pts:
+        return ThroughputModel(())
+    (x0, y0) = hull[-2]
+    (x1, y1) = hull[-1]
+    slope = (y1 - y0) / (x1 - x0) if x1 > x0 else 0.0
+    return ThroughputModel(pts, optimistic_slope=max(0.0, slope * optimism))
+
+
+class ProfilingAdvisor:
+    """Online curves and rescale costs for every job it is told about (see module doc)."""
+
+    def __init__(self, settings: AdvisorSettings | None = None) -> None:
+        self.settings = settings or AdvisorSettings()
+        self._jobs: dict[str, _JobState] = {}
+        self._kinds: dict[str, Profile] = {}
+
+    # -- feeding --------------------------------------------------------------
+    def register(self, job_id: str, kind: str | None = None) -> None:
+        """Declare a job (optional: observe() registers unknown jobs without a kind)."""
+        if job_id not in self._jobs:
+            self._jobs[job_id] = _JobState(kind=kind)
+        elif kind is not None:
+            self._jobs[job_id].kind = kind
+
+    def observe(self, job_id: str, t_s: float, nodes: int, samples_total: float) -> None:
+        """The job's cumulative progress was ``samples_total`` at ``t_s`` on ``nodes`` nodes."""
+        st = self._job(job_id)
+        if st.last_t_s is not None and t_s < st.last_t_s:
+            log.debug("advisor: %s: report at %s older than %s ignored", job_id, t_s, st.last_t_s)
+            return
+        if st.last_t_s is not None and nodes != st.last_n:
+            # a size change nobody told us about: it happened at the last report at the latest
+            self.rescaled(job_id, st.last_t_s, st.last_n, nodes)
+            # when within (last report, now] it happened is unknown: treat it all as warm-up
+            st.changed_t_s = t_s
+        if st.last_t_s is not None and nodes > 0 and t_s > st.last_t_s:
+            dt = t_s - st.last_t_s
+            ds = samples_total - st.last_samples
+            clean = st.last_t_s >= st.changed_t_s + self.settings.warmup_s
+            book = st.profile.clean if clean else st.profile.dirty
+            if ds >= 0:
+                book.setdefault(nodes, _Sum()).add(ds, dt)
+            if clean and st.pending is not None and st.pending.new_n == nodes:
+                self._measure_cost(st, t_s, samples_total, ds / dt)
+        st.last_t_s = t_s
+        st.last_n = nodes
+        st.last_samples = samples_total
+
+    def rescaled(self, job_id: str, t_s: float, old_nodes: int, new_nodes: int) -> None:
+        """The job changed from ``old_nodes`` to ``new_nodes`` at ``t_s``."""
+        st = self._job(job_id)
+        if old_nodes == new_nodes:
+            return
+        anchor = st.last_samples
+        old_rate = self.model(job_id).rate(old_nodes)
+        if st.last_t_s is not None and t_s > st.last_t_s and st.last_n == old_nodes:
+            anchor += old_rate * (t_s - st.last_t_s)
+        st.pending = None
+        if old_nodes > 0 and new_nodes > 0 and old_rate > 0:
+            st.pending = _Pending(t_s, anchor, old_nodes, new_nodes, old_rate)
+        st.changed_t_s = t_s
+        if st.last_t_s is None or t_s >= st.last_t_s:
+            st.last_t_s = t_s
+            st.last_samples = anchor
+        st.last_n = new_nodes
+
+    def forget(self, job_id: str) -> None:
+        """The job left: fold what it taught into its kind's profile."""
+        st = self._jobs.pop(job_id, None)
+        if st is not None and st.kind is not None:
+            self._kinds.setdefault(st.kind, Profile()).merge(st.profile)
+
+    def _measure_cost(self, st: _JobState, t_s: float, samples: float, new_rate: float) -> None:
+        pend = st.pending
+        assert pend is not None
+        st.pending = None
+        lost = new_rate * (t_s - pend.t_s) - (samples - pend.samples)
+        cost_s = min(max(0.0, lost / pend.old_rate), self.settings.max_cost_s)
+        target = st.profile.scale_up_s if pend.new_n > pend.old_n else st.profile.scale_down_s
+        target.add(cost_s)
+
+    def _job(self, job_id: str) -> _JobState:
+        st = self._jobs.get(job_id)
+        if st is None:
+            st = self._jobs[job_id] = _JobState(kind=None)
+        return st
+
+    # -- answers --------------------------------------------------------------
+    def _combined(self, job_id: str) -> Profile:
+        st = self._jobs.get(job_id)
+        prof = Profile()
+        if st is not None and st.kind is not None and st.kind in self._kinds:
+            prof.merge(self._kinds[st.kind])
+        if st is not None:
+            # the job's own measurements replace its kind's at the sizes it ran
+            own = st.profile
+            for n in set(own.clean) | set(own.dirty):
+                prof.clean.pop(n, None)
+                prof.dirty.pop(n, None)
+            prof.merge(own)
+        return prof
+
+    def model(self, job_id: str) -> ThroughputModel:
+        """What the allocator should believe about this job's throughput."""
+        rates = self._combined(job_id).rates()
+        if rates:
+            return fit_curve(rates, self.settings.optimism)
+        per_node = self._population_rate_per_node()
+        return ThroughputModel(((1, per_node),), optimistic_slope=per_node)
+
+    def scale_costs(self, job_id: str) -> tuple[float, float]:
+        """(scale_up_s, scale_down_s): measured where possible, else the defaults."""
+        prof = self._combined(job_id)
+        up = prof.scale_up_s.mean()
+        down = prof.scale_down_s.mean()
+        return (
+            self.settings.default_scale_up_s if up is None else up,
+            self.settings.default_scale_down_s if down is None else down,
+        )
+
+    def measured_sizes(self, job_id: str) -> tuple[int, ...]:
+        return tuple(sorted(self._combined(job_id).rates()))
+
+    def suggest_probe(self, job_id: str, max_nodes: int) -> int | None:
+        """The next untried size worth measuring: double the largest measured, up to max."""
+        sizes = self.measured_sizes(job_id)
+        if not sizes:
+            return None
+        top = sizes[-1]
+        if top >= max_nodes:
+            return None
+        return min(max_nodes, 2 * top)
+
+    def _population_rate_per_node(self) -> float:
+        per_node = []
+        for job_id in self._jobs:
+            rates = self._jobs[job_id].profile.rates()
+            if rates:
+                n = max(rates)
+                per_node.append(rates[n][0] / n)
+        for prof in self._kinds.values():
+            rates = prof.rates()
+            if rates:
+                n = max(rates)
+                per_node.append(rates[n][0] / n)
+        if not per_node:
+            return self.settings.prior_rate_per_node
+        per_node.sort()
+        return per_node[len(per_node) // 2]
+
+    # -- persistence ----------------------------------------------------------
+    def profile_dict(self, kind: str) -> dict[str, Any] | None:
+        """The stored form of a kind's profile (including running jobs of that kind)."""
+        prof = Profile()
+        if kind in self._kinds:
+            prof.merge(self._kinds[kind])
+        for st in self._jobs.values():
+            if st.kind == kind:
+                prof.merge(st.profile)
+        if not prof.clean and not prof.dirty and prof.scale_up_s.weight == 0:
+            return None
+        return prof.to_dict()
+
+    def load_profile(self, kind: str, data: Any) -> None:
+        """Restore a kind's profile from its stored form (ValueError if malformed)."""
+        self._kinds[kind] = Profile.from_dict(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        names = set(self._kinds) | {st.kind for st in self._jobs.values() if st.kind is not None}
+        kinds = {k: self.profile_dict(k) for k in sorted(names)}
+        return {"version": PROFILE_VERSION, "kinds": {k: v for k, v in kinds.items() if v}}
+
+    @classmethod
+    def from_dict(cls, data: Any, settings: AdvisorSettings | None = None) -> ProfilingAdvisor:
+        if not isinstance(data, dict) or not isinstance(data.get("kinds"), dict):
+            raise ValueError("advisor: expected a mapping with 'kinds'")
+        adv = cls(settings)
+        for kind, prof in data["kinds"].items():
+            adv.load_profile(str(kind), prof)
+        return adv

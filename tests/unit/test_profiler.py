@@ -1,0 +1,146 @@
+"""The Profiling Advisor: curves, warm-up, rescale costs, priors, persistence."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from malletrain.core.profiler import AdvisorSettings, ProfilingAdvisor, fit_curve
+
+TRUE = {1: 100.0, 2: 190.0, 4: 340.0, 8: 500.0}
+
+
+class Feed:
+    """Drives the advisor the way the simulator does: net progress, losses deducted."""
+
+    def __init__(self, adv, job="j", t=0.0, n=1):
+        self.adv, self.job, self.t, self.n, self.samples = adv, job, t, n, 0.0
+        adv.observe(job, t, n, 0.0)
+
+    def run(self, seconds, step=10.0, rate=None):
+        for _ in range(int(seconds / step)):
+            self.t += step
+            self.samples += (TRUE[self.n] if rate is None else rate) * step
+            self.adv.observe(self.job, self.t, self.n, self.samples)
+
+    def rescale(self, new_n, cost_s):
+        self.samples -= cost_s * TRUE[self.n]
+        self.adv.rescaled(self.job, self.t, self.n, new_n)
+        self.n = new_n
+
+
+def test_learns_curve_and_costs_from_forced_rescales():
+    adv = ProfilingAdvisor()
+    f = Feed(adv, n=2)
+    f.run(100)
+    f.rescale(4, 15.0)
+    f.run(100)
+    f.rescale(1, 7.0)
+    f.run(100)
+    f.rescale(8, 20.0)
+    f.run(100)
+    model = adv.model("j")
+    assert model.points == tuple((n, pytest.approx(r)) for n, r in sorted(TRUE.items()))
+    up, down = adv.scale_costs("j")
+    assert up == pytest.approx(17.5) and down == pytest.approx(7.0)
+    # beyond the largest size: at most the last measured marginal (concavity bound)
+    assert model.optimistic_slope == pytest.approx((500.0 - 340.0) / 4)
+
+
+def test_warmup_progress_is_discarded():
+    adv = ProfilingAdvisor(AdvisorSettings(warmup_s=30.0))
+    f = Feed(adv, n=1)
+    f.run(100)
+    f.rescale(2, 0.0)
+    f.run(30, rate=20.0)  # slow first steps after joining
+    f.run(100)
+    assert adv.model("j").rate(2) == pytest.approx(190.0)
+
+
+def test_daemon_style_pause_measures_cost_in_allocator_units():
+    adv = ProfilingAdvisor(AdvisorSettings(warmup_s=20.0))
+    adv.observe("j", 0.0, 2, 0.0)
+    adv.observe("j", 50.0, 2, 50 * 190.0)
+    adv.rescaled("j", 50.0, 2, 4)
+    # 12 s with no progress, then full speed at 4 nodes; reports every 5 s
+    s = 50 * 190.0
+    for t in range(55, 200, 5):
+        s = 50 * 190.0 + max(0, t - 62) * 340.0
+        adv.observe("j", float(t), 4, s)
+    up, _ = adv.scale_costs("j")
+    # 12 s x 340/s of samples lost, charged at the old rate (190/s)
+    assert up == pytest.approx(12 * 340.0 / 190.0, rel=1e-6)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.dictionaries(
+        st.integers(1, 64),
+        st.tuples(st.floats(0.0, 1e4), st.floats(0.1, 100.0)),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_fit_is_monotone_concave_and_bounded(rates):
+    model = fit_curve(rates, optimism=1.0)
+    pts = [(0, 0.0), *model.points]
+    for (n0, r0), (n1, r1) in itertools.pairwise(pts):
+        assert n1 > n0 and r1 >= r0 - 1e-9
+    slopes = [(r1 - r0) / (n1 - n0) for (n0, r0), (n1, r1) in itertools.pairwise(pts)]
+    for s0, s1 in itertools.pairwise(slopes):
+        assert s1 <= s0 + 1e-6
+    assert model.optimistic_slope <= slopes[-1] + 1e-9
+    # the fit never falls below the largest measured rate at the largest size
+    top = max(rates)
+    assert model.rate(top) >= max(r for r, _ in rates.values()) - 1e-6 or len(rates) > 1
+
+
+def test_unknown_job_prior_is_population_median_then_kind_profile():
+    adv = ProfilingAdvisor()
+    assert adv.model("new").rate(4) == pytest.approx(4 * 1.0)
+    for name, per_node in (("a", 10.0), ("b", 30.0), ("c", 50.0)):
+        adv.observe(name, 0.0, 2, 0.0)
+        adv.observe(name, 100.0, 2, 100 * 2 * per_node)
+    assert adv.model("new").rate(3) == pytest.approx(3 * 30.0)
+    adv.register("a", "bert")
+    adv.forget("a")
+    adv.register("a2", "bert")
+    assert adv.model("a2").rate(2) == pytest.approx(20.0)
+    assert adv.measured_sizes("a2") == (2,)
+    assert adv.suggest_probe("a2", max_nodes=16) == 4
+    assert adv.suggest_probe("a2", max_nodes=2) is None
+
+
+def test_profiles_round_trip_and_bad_input_names_the_field():
+    adv = ProfilingAdvisor()
+    adv.register("j", "resnet")
+    f = Feed(adv, n=2)
+    f.run(100)
+    f.rescale(4, 10.0)
+    f.run(100)
+    stored = adv.profile_dict("resnet")
+    again = ProfilingAdvisor.from_dict(adv.to_dict())
+    again.register("k", "resnet")
+    assert again.model("k") == adv.model("j")
+    assert again.scale_costs("k") == adv.scale_costs("j")
+    assert stored is not None
+    with pytest.raises(ValueError, match="clean: size .x."):
+        ProfilingAdvisor().load_profile("r", {**stored, "clean": {"x": [1.0, 1.0]}})
+    with pytest.raises(ValueError, match="scale_up_s"):
+        ProfilingAdvisor().load_profile("r", {**stored, "scale_up_s": [1.0]})
+    with pytest.raises(ValueError, match="version"):
+        ProfilingAdvisor().load_profile("r", {**stored, "version": 99})
+
+
+def test_implicit_rescale_and_out_of_order_reports():
+    adv = ProfilingAdvisor(AdvisorSettings(warmup_s=0.0))
+    adv.observe("j", 0.0, 1, 0.0)
+    adv.observe("j", 10.0, 1, 1000.0)
+    adv.observe("j", 5.0, 1, 10.0)  # late report: ignored
+    adv.observe("j", 20.0, 2, 1000.0)  # size changed without rescaled(): warm-up interval
+    adv.observe("j", 30.0, 2, 3000.0)
+    assert adv.model("j").rate(1) == pytest.approx(100.0)
+    assert adv.model("j").rate(2) == pytest.approx(200.0)
