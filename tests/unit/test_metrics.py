@@ -164,3 +164,17 @@ def test_serve_rejects_a_bad_address_and_a_taken_port():
         s.listen()
         with pytest.raises(OSError):
             serve(f"127.0.0.1:{s.getsockname()[1]}", registry)
+
+
+def test_serves_on_ipv6_loopback():
+    if not socket.has_ipv6:
+        pytest.fail("this machine has no IPv6 support")
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    metrics.publish(snapshot())
+    server = serve("[::1]:0", registry)
+    try:
+        assert server.url.startswith("http://[::1]:")
+        assert scrape(server.url)[("malletrain_idle_nodes", ())] == 3
+    finally:
+        server.stop()
