@@ -205,11 +205,11 @@ class Simulator:
                 run.done = run.job.total_samples
                 run.finished_s = t0 + took
                 self.result.used_node_seconds += n * took
-                self.curves.observe(run.job, n, t0, t0 + took, rate * took, run.changed_s)
+                self.curves.observe(run.job, t0 + took, n, run.done)
             else:
                 run.done += rate * dt
                 self.result.used_node_seconds += n * dt
-                self.curves.observe(run.job, n, t0, t1, rate * dt, run.changed_s)
+                self.curves.observe(run.job, t1, n, run.done)
 
     # -- one event ------------------------------------------------------------------
     def _apply_trace(self, ev: TraceEvent) -> None:
@@ -218,6 +218,7 @@ class Simulator:
             idx = np.asarray(ev.became_idle, dtype=np.int64)
             self.idle[idx] = True
             self.idle_since[idx] = t if ev.idle_since_s is None else ev.idle_since_s
+            self.view.mark_idle(ev.became_idle, self.idle_since[idx].tolist())
         if not ev.became_busy:
             return
         busy = np.asarray(ev.became_busy, dtype=np.int64)
@@ -234,7 +235,7 @@ class Simulator:
                 run.done -= loss
                 self.result.samples_lost_preemption += loss
                 self.result.preemptions += 1
-                self.curves.rescaled(run.job, len(run.nodes), len(keep), t)
+                self.curves.rescaled(run.job, t, len(run.nodes), len(keep))
             self._set_nodes(run, keep, t)
         self.holder[busy] = -1
 
@@ -272,7 +273,7 @@ class Simulator:
     def _decide(self, ev: TraceEvent) -> None:
         t = ev.time_s
         idle_idx = np.flatnonzero(self.idle)
-        nodes = self.view.idle_nodes(t, idle_idx, ev.planned, self.idle_since)
+        nodes = self.view.idle_nodes(t, idle_idx, ev.planned)
         names = self.trace.node_names
         mjobs = []
         for run in self._active:
@@ -342,11 +343,11 @@ class Simulator:
                 run.done -= loss
                 self.result.samples_lost_rescale += loss
                 self.result.rescales += 1
-                self.curves.rescaled(run.job, len(old), len(new), t)
             elif new:
                 self.result.starts += 1
                 if run.started_s is None:
                     run.started_s = t
+            self.curves.rescaled(run.job, t, len(old), len(new))
             changes.append((run, sorted(new)))
         for run, _ in changes:
             if run.nodes:
