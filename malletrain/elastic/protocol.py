@@ -18,6 +18,8 @@ Keys of job ``J`` (all under ``mt/J/``)::
     progress             the newest ProgressReport (JSON), written by global rank 0
     finished             FinishRecord (JSON) once the job reached its stop condition
     arrive/<e>/<m>/<lr>  "process lr of member m is ready to form epoch e" (pre-rendezvous)
+    go/<e>               "go" once all processes of e arrived, or "abort" (a newer epoch
+                         appeared / the join timed out) -- compare_set, so all agree
     alive/<e>/<m>/<lr>   "process lr of member m survived a failure of epoch e" (healing)
     pg/<e>/...           the process group rendezvous of epoch e (fresh PrefixStore per epoch)
 
@@ -85,6 +87,9 @@ class Keys:
 
     def arrive(self, epoch: int, member_id: str, local_rank: int) -> str:
         return f"{self.root}arrive/{epoch}/{member_id}/{local_rank}"
+
+    def go(self, epoch: int) -> str:
+        return f"{self.root}go/{epoch}"
 
     def alive(self, epoch: int, member_id: str, local_rank: int) -> str:
         return f"{self.root}alive/{epoch}/{member_id}/{local_rank}"

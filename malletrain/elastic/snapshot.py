@@ -1,0 +1,108 @@
+"""The evicted-to-zero snapshot: the only time training state touches a file system.
+
+File name ``<job_id>.step<step>.mtsnap`` in ``MALLETRAIN_STATE_DIR``; the payload repeats the
+job id and step. A snapshot is used only if both tags match the file name and the job, and
+only if its step is newer than every live replica's (the runtime compares steps at each
+membership change), so neither a snapshot of another job nor an older one of this job can
+overwrite fresher state. Writes go to a temporary name in the same directory, are fsync'ed
+and renamed, so a reader never sees a partial file; older snapshots of the job are removed
+after a newer one is in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_SUFFIX = ".mtsnap"
+
+
+@dataclass(frozen=True)
+class SnapshotRef:
+    path: Path
+    step: int
+
+
+def snapshot_path(state_dir: Path, job_id: str, step: int) -> Path:
+    return state_dir / f"{job_id}.step{step:012d}{_SUFFIX}"
+
+
+def find_latest(state_dir: Path | None, job_id: str) -> SnapshotRef | None:
+    """The newest complete snapshot of ``job_id`` in ``state_dir`` (by step), if any."""
+    if state_dir is None or not state_dir.is_dir():
+        return None
+    pattern = re.compile(rf"^{re.escape(job_id)}\.step(\d+){re.escape(_SUFFIX)}$")
+    best: SnapshotRef | None = None
+    for entry in os.scandir(state_dir):
+        m = pattern.match(entry.name)
+        if m and entry.is_file():
+            ref = SnapshotRef(Path(entry.path), int(m.group(1)))
+            if best is None or ref.step > best.step:
+                best = ref
+    return best
+
+
+def save(state_dir: Path, job_id: str, step: int, payload: dict[str, Any]) -> Path:
+    """Atomically write ``payload`` (tagged with job id and step); returns the path."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    final = snapshot_path(state_dir, job_id, step)
+    tmp = state_dir / f".{final.name}.{os.getpid()}.tmp"
+    tagged = dict(payload, job_id=job_id, step=step)
+    with open(tmp, "wb") as f:
+        torch.save(tagged, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    dir_fd = os.open(state_dir, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    remove_older(state_dir, job_id, keep_step=step)
+    return final
+
+
+def remove_older(state_dir: Path, job_id: str, keep_step: int | None) -> None:
+    """Delete this job's snapshots other than ``keep_step`` (None: delete all)."""
+    pattern = re.compile(rf"^{re.escape(job_id)}\.step(\d+){re.escape(_SUFFIX)}$")
+    if not state_dir.is_dir():
+        return
+    for entry in os.scandir(state_dir):
+        m = pattern.match(entry.name)
+        if m and (keep_step is None or int(m.group(1)) != keep_step):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+
+
+def load(ref: SnapshotRef, job_id: str) -> dict[str, Any] | None:
+    """Read a snapshot; None if unreadable or its tags do not match the name and job.
+
+    A rejected file is renamed to ``*.rejected`` so that the next look-up skips it (and a
+    person can inspect it).
+    """
+    try:
+        payload = torch.load(ref.path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError) as exc:  # truncated/corrupt
+        reason = f"unreadable: {exc}"
+        payload = None
+    else:
+        ok = isinstance(payload, dict) and (payload.get("job_id"), payload.get("step")) == (
+            job_id,
+            ref.step,
+        )
+        reason = "" if ok else "its job id/step tags do not match its name"
+    if reason:
+        log.warning("rejecting snapshot %s: %s", ref.path, reason)
+        with contextlib.suppress(OSError):
+            os.replace(ref.path, ref.path.with_name(ref.path.name + ".rejected"))
+        return None
+    return payload
