@@ -57,6 +57,12 @@ def _malletrain(name: str) -> Callable[[PolicyOptions], Policy]:
     return factory
 
 
+def _freetrain(opts: PolicyOptions) -> Policy:
+    from malletrain.core.baselines import FreeTrain
+
+    return FreeTrain(tfwd_s=opts.tfwd_s, time_limit_s=opts.milp_time_limit_s)
+
+
 POLICIES: dict[str, PolicySpec] = {
     spec.name: spec
     for spec in (
@@ -71,6 +77,12 @@ POLICIES: dict[str, PolicySpec] = {
             "true",
             "malletrain's allocator given the true curves (an upper reference)",
             _malletrain("malletrain-known-curves"),
+        ),
+        PolicySpec(
+            "freetrain",
+            "true",
+            "FreeTrain's per-event MILP (HiGHS), look-ahead Tfwd, given the true curves",
+            _freetrain,
         ),
         PolicySpec(
             "equal-share",

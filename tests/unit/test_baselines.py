@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from malletrain.core.baselines import EqualShare, equal_share_counts
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from malletrain.core.allocator import MalleTrainPolicy
+from malletrain.core.baselines import EqualShare, FreeTrain, equal_share_counts, freetrain_milp
 from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
 from malletrain.core.policies import make_policy, policy_names
 
@@ -48,3 +54,77 @@ def test_equal_share_keeps_current_nodes():
 def test_registry_names():
     assert "equal-share" in policy_names()
     assert make_policy("equal-share").name == "equal-share"
+
+
+# -- FreeTrain's MILP ---------------------------------------------------------------
+
+
+def random_instance(seed, max_nodes=12, max_jobs=4, window=None):
+    rng = np.random.default_rng(seed)
+    n_nodes = int(rng.integers(1, max_nodes + 1))
+    names = [f"n{i}" for i in range(n_nodes)]
+    free = list(names)
+    rng.shuffle(free)
+    jobs = []
+    for j in range(int(rng.integers(1, max_jobs + 1))):
+        lo = int(rng.integers(1, 4))
+        hi = int(rng.integers(lo, 9))
+        c = int(rng.integers(0, hi + 1))
+        own = [free.pop() for _ in range(min(c, len(free)))] if c >= lo else []
+        if 0 < len(own) < lo:
+            free.extend(own)
+            own = []
+        r1 = float(rng.uniform(1, 100))
+        pts = ((1, r1), (4, r1 * float(rng.uniform(1, 4))), (8, r1 * float(rng.uniform(4, 8))))
+        pts = tuple(sorted(pts))
+        tm = ThroughputModel(pts)
+        jobs.append(
+            MalleableJob(
+                f"j{j}",
+                lo,
+                hi,
+                tuple(own),
+                tm,
+                float(rng.uniform(0, 30)),
+                float(rng.uniform(0, 30)),
+                j,
+            )
+        )
+    nodes = tuple(IdleNode(n, window) for n in names)
+    return AllocationInput(0.0, nodes, tuple(jobs))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.sampled_from([10.0, 60.0, 300.0]))
+def test_malletrain_dp_with_uniform_windows_equals_freetrain_milp(seed, tfwd):
+    """With every window beyond the horizon, malletrain's count problem is FreeTrain's.
+
+    So the exact DP must reach the MILP's optimum, node-level or aggregated.
+    """
+    inp = random_instance(seed, window=1e9)
+    _, dp_objective, _, _ = MalleTrainPolicy(horizon_s=tfwd).solve(inp)
+    agg = freetrain_milp(inp, tfwd_s=tfwd)
+    node = freetrain_milp(inp, tfwd_s=tfwd, node_level=True)
+    assert agg.counts is not None and node.counts is not None
+    assert agg.objective == pytest.approx(dp_objective, rel=1e-7, abs=1e-6)
+    assert node.objective == pytest.approx(dp_objective, rel=1e-7, abs=1e-6)
+
+
+def test_freetrain_grow_only_or_shrink_only_and_fallback():
+    tm = ThroughputModel(((1, 100.0), (8, 800.0)))
+    inp = AllocationInput(
+        0.0,
+        nodes(6),
+        (job("a", 1, 6, nodes=("n0", "n1", "n2"), tm=tm, up=1.0), job("b", 1, 6, tm=tm, order=1)),
+    )
+    res = freetrain_milp(inp, tfwd_s=10.0, node_level=True)
+    assert res.nodes is not None
+    # a grows: it keeps all three of its nodes
+    if res.counts["a"] > 3:
+        assert {"n0", "n1", "n2"} <= set(res.nodes["a"])
+    plan = FreeTrain(tfwd_s=10.0).decide(inp)
+    assert sum(plan.count(j) for j in ("a", "b")) == 6
+    # an impossible time limit leaves no solution: equal share decides instead
+    big = random_instance(7, max_nodes=12, max_jobs=4, window=None)
+    fallback = FreeTrain(time_limit_s=0.0).decide(big)
+    assert fallback.notes and "equal-share" in fallback.notes[0]
