@@ -1,0 +1,301 @@
+"""The CLI backend's plumbing with a recording runner (no Slurm): argv, errors, cache, selection.
+
+The real behaviour against Slurm is in tests/slurm/test_backend_contract.py; here only the
+pure parts: what is run, how failures are typed, and the pyslurm/CLI choice.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from malletrain.core.cluster import ClusterSnapshot, NodeState
+from malletrain.errors import RetryableError
+from malletrain.slurm import backend as backend_mod
+from malletrain.slurm.backend import (
+    SNAPSHOT_COMMANDS,
+    CliBackend,
+    SlurmBackend,
+    SnapshotCache,
+    choose_backend_kind,
+    classify_failure,
+    render_signal,
+    render_update,
+    select_backend,
+)
+from malletrain.slurm.errors import (
+    SlurmCommandError,
+    SlurmCommandNotFoundError,
+    SlurmParseError,
+    SlurmUnavailableError,
+)
+from malletrain.slurm.sbatch import SbatchSpec
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "slurm"
+
+
+class Recorder:
+    """A runner that answers from a table and records each call."""
+
+    def __init__(self, answers):
+        self.answers = answers
+        self.calls: list[list[str]] = []
+        self.inputs: list[str | None] = []
+        self.envs: list[dict] = []
+
+    def __call__(self, argv, *, input=None, capture_output, text, timeout, env, check):
+        self.calls.append(argv)
+        self.inputs.append(input)
+        self.envs.append(env)
+        answer = self.answers(argv) if callable(self.answers) else self.answers[tuple(argv)]
+        if isinstance(answer, BaseException):
+            raise answer
+        rc, out, err = answer
+        return subprocess.CompletedProcess(argv, rc, out, err)
+
+
+def golden_answers(scenario: str):
+    d = GOLDEN / scenario
+    files = {"sinfo_json": "sinfo.json", "squeue_json": "squeue.json",
+             "partitions": "partitions.txt", "reservations": "reservations.txt",
+             "planned": "planned.txt"}
+    return {tuple(argv): (0, (d / files[key]).read_text(), "")
+            for key, argv in SNAPSHOT_COMMANDS.items()}
+
+
+def test_cli_backend_satisfies_the_protocol():
+    assert isinstance(CliBackend(), SlurmBackend)
+
+
+def test_snapshot_is_one_batch_of_five_calls_in_order():
+    rec = Recorder(golden_answers("busy"))
+    snap = CliBackend(runner=rec, clock=lambda: 123.0, env={"SLURM_CONF": "/x"}).snapshot()
+    assert rec.calls == [list(a) for a in SNAPSHOT_COMMANDS.values()]
+    assert all(e["SLURM_CONF"] == "/x" for e in rec.envs)
+    assert snap.taken_at == 123.0
+    assert len(snap.nodes) == 8 and len(snap.jobs) == 6
+
+
+def test_snapshot_fails_fast_when_sinfo_json_reports_errors():
+    down = (GOLDEN / "down" / "sinfo.json").read_text()
+    rec = Recorder(lambda argv: (0, down, ""))
+    with pytest.raises(SlurmUnavailableError, match="is slurmctld running"):
+        CliBackend(runner=rec).snapshot()
+    assert len(rec.calls) == 1  # did not wait on the other four
+
+
+def test_timeout_is_retryable_and_missing_command_is_permanent():
+    timeout = Recorder(lambda argv: subprocess.TimeoutExpired(argv, 3))
+    with pytest.raises(SlurmUnavailableError, match="no answer within 3 s"):
+        CliBackend(runner=timeout, timeout_s=3).snapshot()
+    missing = Recorder(lambda argv: FileNotFoundError(2, "No such file", argv[0]))
+    with pytest.raises(SlurmCommandNotFoundError, match="sinfo: command not found"):
+        CliBackend(runner=missing).snapshot()
+
+
+def test_down_scontrol_stderr_classifies_as_retryable():
+    stderr = (GOLDEN / "down" / "partitions.stderr").read_text()
+    err = classify_failure(["scontrol", "show", "partition"], 1, stderr)
+    assert isinstance(err, SlurmUnavailableError) and isinstance(err, RetryableError)
+
+
+@pytest.mark.parametrize(
+    ("stderr", "kind"),
+    [
+        ("scancel: error: Kill job error on job id 99: Invalid job id specified",
+         SlurmCommandError),
+        ("Job update not available right now, the DB index is being set, try again in a bit",
+         SlurmUnavailableError),
+        ("slurm_update error: Access/permission denied", SlurmCommandError),
+        ("sbatch: error: Batch job submission failed: Socket timed out on send/recv operation",
+         SlurmUnavailableError),
+    ],
+)
+def test_classify_failure(stderr, kind):
+    assert type(classify_failure(["x"], 1, stderr)) is kind
+
+
+def test_missing_config_source_names_slurm_conf():
+    err = classify_failure(["sinfo", "--json"], 1,
+                           "sinfo: fatal: Could not establish a configuration source")
+    assert isinstance(err, SlurmCommandError) and "SLURM_CONF" in str(err)
+
+
+def test_submit_sends_script_on_stdin_and_env_and_parses_id():
+    rec = Recorder(lambda argv: (0, "17\n", ""))
+    spec = SbatchSpec(script="#!/bin/sh\ntrue\n", nodes=2, environment={"A": "1"})
+    assert CliBackend(runner=rec, env={"PATH": "/usr/bin"}).submit(spec) == 17
+    assert rec.calls == [spec.render()]
+    assert rec.inputs == [spec.script]
+    assert rec.envs[0] == {"PATH": "/usr/bin", "A": "1"}
+
+
+def test_submit_garbage_output_is_a_parse_error():
+    rec = Recorder(lambda argv: (0, "hello\n", ""))
+    with pytest.raises(SlurmParseError, match="sbatch"):
+        CliBackend(runner=rec).submit(SbatchSpec(script="#!/bin/sh\n"))
+
+
+def test_cancel_is_idempotent_for_finished_jobs_unless_asked():
+    msg = "scancel: error: Kill job error on job id 5: Job/step already completing or completed"
+    rec = Recorder(lambda argv: (0, "", msg))
+    CliBackend(runner=rec).cancel(5)
+    with pytest.raises(SlurmCommandError, match="already completing"):
+        CliBackend(runner=rec).cancel(5, missing_ok=False)
+
+
+def test_actions_render_argument_lists():
+    rec = Recorder(lambda argv: (0, "", ""))
+    b = CliBackend(runner=rec)
+    b.hold(3)
+    b.release(3)
+    b.requeue_hold(3)
+    b.signal(3, "USR1", steps="batch")
+    b.update(3, NumNodes=2, Comment="shrunk by malletrain", NodeList=("n1", "n2"))
+    assert rec.calls == [
+        ["scontrol", "hold", "3"],
+        ["scontrol", "release", "3"],
+        ["scontrol", "requeuehold", "3"],
+        ["scancel", "--signal=USR1", "--batch", "3"],
+        ["scontrol", "update", "JobId=3", "NumNodes=2", "Comment=shrunk by malletrain",
+         "NodeList=n[1-2]"],
+    ]
+
+
+@pytest.mark.parametrize(
+    "fields", [{}, {"UserId": "0"}, {"Comment": "a\nb"}, {"NumNodes": True}])
+def test_update_rejects_unknown_fields_and_bad_values(fields):
+    with pytest.raises(ValueError, match="update"):
+        render_update(1, fields)
+
+
+@pytest.mark.parametrize(("sig", "steps"), [("TERM; ls", "children"), ("USR1", "everything")])
+def test_signal_validation(sig, steps):
+    with pytest.raises(ValueError, match="signal"):
+        render_signal(1, sig, steps)
+
+
+# ----------------------------------------------------------------------------- cache
+
+
+class Flaky:
+    name = "flaky"
+
+    def __init__(self, results):
+        self.results = list(results)
+
+    def snapshot(self):
+        r = self.results.pop(0)
+        if isinstance(r, Exception):
+            raise r
+        return r
+
+
+def test_cache_serves_last_good_snapshot_with_a_stale_warning():
+    good = ClusterSnapshot(taken_at=100.0)
+    cache = SnapshotCache(Flaky([good, SlurmUnavailableError("down"), good]),
+                          clock=lambda: 130.0)
+    assert cache.refresh() is good and not cache.stale
+    stale = cache.refresh()
+    assert cache.stale and cache.consecutive_failures == 1
+    assert stale.taken_at == 100.0
+    assert "stale" in stale.warnings[-1] and "30 s" in stale.warnings[-1]
+    assert cache.refresh() is good and not cache.stale
+
+
+def test_cache_raises_without_a_good_snapshot_or_when_too_old():
+    with pytest.raises(SlurmUnavailableError):
+        SnapshotCache(Flaky([SlurmUnavailableError("down")])).refresh()
+    cache = SnapshotCache(Flaky([ClusterSnapshot(taken_at=0.0), SlurmParseError("bad")]),
+                          max_age_s=60, clock=lambda: 1000.0)
+    cache.refresh()
+    with pytest.raises(SlurmParseError):
+        cache.refresh()
+
+
+def test_cache_does_not_swallow_programming_errors():
+    cache = SnapshotCache(Flaky([ClusterSnapshot(taken_at=0.0), KeyError("bug")]))
+    cache.refresh()
+    with pytest.raises(KeyError):
+        cache.refresh()
+
+
+# ----------------------------------------------------------------------------- selection
+
+
+@pytest.mark.parametrize(
+    ("pyslurm_version", "slurm_version", "kind", "words"),
+    [
+        (None, "22.05", "cli", "not importable"),
+        ("25.11.2", "22.05", "cli", "built for Slurm 25.11 but this cluster runs Slurm 22.05"),
+        ("25.11.2", None, "cli", "unknown"),
+        ("22.5.0", "22.05", "pyslurm", "matches"),
+        ("23.2.1", "23.02", "pyslurm", "matches"),
+    ],
+)
+def test_choose_backend_kind(pyslurm_version, slurm_version, kind, words):
+    got_kind, reason = choose_backend_kind(pyslurm_version, slurm_version)
+    assert got_kind == kind and words in reason
+
+
+def test_select_backend_falls_back_and_logs_the_reason_once(monkeypatch, caplog):
+    fake = types.ModuleType("pyslurm")
+    fake.__version__ = "25.11.2"
+    monkeypatch.setitem(sys.modules, "pyslurm", fake)
+    monkeypatch.setattr(backend_mod, "_logged_reasons", set())
+    monkeypatch.setattr(CliBackend, "slurm_version", lambda self: "22.05")
+    with caplog.at_level(logging.INFO, logger="malletrain.slurm.backend"):
+        first = select_backend()
+        second = select_backend()
+    assert first.name == "cli" and second.name == "cli"
+    msgs = [r.getMessage() for r in caplog.records if "pyslurm" in r.getMessage()]
+    assert msgs == ["pyslurm 25.11.2 is built for Slurm 25.11 but this cluster runs "
+                    "Slurm 22.05; using the Slurm CLI backend"]
+    assert caplog.records[0].levelno == logging.WARNING
+
+
+def test_select_backend_without_pyslurm_says_why_once(monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "pyslurm", None)  # import raises ImportError
+    monkeypatch.setattr(backend_mod, "_logged_reasons", set())
+    with caplog.at_level(logging.INFO, logger="malletrain.slurm.backend"):
+        assert select_backend().name == "cli"
+        assert select_backend().name == "cli"
+    assert len([r for r in caplog.records if "not importable" in r.getMessage()]) == 1
+
+
+def test_select_backend_uses_pyslurm_when_versions_match(monkeypatch):
+    fake = types.ModuleType("pyslurm")
+    fake.__version__ = "22.5.0"
+    monkeypatch.setitem(sys.modules, "pyslurm", fake)
+    monkeypatch.setattr(backend_mod, "_logged_reasons", set())
+    monkeypatch.setattr(CliBackend, "slurm_version", lambda self: "22.05")
+    chosen = select_backend()
+    assert chosen.name == "pyslurm" and isinstance(chosen, SlurmBackend)
+
+
+def test_pyslurm_adapter_maps_objects_like_the_cli_parser():
+    """Only the mapping (pyslurm itself cannot be installed against Slurm 22.05)."""
+    from malletrain.slurm.pyslurm_backend import PyslurmBackend
+
+    ns = types.SimpleNamespace
+    fake = types.SimpleNamespace(
+        Nodes=ns(load=lambda: {"n1": ns(name="n1", state="IDLE+DRAIN", partitions=["batch"],
+                                        total_cpus=2, active_features=[], reason="x"),
+                               "n2": ns(name="n2", state="IDLE+PLANNED", partitions=["batch"])}),
+        Jobs=ns(load=lambda: {5: ns(id=5, name="w", user_name="u", partition="batch",
+                                    state="PENDING", num_nodes=2, scheduled_nodes="n[1-2]",
+                                    time_limit=10, start_time=2000, end_time=2600)}),
+        Partitions=ns(load=lambda: {"batch": ns(name="batch", nodes="n[1-2]", priority_tier=10,
+                                                preempt_mode="CANCEL", is_default=True)}),
+        Reservations=ns(load=lambda: {}),
+    )
+    snap = PyslurmBackend(fake, cli=CliBackend()).snapshot()
+    assert [n.state for n in snap.nodes] == [NodeState.DRAINED, NodeState.IDLE]
+    (job,) = snap.jobs
+    assert job.planned_nodes == ("n1", "n2") and job.time_limit_s == 600
+    assert snap.partitions[0].priority_tier == 10 and snap.partitions[0].default
