@@ -1,0 +1,483 @@
+"""A malleable job as the user asked for it: ``#SBATCH`` directives + flags -> :class:`JobSpec`.
+
+Why it reads like sbatch: an existing batch script becomes malleable by changing one word
+(``sbatch`` -> ``malletrain submit``). So the script's ``#SBATCH`` lines are read the way
+sbatch reads them (after the ``#!`` line, up to the first line that is neither blank nor a
+comment), and command-line flags win over them.
+
+Why it refuses so much: slot jobs are placed, timed, signalled and requeued by the daemon,
+so options that fight that (``--nodelist``, ``--dependency``, ``--signal``, ``--no-requeue``,
+``--array``, ``--hold``, ``--uid`` ...) are rejected with a clear error naming the file, the
+line and the option, never silently ignored. ``--partition`` and ``--exclusive`` are accepted
+and ignored (slots always run exclusive in the scavenger partition), so unchanged batch
+scripts still work; the caller gets a warning for each.
+
+Everything here is pure. The daemon validates a spec again with :meth:`JobSpec.from_dict`
+(it never trusts what a client computed); property tests throw arbitrary input at both.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from malletrain.errors import PermanentError
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
+_ACCOUNT_RE = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
+_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+#: Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
+_TIME_RE = re.compile(
+    r"^(?:(?P<d>\d{1,4})-(?P<dh>\d{1,2})(?::(?P<dm>\d{1,2})(?::(?P<ds>\d{1,2}))?)?"
+    r"|(?P<a>\d{1,7})(?::(?P<b>\d{1,2})(?::(?P<c>\d{1,2}))?)?)$"
+)
+MAX_NODES_LIMIT = 100_000
+MAX_ARGS = 256
+MAX_ARG_BYTES = 4096
+MAX_PATH_BYTES = 4096
+MAX_SCRIPT_BYTES = 1 << 20
+
+
+class SpecError(PermanentError):
+    """An invalid job specification; the message names where and what."""
+
+
+def parse_time_s(text: str, where: str = "--time") -> int:
+    """Slurm's ``--time`` formats -> seconds (``"30"`` = 30 minutes, like sbatch)."""
+    m = _TIME_RE.match(text.strip())
+    if not m:
+        raise SpecError(
+            f"{where}: {text!r} is not a time (use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM "
+            "or D-HH:MM:SS)"
+        )
+    if m.group("d") is not None:
+        seconds = (int(m.group("d")) * 86400 + int(m.group("dh")) * 3600
+                   + int(m.group("dm") or 0) * 60 + int(m.group("ds") or 0))
+    elif m.group("c") is not None:
+        seconds = int(m.group("a")) * 3600 + int(m.group("b")) * 60 + int(m.group("c"))
+    elif m.group("b") is not None:
+        seconds = int(m.group("a")) * 60 + int(m.group("b"))
+    else:
+        seconds = int(m.group("a")) * 60
+    if seconds <= 0:
+        raise SpecError(f"{where}: {text!r} must be longer than zero")
+    return seconds
+
+
+def parse_nodes(text: str, where: str = "--nodes") -> tuple[int, int]:
+    """``"4"`` -> (4, 4); ``"2-8"`` -> (2, 8), like sbatch's ``--nodes=min[-max]``."""
+    lo, sep, hi = text.strip().partition("-")
+    if not lo.isdigit() or (sep and not hi.isdigit()):
+        raise SpecError(f"{where}: {text!r} is not a node count like 4 or 2-8")
+    a = int(lo)
+    b = int(hi) if sep else a
+    if a < 1 or b < a or b > MAX_NODES_LIMIT:
+        raise SpecError(f"{where}: {text!r} must be 1 <= min <= max <= {MAX_NODES_LIMIT}")
+    return a, b
+
+
+def _positive_int(text: str, where: str, limit: int = 4096) -> int:
+    if not text.strip().isdigit() or not 1 <= int(text) <= limit:
+        raise SpecError(f"{where}: {text!r} must be an integer from 1 to {limit}")
+    return int(text)
+
+
+def _line(text: str, where: str) -> str:
+    if not text or "\n" in text or "\r" in text or "\0" in text:
+        raise SpecError(f"{where}: must be one non-empty line")
+    if len(text.encode()) > MAX_PATH_BYTES:
+        raise SpecError(f"{where}: longer than {MAX_PATH_BYTES} bytes")
+    return text
+
+
+def _name(text: str, where: str) -> str:
+    if not _NAME_RE.match(text):
+        raise SpecError(f"{where}: {text!r} must be 1-64 characters from [A-Za-z0-9_.+-]")
+    return text
+
+
+def parse_export(text: str, where: str = "--export") -> tuple[str, dict[str, str]]:
+    """``ALL``/``NONE``/``NIL`` or ``[ALL,]VAR[=value],...`` -> (mode, variables)."""
+    text = text.strip()
+    if text in ("ALL", "NONE", "NIL"):
+        return ("NONE" if text == "NIL" else text), {}
+    mode = "ALL"
+    env: dict[str, str] = {}
+    for part in text.split(","):
+        if part in ("ALL", ""):
+            continue
+        if part in ("NONE", "NIL"):
+            mode = "NONE"
+            continue
+        key, sep, value = part.partition("=")
+        if not _ENV_KEY_RE.match(key) or "\0" in value or "\n" in value:
+            raise SpecError(f"{where}: {part!r} is not VAR or VAR=value")
+        if key.startswith("MALLETRAIN_"):
+            raise SpecError(f"{where}: {key} is set by malletrain, not by the user")
+        if sep:
+            env[key] = value
+        else:
+            env[key] = ""  # "export this variable from the submitting environment"
+    return mode, env
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A validated malleable job. Build with :func:`build_spec` or :meth:`from_dict`."""
+
+    #: Absolute path of the training script (run by torchrun in every node slot).
+    script: str
+    args: tuple[str, ...] = ()
+    name: str = "malleable"
+    min_nodes: int = 1
+    max_nodes: int = 1
+    #: Total wall time of the job; ``None`` = until it finishes. Each slot's own ``--time``
+    #: is set by the daemon from the node's predicted idle window.
+    time_limit_s: int | None = None
+    gpus_per_node: int = 0
+    #: Worker processes per node (``torchrun --nproc-per-node``).
+    nproc_per_node: int = 1
+    output: str | None = None
+    error: str | None = None
+    chdir: str = "/"
+    export: str = "ALL"
+    environment: Mapping[str, str] = field(default_factory=dict)
+    account: str | None = None
+    #: Profiles are pooled per kind (default: the script's file name).
+    kind: str = "default"
+    #: The Python interpreter that runs torchrun on the nodes (the submitter's by default).
+    python: str = "/usr/bin/python3"
+
+    def __post_init__(self) -> None:
+        _check_spec(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["args"] = list(self.args)
+        d["environment"] = dict(self.environment)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Any) -> JobSpec:
+        """Validate untrusted input (the daemon's side of the submit channel)."""
+        if not isinstance(data, Mapping):
+            raise SpecError("spec: expected an object")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(str(k) for k in data if k not in known)
+        if unknown:
+            raise SpecError(f"spec: unknown field(s) {', '.join(unknown)}")
+        kw: dict[str, Any] = {}
+        for key, value in data.items():
+            if key == "args":
+                if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
+                    raise SpecError("spec.args: expected a list of strings")
+                kw[key] = tuple(value)
+            elif key == "environment":
+                if not isinstance(value, Mapping) or not all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+                ):
+                    raise SpecError("spec.environment: expected an object of strings")
+                kw[key] = dict(value)
+            elif key in ("min_nodes", "max_nodes", "gpus_per_node", "nproc_per_node",
+                         "time_limit_s"):
+                if value is None and key == "time_limit_s":
+                    kw[key] = None
+                elif isinstance(value, bool) or not isinstance(value, int):
+                    raise SpecError(f"spec.{key}: expected an integer, got {type(value).__name__}")
+                else:
+                    kw[key] = value
+            elif key in ("output", "error", "account"):
+                if value is not None and not isinstance(value, str):
+                    raise SpecError(f"spec.{key}: expected a string or null")
+                kw[key] = value
+            else:
+                if not isinstance(value, str):
+                    raise SpecError(f"spec.{key}: expected a string, got {type(value).__name__}")
+                kw[key] = value
+        if "script" not in kw:
+            raise SpecError("spec.script: missing")
+        return cls(**kw)
+
+
+def _check_spec(s: JobSpec) -> None:
+    _line(s.script, "script")
+    if not s.script.startswith("/"):
+        raise SpecError(f"script: {s.script!r} must be an absolute path")
+    if len(s.args) > MAX_ARGS:
+        raise SpecError(f"args: more than {MAX_ARGS} arguments")
+    for i, a in enumerate(s.args):
+        if "\0" in a or len(a.encode()) > MAX_ARG_BYTES:
+            raise SpecError(f"args[{i}]: contains a NUL byte or is longer than {MAX_ARG_BYTES}")
+    _name(s.name, "job name")
+    _name(s.kind, "kind")
+    for key, value in (("min_nodes", s.min_nodes), ("max_nodes", s.max_nodes)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_NODES_LIMIT:
+            raise SpecError(f"{key}: {value!r} must be an integer from 1 to {MAX_NODES_LIMIT}")
+    if s.max_nodes < s.min_nodes:
+        raise SpecError(f"max_nodes: {s.max_nodes} is smaller than min_nodes {s.min_nodes}")
+    if s.time_limit_s is not None and (
+        isinstance(s.time_limit_s, bool) or not isinstance(s.time_limit_s, int)
+        or not 1 <= s.time_limit_s <= 365 * 86400
+    ):
+        raise SpecError(f"time: {s.time_limit_s!r} must be 1 s to 365 days")
+    for key, value in (("gpus_per_node", s.gpus_per_node),):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 64:
+            raise SpecError(f"{key}: {value!r} must be an integer from 0 to 64")
+    if (isinstance(s.nproc_per_node, bool) or not isinstance(s.nproc_per_node, int)
+            or not 1 <= s.nproc_per_node <= 256):
+        raise SpecError(f"nproc_per_node: {s.nproc_per_node!r} must be from 1 to 256")
+    for key in ("output", "error"):
+        value = getattr(s, key)
+        if value is not None:
+            _line(value, key)
+    _line(s.chdir, "chdir")
+    if not s.chdir.startswith("/"):
+        raise SpecError(f"chdir: {s.chdir!r} must be an absolute path")
+    _line(s.python, "python")
+    if not s.python.startswith("/"):
+        raise SpecError(f"python: {s.python!r} must be an absolute path")
+    if s.export not in ("ALL", "NONE"):
+        raise SpecError(f"export: {s.export!r} must be ALL or NONE")
+    if len(s.environment) > 256:
+        raise SpecError("environment: more than 256 variables")
+    for key, value in s.environment.items():
+        if not _ENV_KEY_RE.match(key) or key.startswith("MALLETRAIN_"):
+            raise SpecError(f"environment: {key!r} is not a variable the user may set")
+        if "\0" in value or len(value.encode()) > MAX_ARG_BYTES:
+            raise SpecError(f"environment: {key} contains a NUL byte or is too long")
+    if s.account is not None and not _ACCOUNT_RE.match(s.account):
+        raise SpecError(f"account: {s.account!r} is not a valid Slurm account name")
+
+
+# ----------------------------------------------------------------------------- directives
+
+#: option -> canonical key. Short forms are sbatch's.
+_ALIASES = {
+    "-J": "job-name", "--job-name": "job-name",
+    "-N": "nodes", "--nodes": "nodes",
+    "--min-nodes": "min-nodes", "--max-nodes": "max-nodes",
+    "-t": "time", "--time": "time",
+    "--gpus-per-node": "gpus-per-node",
+    "--ntasks-per-node": "ntasks-per-node", "--nproc-per-node": "ntasks-per-node",
+    "-o": "output", "--output": "output",
+    "-e": "error", "--error": "error",
+    "-D": "chdir", "--chdir": "chdir",
+    "--export": "export",
+    "-A": "account", "--account": "account",
+    "-p": "partition", "--partition": "partition",
+    "--exclusive": "exclusive",
+    "--kind": "kind",
+}
+#: options accepted for compatibility and ignored (with a warning saying why).
+IGNORED = {
+    "partition": "malleable jobs run their node slots in the scavenger partition",
+    "exclusive": "node slots always hold a whole node",
+}
+#: options that have no value.
+_FLAGS = {"exclusive"}
+#: options refused, with why.
+REFUSED = {
+    "--nodelist": "the daemon chooses the nodes", "-w": "the daemon chooses the nodes",
+    "--exclude": "not supported for malleable jobs", "-x": "not supported for malleable jobs",
+    "--dependency": "not supported for malleable jobs", "-d": "not supported for malleable jobs",
+    "--signal": "malletrain's workers leave on Slurm's SIGTERM",
+    "--requeue": "the daemon requeues node slots itself",
+    "--no-requeue": "node slots must be requeueable",
+    "--array": "submit one malleable job instead", "-a": "submit one malleable job instead",
+    "--hold": "the daemon holds and releases node slots", "-H": "the daemon holds and releases",
+    "--uid": "jobs always run as the submitting user", "--gid": "jobs run as the user",
+    "--wrap": "give a script", "--begin": "not supported", "-b": "not supported",
+    "--deadline": "not supported", "--reservation": "not supported",
+    "--qos": "the administrator sets the scavenger QOS", "-q": "the scavenger QOS is set",
+    "--time-min": "the daemon sets each slot's time", "--ntasks": "use --ntasks-per-node",
+    "-n": "use --ntasks-per-node", "--get-user-env": "not supported",
+    "--comment": "malletrain tags node slots with the comment",
+    "--container": "not supported", "--propagate": "not supported",
+}
+
+
+@dataclass(frozen=True)
+class Options:
+    """Raw option values (strings) as read from directives or the command line."""
+
+    values: Mapping[str, str]
+    #: where each value came from, for error messages ("script.py:3" or "command line").
+    origin: Mapping[str, str]
+    warnings: tuple[str, ...] = ()
+
+
+def _split_option(token: str) -> tuple[str, str | None]:
+    if token.startswith("--"):
+        opt, sep, value = token.partition("=")
+        return opt, (value if sep else None)
+    if token.startswith("-") and len(token) > 2:
+        return token[:2], token[2:]
+    return token, None
+
+
+def parse_option_tokens(tokens: Sequence[str], where: str) -> Options:
+    """``["-N", "2-4", "--time=30"]`` -> Options. Refused/unknown options raise SpecError."""
+    values: dict[str, str] = {}
+    origin: dict[str, str] = {}
+    warnings: list[str] = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if not token.startswith("-"):
+            raise SpecError(f"{where}: {token!r} is not an option")
+        opt, value = _split_option(token)
+        if opt in REFUSED:
+            raise SpecError(f"{where}: {opt} is not allowed for a malleable job ({REFUSED[opt]})")
+        key = _ALIASES.get(opt)
+        if key is None:
+            raise SpecError(f"{where}: unknown option {opt} (malletrain submit --help lists the "
+                            "supported ones)")
+        if key in _FLAGS:
+            if value is not None:
+                raise SpecError(f"{where}: {opt} takes no value")
+            value = ""
+        elif value is None:
+            if i + 1 >= len(tokens):
+                raise SpecError(f"{where}: {opt} needs a value")
+            i += 1
+            value = tokens[i]
+        if key in IGNORED:
+            warnings.append(f"{where}: {opt} ignored: {IGNORED[key]}")
+        values[key] = value
+        origin[key] = where
+        i += 1
+    return Options(values, origin, tuple(warnings))
+
+
+def read_directives(script_text: str, path: str) -> Options:
+    """The ``#SBATCH`` options of a script, read like sbatch does.
+
+    sbatch stops at the first line that is not blank and not a comment; so does this.
+    Later directives win over earlier ones, like later command-line options.
+    """
+    values: dict[str, str] = {}
+    origin: dict[str, str] = {}
+    warnings: list[str] = []
+    for lineno, raw in enumerate(script_text.splitlines(), start=1):
+        line = raw.strip()
+        if lineno == 1 and line.startswith("#!"):
+            continue
+        if not line:
+            continue
+        if not line.startswith("#"):
+            break
+        if not line.startswith("#SBATCH"):
+            continue
+        rest = line[len("#SBATCH"):]
+        if rest and not rest[0].isspace():
+            continue  # e.g. "#SBATCHX": not a directive, like sbatch
+        # sbatch allows a trailing comment after the options
+        body = rest.split(" #", 1)[0].strip()
+        if not body:
+            continue
+        tokens = _tokenize(body, f"{path}:{lineno}")
+        opts = parse_option_tokens(tokens, f"{path}:{lineno}")
+        values.update(opts.values)
+        origin.update(opts.origin)
+        warnings.extend(opts.warnings)
+    return Options(values, origin, tuple(warnings))
+
+
+def _tokenize(body: str, where: str) -> list[str]:
+    """Split a directive like a shell would, for the simple quoting sbatch accepts."""
+    tokens: list[str] = []
+    cur: list[str] = []
+    quote: str | None = None
+    started = False
+    for ch in body:
+        if quote:
+            if ch == quote:
+                quote = None
+            else:
+                cur.append(ch)
+        elif ch in "\"'":
+            quote = ch
+            started = True
+        elif ch.isspace():
+            if started or cur:
+                tokens.append("".join(cur))
+                cur = []
+                started = False
+        else:
+            cur.append(ch)
+    if quote:
+        raise SpecError(f"{where}: unterminated quote")
+    if started or cur:
+        tokens.append("".join(cur))
+    return tokens
+
+
+def merge(directives: Options, command_line: Options) -> Options:
+    """Command-line flags win over ``#SBATCH`` lines (sbatch's rule)."""
+    values = dict(directives.values)
+    origin = dict(directives.origin)
+    values.update(command_line.values)
+    origin.update(command_line.origin)
+    return Options(values, origin, directives.warnings + command_line.warnings)
+
+
+def build_spec(
+    opts: Options,
+    *,
+    script: str,
+    args: Sequence[str],
+    cwd: str,
+    python: str,
+    default_name: str,
+) -> JobSpec:
+    """Turn merged options into a validated spec; errors name where the bad value came from."""
+    v = opts.values
+
+    def where(key: str) -> str:
+        return opts.origin.get(key, "command line")
+
+    min_nodes = max_nodes = 1
+    if "nodes" in v:
+        min_nodes, max_nodes = parse_nodes(v["nodes"], f"{where('nodes')}: --nodes")
+    if "min-nodes" in v:
+        min_nodes = _positive_int(v["min-nodes"], f"{where('min-nodes')}: --min-nodes",
+                                  MAX_NODES_LIMIT)
+    if "max-nodes" in v:
+        max_nodes = _positive_int(v["max-nodes"], f"{where('max-nodes')}: --max-nodes",
+                                  MAX_NODES_LIMIT)
+    if max_nodes < min_nodes:
+        raise SpecError(f"--max-nodes {max_nodes} is smaller than --min-nodes {min_nodes}")
+    time_s = parse_time_s(v["time"], f"{where('time')}: --time") if "time" in v else None
+    gpus = 0
+    if "gpus-per-node" in v:
+        text = v["gpus-per-node"].split(":")[-1]  # "a100:4" -> 4
+        gpus = _positive_int(text, f"{where('gpus-per-node')}: --gpus-per-node", 64)
+    nproc = gpus or 1
+    if "ntasks-per-node" in v:
+        nproc = _positive_int(v["ntasks-per-node"],
+                              f"{where('ntasks-per-node')}: --ntasks-per-node", 256)
+    export, env = ("ALL", {})
+    if "export" in v:
+        export, env = parse_export(v["export"], f"{where('export')}: --export")
+    chdir = v.get("chdir", cwd)
+    if not chdir.startswith("/"):
+        chdir = cwd.rstrip("/") + "/" + chdir
+    name = v.get("job-name", default_name)
+    try:
+        return JobSpec(
+            script=script, args=tuple(args), name=name, min_nodes=min_nodes,
+            max_nodes=max_nodes, time_limit_s=time_s, gpus_per_node=gpus, nproc_per_node=nproc,
+            output=v.get("output"), error=v.get("error"), chdir=chdir, export=export,
+            environment=env, account=v.get("account"), kind=v.get("kind", _kind_of(script)),
+            python=python,
+        )
+    except SpecError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def _kind_of(script: str) -> str:
+    base = script.rsplit("/", 1)[-1]
+    cleaned = re.sub(r"[^A-Za-z0-9_.+-]", "_", base)[:64]
+    return cleaned or "default"
