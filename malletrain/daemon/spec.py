@@ -213,7 +213,8 @@ def _check_spec(s: JobSpec) -> None:
     _name(s.name, "job name")
     _name(s.kind, "kind")
     for key, value in (("min_nodes", s.min_nodes), ("max_nodes", s.max_nodes)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_NODES_LIMIT:
+        if (isinstance(value, bool) or not isinstance(value, int)
+                or not 1 <= value <= MAX_NODES_LIMIT):
             raise SpecError(f"{key}: {value!r} must be an integer from 1 to {MAX_NODES_LIMIT}")
     if s.max_nodes < s.min_nodes:
         raise SpecError(f"max_nodes: {s.max_nodes} is smaller than min_nodes {s.min_nodes}")
@@ -242,11 +243,11 @@ def _check_spec(s: JobSpec) -> None:
         raise SpecError(f"export: {s.export!r} must be ALL or NONE")
     if len(s.environment) > 256:
         raise SpecError("environment: more than 256 variables")
-    for key, value in s.environment.items():
-        if not _ENV_KEY_RE.match(key) or key.startswith("MALLETRAIN_"):
-            raise SpecError(f"environment: {key!r} is not a variable the user may set")
-        if "\0" in value or len(value.encode()) > MAX_ARG_BYTES:
-            raise SpecError(f"environment: {key} contains a NUL byte or is too long")
+    for var, text in s.environment.items():
+        if not _ENV_KEY_RE.match(var) or var.startswith("MALLETRAIN_"):
+            raise SpecError(f"environment: {var!r} is not a variable the user may set")
+        if "\0" in text or len(text.encode()) > MAX_ARG_BYTES:
+            raise SpecError(f"environment: {var} contains a NUL byte or is too long")
     if s.account is not None and not _ACCOUNT_RE.match(s.account):
         raise SpecError(f"account: {s.account!r} is not a valid Slurm account name")
 
@@ -458,7 +459,8 @@ def build_spec(
     if "ntasks-per-node" in v:
         nproc = _positive_int(v["ntasks-per-node"],
                               f"{where('ntasks-per-node')}: --ntasks-per-node", 256)
-    export, env = ("ALL", {})
+    export: str = "ALL"
+    env: dict[str, str] = {}
     if "export" in v:
         export, env = parse_export(v["export"], f"{where('export')}: --export")
     chdir = v.get("chdir", cwd)
