@@ -76,25 +76,6 @@ class SyncError(RuntimeError):
     """The state sync of a new epoch could not complete; the epoch is healed like a failure."""
 
 
-def choose_source(table: list[list[int]]) -> tuple[int, int, bool]:
-    """Pick the rank whose state everybody adopts: (rank, its step, from a snapshot?).
-
-    ``table[r] = [has_state, step, newest snapshot step or -1]`` of rank r. The freshest live
-    replica (highest step, lowest rank among equals) wins, unless a snapshot of this job is
-    newer than every live replica. With no state anywhere (a new job) rank 0's fresh
-    initialization is copied so that all replicas start equal (step -1 marks that case).
-    """
-    live = [(s, -r) for r, (h, s, _) in enumerate(table) if h]
-    snaps = [(sn, -r) for r, (_, _, sn) in enumerate(table) if sn >= 0]
-    best_live = max(live) if live else None
-    best_snap = max(snaps) if snaps else None
-    if best_snap is not None and (best_live is None or best_snap[0] > best_live[0]):
-        return -best_snap[1], best_snap[0], True
-    if best_live is not None:
-        return -best_live[1], best_live[0], False
-    return 0, -1, False
-
-
 def is_peer_failure(exc: BaseException) -> bool:
     """True for errors that mean "the group is broken", not "the user's code is wrong"."""
     if isinstance(exc, (dist.DistError, SyncError)):
@@ -805,7 +786,7 @@ class ElasticJob:
         gathered = [torch.zeros(3, dtype=torch.int64) for _ in range(self.world_size)]
         dist.all_gather(gathered, mine)
         table = [t.tolist() for t in gathered]
-        src, target_step, use_snapshot = choose_source(table)
+        src, target_step, use_snapshot = p.choose_source(table)
         if use_snapshot:
             needy = [r for r in range(self.world_size) if r != src]
         else:

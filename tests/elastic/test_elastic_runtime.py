@@ -1,0 +1,254 @@
+"""The elastic runtime with real worker processes over gloo (examples/elastic_train.py).
+
+Each test plays the daemon: it hosts the coordinator in-process, launches members as real
+processes (one process = one member, K=1, as on a CPU node), publishes epochs, sends signals,
+and checks the JSON-lines logs the workers write: checksums of all replicas after every
+change, a gapless sequence of committed steps, exact sample accounting.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from elastic_harness import Cluster, Worker, checksums_at, committed_steps, wait_for
+
+from malletrain.elastic.sampler import DataStream
+
+pytestmark = pytest.mark.torch
+
+DATASET = 256
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path)
+    yield c
+    c.stop()
+
+
+def _args(total: int, *extra: str) -> list[str]:
+    return ["--total-samples", str(total), "--dataset-size", str(DATASET), "--batch", "4",
+            "--hidden", "32", *extra]
+
+
+def _assert_gapless_and_exact(workers: list[Worker], total: int, check_indices: bool) -> dict:
+    steps = committed_steps(workers)
+    assert sorted(steps) == list(range(len(steps))), "committed steps are not gapless"
+    assert sum(r["n"] for r in steps.values()) == total
+    if check_indices:
+        # rebuild the sample stream from every rank's indices, step by step, in rank order
+        per_step: dict[int, dict[int, list[int]]] = {}
+        for w in workers:
+            for r in w.steps():
+                per_step.setdefault(r["step"], {})[r["rank"]] = r["indices"]
+        stream = [i for s in sorted(per_step) for rank in sorted(per_step[s])
+                  for i in per_step[s][rank]]
+        assert len(stream) == total
+        ds = DataStream(DATASET, seed=0)
+        for start in range(0, total, DATASET):
+            block = stream[start:start + DATASET]
+            assert len(set(block)) == len(block), "a sample was seen twice within an epoch"
+            assert block == ds.permutation(start // DATASET)[:len(block)].tolist()
+    return steps
+
+
+def _assert_replicas_equal(workers: list[Worker], epoch: int, expect: int) -> None:
+    sums = checksums_at(workers, epoch)
+    formed = [w for w in workers if any(r["epoch"] == epoch for r in w.epochs())]
+    assert len(formed) == expect, f"epoch {epoch}: {len(formed)} replicas, expected {expect}"
+    assert len(sums) == 1, f"replicas differ after forming epoch {epoch}: {sums}"
+
+
+def test_grow_and_shrink_1_2_3_2_1_identical_replicas_gapless_exact(cluster):
+    total = 1500
+    args = _args(total, "--step-sleep", "0.01", "--log-indices")
+    w = {m: cluster.launch(m, *args) for m in ("m0", "m1", "m2")}
+    cluster.wait_registered("m0", "m1", "m2")
+    plan = [(["m0"], 1), (["m0", "m1"], 2), (["m0", "m1", "m2"], 3),
+            (["m0", "m2"], 2), (["m2"], 1)]  # m1 (a middle rank), then m0 (rank 0) leave
+    for members, size in plan:
+        epoch = cluster.coord.publish(cluster.job_id, members)
+        for m in members:
+            cluster.wait_epoch(w[m], epoch)
+        _assert_replicas_equal(list(w.values()), epoch, size)
+        assert not cluster.coord.is_finished(cluster.job_id), "target too small for the plan"
+        cluster.wait_step(w[members[0]], w[members[0]].last_step() + 8)
+    wait_for(lambda: cluster.coord.is_finished(cluster.job_id), 120, "the job to finish",
+             cluster)
+    for m in w.values():
+        assert m.proc.wait(30) == 0
+    assert [w[m].exit_record()["reason"] for m in ("m0", "m1", "m2")] == [
+        "removed", "removed", "finished"]
+    assert not any(r["event"] == "failed_step" for m in w.values() for r in m.records())
+    _assert_gapless_and_exact(list(w.values()), total, check_indices=True)
+    result = cluster.coord.result(cluster.job_id)
+    assert result is not None and result.samples_total == total
+    assert cluster.coord.progress(cluster.job_id).samples_total == total
+    reasons = [(d.member_id, d.reason) for d in cluster.coord.departures(cluster.job_id)]
+    assert reasons == [("m1", "removed"), ("m0", "removed"), ("m2", "finished")]
+
+
+def test_sigterm_then_sigkill_of_members(cluster):
+    total = 2400
+    w = {m: cluster.launch(m, *_args(total, "--step-sleep", "0.02")) for m in ("m0", "m1", "m2")}
+    cluster.wait_registered("m0", "m1", "m2")
+    e1 = cluster.coord.publish(cluster.job_id, ["m0", "m1", "m2"])
+    for m in w.values():
+        cluster.wait_epoch(m, e1)
+    cluster.wait_step(w["m0"], w["m0"].last_step() + 5)
+
+    # SIGTERM (Slurm preemption): announce, leave at the next boundary, well within GraceTime
+    t_term = time.monotonic()
+    w["m2"].proc.send_signal(signal.SIGTERM)
+    assert w["m2"].proc.wait(5) == 0
+    exit_s = time.monotonic() - t_term
+    assert exit_s < 3.0, f"SIGTERM exit took {exit_s:.2f} s"
+    assert w["m2"].exit_record()["reason"] == "sigterm"
+    wait_for(lambda: cluster.coord.membership(cluster.job_id).members == ("m0", "m1"), 10,
+             "survivors to form the next epoch", cluster)
+    leave = cluster.coord.membership(cluster.job_id)
+    assert leave.source == "leave" and leave.dropped == ("m2",)
+    cluster.wait_epoch(w["m0"], leave.epoch)
+    _assert_replicas_equal(list(w.values()), leave.epoch, 2)
+    cluster.wait_step(w["m0"], w["m0"].last_step() + 5)
+
+    # SIGKILL: detected through the collective error, healed without the coordinator
+    t_kill = time.monotonic()
+    w["m1"].proc.send_signal(signal.SIGKILL)
+    wait_for(lambda: cluster.coord.membership(cluster.job_id).members == ("m0",), 15,
+             "the survivor to heal", cluster)
+    healed = cluster.coord.membership(cluster.job_id)
+    cluster.wait_epoch(w["m0"], healed.epoch)
+    heal_s = time.monotonic() - t_kill
+    assert heal_s < 8.0, f"healing after SIGKILL took {heal_s:.2f} s"
+    assert healed.source == "heal" and healed.dropped == ("m1",)
+    failed = [r for r in w["m0"].records() if r["event"] == "failed_step"]
+    assert len(failed) <= 1, "more than the step in flight was lost"
+
+    wait_for(lambda: cluster.coord.is_finished(cluster.job_id), 120, "finish", cluster)
+    assert w["m0"].proc.wait(30) == 0
+    _assert_gapless_and_exact(list(w.values()), total, check_indices=False)
+    reasons = {(d.member_id, d.reason) for d in cluster.coord.departures(cluster.job_id)}
+    assert {("m2", "sigterm"), ("m1", "failed"), ("m0", "finished")} <= reasons
+
+
+def test_frozen_member_is_dropped_after_the_timeout_then_rejoins(cluster):
+    total = 2000
+    step_timeout_s, heal_wait_s = 2.0, 1.0
+    cluster.env_extra = {"MALLETRAIN_STEP_TIMEOUT_S": str(step_timeout_s),
+                         "MALLETRAIN_HEAL_WAIT_S": str(heal_wait_s)}
+    w = {m: cluster.launch(m, *_args(total, "--step-sleep", "0.02")) for m in ("m0", "m1")}
+    cluster.wait_registered("m0", "m1")
+    e1 = cluster.coord.publish(cluster.job_id, ["m0", "m1"])
+    for m in w.values():
+        cluster.wait_epoch(m, e1)
+    cluster.wait_step(w["m0"], w["m0"].last_step() + 5)
+
+    os.kill(w["m1"].proc.pid, signal.SIGSTOP)  # no RST: only the timeout can tell
+    t_stop = time.monotonic()
+    wait_for(lambda: cluster.coord.membership(cluster.job_id).members == ("m0",), 30,
+             "the frozen member to be dropped", cluster)
+    dropped_s = time.monotonic() - t_stop
+    healed = cluster.coord.membership(cluster.job_id)
+    cluster.wait_epoch(w["m0"], healed.epoch)
+    # bounded by the configured step timeout (+ heal wait + one step), never the default
+    assert step_timeout_s - 0.5 <= dropped_s < step_timeout_s + heal_wait_s + 3.0, dropped_s
+    stepped = w["m0"].last_step()
+    cluster.wait_step(w["m0"], stepped + 5)  # the survivor trains on alone
+
+    os.kill(w["m1"].proc.pid, signal.SIGCONT)  # it wakes up, finds itself dropped, re-registers
+    cluster.wait_registered("m1")
+    e3 = cluster.coord.publish(cluster.job_id, ["m0", "m1"])
+    cluster.wait_epoch(w["m1"], e3)
+    cluster.wait_epoch(w["m0"], e3)
+    _assert_replicas_equal(list(w.values()), e3, 2)
+    wait_for(lambda: cluster.coord.is_finished(cluster.job_id), 120, "finish", cluster)
+    for m in w.values():
+        assert m.proc.wait(30) == 0
+    _assert_gapless_and_exact(list(w.values()), total, check_indices=False)
+
+
+def test_newcomer_arrives_mid_step_without_losing_the_step_in_flight(cluster):
+    total = 120
+    w0 = cluster.launch("m0", *_args(total, "--step-sleep", "0.4"))
+    w1 = cluster.launch("m1", *_args(total, "--step-sleep", "0.4"))
+    cluster.wait_registered("m0", "m1")
+    e1 = cluster.coord.publish(cluster.job_id, ["m0"])
+    cluster.wait_epoch(w0, e1)
+    cluster.wait_step(w0, 2)
+    before = w0.last_step()
+    cluster.wait_step(w0, before + 1)  # a step just ended: the next one is in flight now
+    in_flight = w0.last_step() + 1
+    e2 = cluster.coord.publish(cluster.job_id, ["m0", "m1"])
+    first = cluster.wait_epoch(w1, e2)
+    cluster.wait_epoch(w0, e2)
+    _assert_replicas_equal([w0, w1], e2, 2)
+    by_step = {r["step"]: r for r in w0.steps()}
+    assert by_step[in_flight]["epoch"] == e1, "the step in flight was not finished"
+    assert first["step"] >= in_flight + 1
+    assert not any(r["event"] == "failed_step" for r in w0.records() + w1.records())
+    wait_for(lambda: cluster.coord.is_finished(cluster.job_id), 120, "finish", cluster)
+    assert w0.proc.wait(30) == 0 and w1.proc.wait(30) == 0
+    _assert_gapless_and_exact([w0, w1], total, check_indices=False)
+
+
+def test_evicted_to_zero_saves_and_restores_never_a_stale_or_foreign_snapshot(cluster, tmp_path):
+    total = 1600
+    state = tmp_path / "state"
+    cluster.state_dir = state
+    args = _args(total, "--step-sleep", "0.02")
+    w = {m: cluster.launch(m, *args) for m in ("m0", "m1")}
+    cluster.wait_registered("m0", "m1")
+    e1 = cluster.coord.publish(cluster.job_id, ["m0", "m1"])
+    for m in w.values():
+        cluster.wait_epoch(m, e1)
+    cluster.wait_step(w["m0"], 15)
+
+    # every node reclaimed at once: both get SIGTERM, the last members save within GraceTime
+    t_term = time.monotonic()
+    for m in w.values():
+        m.proc.send_signal(signal.SIGTERM)
+    for m in w.values():
+        assert m.proc.wait(5) == 0
+    assert time.monotonic() - t_term < 5.0
+    saved = sorted(state.glob("job1.step*.mtsnap"))
+    assert len(saved) == 1
+    saved_step = w["m0"].exit_record()["step"]
+    assert saved[0].name == f"job1.step{saved_step:012d}.mtsnap"
+    assert {w[m].exit_record()["reason"] for m in w} == {"evicted"}
+    saved_checksum = w["m0"].exit_record()["checksum"]
+
+    # decoys: another job's snapshot, and a newer-named file whose tags do not match
+    (state / "otherjob.step000000999999.mtsnap").write_bytes(saved[0].read_bytes())
+    forged = state / f"job1.step{saved_step + 500:012d}.mtsnap"
+    forged.write_bytes(saved[0].read_bytes())
+
+    # the job gets a node again: restored from the snapshot, not from the decoys
+    w2 = cluster.launch("m2", *args)
+    cluster.wait_registered("m2")
+    e3 = cluster.coord.publish(cluster.job_id, ["m2"])
+    first = cluster.wait_epoch(w2, e3)
+    wait_for(lambda: len(w2.epochs()) >= 1 and w2.epochs()[-1]["step"] == saved_step, 60,
+             "the restore", cluster)
+    restored = [r for r in w2.epochs() if r["step"] == saved_step]
+    assert restored and restored[-1]["checksum"] == saved_checksum, (first, w2.epochs())
+    assert (state / (forged.name + ".rejected")).exists()
+    assert (state / "otherjob.step000000999999.mtsnap").exists()  # untouched, unused
+
+    # a newcomer next to the snapshot file is synced from the live replica (fresher)
+    cluster.wait_step(w2, saved_step + 10)
+    w3 = cluster.launch("m3", *args)
+    cluster.wait_registered("m3")
+    e4 = cluster.coord.publish(cluster.job_id, ["m2", "m3"])
+    joined = cluster.wait_epoch(w3, e4)
+    cluster.wait_epoch(w2, e4)
+    assert joined["step"] > saved_step + 10
+    _assert_replicas_equal([w2, w3], e4, 2)
+
+    wait_for(lambda: cluster.coord.is_finished(cluster.job_id), 120, "finish", cluster)
+    assert w2.proc.wait(30) == 0 and w3.proc.wait(30) == 0
+    _assert_gapless_and_exact([*w.values(), w2, w3], total, check_indices=False)
+    assert not list(state.glob("job1.step*.mtsnap")), "snapshots of a finished job remain"
