@@ -261,17 +261,18 @@ class CliBackend:
             raise SlurmParseError(f"sbatch: {exc}") from None
 
     def cancel(self, job_id: int, *, missing_ok: bool = True) -> None:
-        argv = ["scancel", str(int(job_id))]
+        # Without --verbose, 22.05's scancel says nothing and exits 0 even for an unknown
+        # job id; with it, it names the error on stderr (still exit 0).
+        argv = ["scancel", "--verbose", str(int(job_id))]
         res = self._run(argv)
-        # scancel exits 0 but complains on stderr for a finished job; treat both alike.
         text = f"{res.stderr}\n{res.stdout}".lower()
         if any(m in text for m in _GONE_MARKERS):
             if missing_ok:
                 return
             raise SlurmCommandError(f"scancel {job_id}: {res.stderr.strip()}", tuple(argv),
                                     res.stderr)
-        if res.returncode != 0:
-            raise classify_failure(argv, res.returncode, res.stderr)
+        if res.returncode != 0 or "error:" in text:
+            raise classify_failure(argv, res.returncode or 1, res.stderr)
 
     def signal(self, job_id: int, sig: str, *, steps: str = "children") -> None:
         argv = render_signal(job_id, sig, steps)

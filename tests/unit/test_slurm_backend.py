@@ -142,11 +142,17 @@ def test_submit_garbage_output_is_a_parse_error():
 
 
 def test_cancel_is_idempotent_for_finished_jobs_unless_asked():
-    msg = "scancel: error: Kill job error on job id 5: Job/step already completing or completed"
+    msg = ("scancel: Terminating job 5\n"
+           "scancel: error: Kill job error on job id 5: Job/step already completing or completed")
     rec = Recorder(lambda argv: (0, "", msg))
     CliBackend(runner=rec).cancel(5)
+    assert rec.calls == [["scancel", "--verbose", "5"]]
     with pytest.raises(SlurmCommandError, match="already completing"):
         CliBackend(runner=rec).cancel(5, missing_ok=False)
+    denied = Recorder(lambda argv: (0, "", "scancel: error: Kill job error on job id 5: "
+                                           "Access/permission denied"))
+    with pytest.raises(SlurmCommandError, match="permission denied"):
+        CliBackend(runner=denied).cancel(5)
 
 
 def test_actions_render_argument_lists():

@@ -1,0 +1,190 @@
+"""The CLI backend against the REAL dev cluster: observe and every action.
+
+These are the contract tests any SlurmBackend must pass; ``backend`` is what
+``select_backend()`` picks here (the CLI one on Slurm 22.05).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from malletrain.core.cluster import JobState, NodeState
+from malletrain.slurm.backend import SlurmBackend, select_backend
+from malletrain.slurm.errors import SlurmCommandError
+from malletrain.slurm.sbatch import SbatchSpec
+
+pytestmark = pytest.mark.slurm
+
+SLEEP = "#!/bin/bash\nsrun sleep 300\n"
+
+
+def sleeper(**kw) -> SbatchSpec:
+    """A job that sleeps under srun (so it has a step), output discarded."""
+    return SbatchSpec(script=SLEEP, output="/dev/null", **kw)
+
+
+@pytest.fixture
+def backend(clean_cluster) -> SlurmBackend:
+    return select_backend(timeout_s=20)
+
+
+@pytest.fixture
+def shared_dir() -> Path:
+    """A directory every test user may write job output into."""
+    d = Path(tempfile.mkdtemp(prefix="mt-slurm-test-", dir="/tmp"))
+    d.chmod(0o1777)
+    return d
+
+
+def wait_job(backend, job_id, pred, timeout_s=20, what="job state"):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = backend.snapshot().job(job_id)
+        if job is not None and pred(job):
+            return job
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what} of job {job_id}: {job}")
+        time.sleep(0.3)
+
+
+def test_snapshot_of_the_clean_cluster(backend):
+    snap = backend.snapshot()
+    assert backend.name == "cli"
+    assert [n.name for n in snap.nodes] == [f"n{i}" for i in range(1, 9)]
+    assert {n.state for n in snap.nodes} == {NodeState.IDLE}
+    assert not [j for j in snap.jobs if j.state.is_active]
+    parts = {p.name: p for p in snap.partitions}
+    assert parts["scavenger"].preempt_mode == "CANCEL" and parts["scavenger"].grace_time_s == 5
+    assert parts["batch"].priority_tier > parts["scavenger"].priority_tier
+    assert snap.warnings == ()
+    assert abs(snap.taken_at - time.time()) < 5
+
+
+def test_submit_as_a_user_runs_with_env_comment_and_limit(backend, shared_dir):
+    out = shared_dir / "env.out"
+    spec = SbatchSpec(
+        script="#!/bin/bash\necho \"$(id -un) $MT_TOKEN $SLURM_JOB_NUM_NODES\"\nsrun sleep 300\n",
+        job_name="contract-env", nodes=2, time_limit_s=300, comment="malletrain contract",
+        output=str(out), environment={"MT_TOKEN": "tok-123"}, run_as="mt-alice",
+    )
+    job_id = backend.submit(spec)
+    job = wait_job(backend, job_id, lambda j: j.state is JobState.RUNNING)
+    assert job.user == "mt-alice" and job.name == "contract-env"
+    assert len(job.nodes) == 2 and job.node_count == 2
+    assert job.time_limit_s == 300 and job.comment == "malletrain contract"
+    assert job.end_time - job.start_time == 300
+    deadline = time.monotonic() + 10
+    while not out.exists() or not out.read_text().strip():
+        assert time.monotonic() < deadline, "no job output"
+        time.sleep(0.2)
+    assert out.read_text().split() == ["mt-alice", "tok-123", "2"]
+
+
+def test_cancel_is_idempotent(backend):
+    job_id = backend.submit(sleeper(nodes=1))
+    wait_job(backend, job_id, lambda j: j.state is JobState.RUNNING)
+    backend.cancel(job_id)
+    wait_job(backend, job_id, lambda j: j.state is JobState.CANCELLED)
+    backend.cancel(job_id)  # already done: fine
+    with pytest.raises(SlurmCommandError):
+        backend.cancel(job_id, missing_ok=False)
+    with pytest.raises(SlurmCommandError):
+        backend.cancel(999999, missing_ok=False)
+
+
+def test_hold_release_and_planned_start_of_a_pending_job(backend, clean_cluster):
+    running = backend.submit(sleeper(nodes=4, time_limit_s=1800))
+    wait_job(backend, running, lambda j: j.state is JobState.RUNNING)
+    wide = backend.submit(sleeper(nodes=8, time_limit_s=600))
+    job = wait_job(backend, wide, lambda j: bool(j.planned_nodes), timeout_s=15,
+                   what="a backfill plan")
+    run_job = backend.snapshot().job(running)
+    assert job.state is JobState.PENDING
+    assert job.planned_nodes == tuple(f"n{i}" for i in range(1, 9))
+    assert job.start_time == run_job.end_time
+    backend.hold(wide)
+    held = wait_job(backend, wide, lambda j: j.state_reason.startswith("JobHeld"))
+    assert held.state is JobState.PENDING
+    backend.release(wide)
+    wait_job(backend, wide, lambda j: not j.state_reason.startswith("JobHeld"))
+
+
+def test_requeue_hold_puts_a_running_job_back_held(backend):
+    job_id = backend.submit(sleeper(nodes=2))
+    wait_job(backend, job_id, lambda j: j.state is JobState.RUNNING)
+    backend.requeue_hold(job_id)
+    job = wait_job(backend, job_id, lambda j: j.state is JobState.PENDING)
+    assert job.state_reason.startswith("JobHeld")
+    assert job.nodes == ()
+
+
+def test_update_shrinks_twice_then_changes_limit_and_comment(backend, clean_cluster):
+    """With accounting on (the fixture's default) repeated shrinks work in 22.05."""
+    job_id = backend.submit(sleeper(nodes=4, time_limit_s=600))
+    job = wait_job(backend, job_id, lambda j: j.state is JobState.RUNNING)
+    backend.update(job_id, NodeList=job.nodes[:3])
+    wait_job(backend, job_id, lambda j: len(j.nodes) == 3)
+    backend.update(job_id, NumNodes=2)
+    job = wait_job(backend, job_id, lambda j: len(j.nodes) == 2)
+    assert job.state is JobState.RUNNING
+    backend.update(job_id, TimeLimit=20, Comment="shrunk twice")
+    job = wait_job(backend, job_id, lambda j: j.comment == "shrunk twice")
+    assert job.time_limit_s == 20 * 60
+    idle = [n.name for n in backend.snapshot().nodes if n.state is NodeState.IDLE]
+    assert len(idle) == 6
+
+
+def test_update_of_an_unknown_job_is_a_permanent_error(backend):
+    with pytest.raises(SlurmCommandError, match="scontrol update"):
+        backend.update(999999, Comment="x")
+
+
+def test_signal_reaches_the_steps_not_the_batch_shell(backend, shared_dir):
+    out = shared_dir / "sig.out"
+    script = (
+        "#!/bin/bash\n"
+        "trap 'echo batch-USR1' USR1\n"
+        "srun bash -c \"trap 'echo step-USR1' USR1; echo ready; "
+        "while true; do sleep 0.2; done\" &\n"
+        "while true; do sleep 0.2; done\n"
+    )
+    job_id = backend.submit(SbatchSpec(script=script, nodes=1, output=str(out),
+                                       run_as="mt-bob"))
+    wait_job(backend, job_id, lambda j: j.state is JobState.RUNNING)
+    deadline = time.monotonic() + 15
+    while "ready" not in (out.read_text() if out.exists() else ""):
+        assert time.monotonic() < deadline, "step did not start"
+        time.sleep(0.2)
+    backend.signal(job_id, "USR1")
+    deadline = time.monotonic() + 10
+    while "step-USR1" not in out.read_text():
+        assert time.monotonic() < deadline, out.read_text()
+        time.sleep(0.2)
+    assert "batch-USR1" not in out.read_text()
+    backend.signal(job_id, "USR1", steps="batch")
+    deadline = time.monotonic() + 10
+    while "batch-USR1" not in out.read_text():
+        assert time.monotonic() < deadline, out.read_text()
+        time.sleep(0.2)
+
+
+def test_batch_job_preempts_a_scavenger_job(backend):
+    """The dev cluster's partitions do what the design relies on (partition_prio, CANCEL).
+
+    The scavenger job's steps get SIGTERM; ``srun sleep`` dies of it, so the job ends by
+    itself within the grace time (FAILED, by its exit status) rather than by the kill.
+    """
+    scav = backend.submit(sleeper(partition="scavenger", nodes=8, time_limit_s=300,
+                                  run_as="mt-alice"))
+    wait_job(backend, scav, lambda j: j.state is JobState.RUNNING)
+    t0 = time.monotonic()
+    regular = backend.submit(sleeper(partition="batch", nodes=8, time_limit_s=300))
+    wait_job(backend, regular, lambda j: j.state is JobState.RUNNING, timeout_s=45,
+             what="the batch job to start")
+    delay_s = time.monotonic() - t0
+    assert not backend.snapshot().job(scav).state.is_active
+    assert delay_s < 45, f"the batch job waited {delay_s:.1f} s for the scavenger job"
