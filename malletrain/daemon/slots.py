@@ -1,0 +1,181 @@
+"""Node slots: the Slurm jobs through which a malleable job holds scavenged nodes.
+
+Design (verified on the dev cluster with plain sbatch/scontrol, docs/user-guide.md and
+docs/benchmarks.md record it): ``malletrain submit`` runs AS THE USER and submits
+``max_nodes`` single-node batch jobs in the scavenger partition, all held (``--hold``),
+tagged with the comment ``malletrain:<job>:<slot>``. The daemon, with Slurm operator
+rights only, then
+
+* grows a job by ``scontrol update JobId=S NodeList=<node> TimeLimit=<minutes>
+  StartTime=now`` + ``scontrol release S`` (backfill only starts a preemptible job whose
+  time limit ends before the node's next planned start, SLURM-NOTES section 6;
+  ``StartTime=now`` skips the ``cred_expire`` wait a requeued job would otherwise sit out),
+* shrinks it by publishing a membership without that slot's member (the workers leave at a
+  step boundary and the slot job ends) and then ``scontrol requeuehold S``, which puts the
+  finished (or still running) job back into the held pool,
+* after a preemption (Slurm SIGTERMs the step; the worker leaves, the job ends COMPLETED or
+  PREEMPTED) does the same ``requeuehold``.
+
+So user code only ever runs as the user, through Slurm, and the daemon never submits.
+
+This module is pure: rendering the slot job (torchx style: a value, golden-tested), the
+member ids, and the classification of a slot's Slurm job into a :class:`SlotStatus`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+from malletrain.core.cluster import Job, JobState
+from malletrain.daemon.spec import JobSpec
+from malletrain.slurm.sbatch import SbatchSpec
+
+TAG_PREFIX = "malletrain"
+_TAG_RE = re.compile(r"^malletrain:([A-Za-z0-9][A-Za-z0-9._-]{0,127}):(\d{1,6})$")
+_MEMBER_RE = re.compile(r"^s(\d{1,6})-r(\d{1,9})$")
+
+
+def slot_tag(job_id: str, slot: int) -> str:
+    """The comment that marks Slurm job ``slot`` of malleable job ``job_id``."""
+    return f"{TAG_PREFIX}:{job_id}:{slot}"
+
+
+def parse_tag(comment: str) -> tuple[str, int] | None:
+    m = _TAG_RE.match(comment.strip())
+    return (m.group(1), int(m.group(2))) if m else None
+
+
+def member_id(slot: int, restart_count: int) -> str:
+    """One member per *incarnation* of a slot: a requeued slot is a new member.
+
+    The slot script computes it from ``SLURM_RESTART_COUNT``, so a stale registration of a
+    killed incarnation can never be mistaken for the new one.
+    """
+    return f"s{slot}-r{restart_count}"
+
+
+def parse_member(member: str) -> tuple[int, int] | None:
+    m = _MEMBER_RE.match(member)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def slot_job_name(job_id: str, slot: int) -> str:
+    return f"mt.{job_id}.s{slot}"[:128]
+
+
+def render_launcher(spec: JobSpec, job_id: str, slot: int, coordinator: str,
+                    state_dir: str) -> str:
+    """The slot's batch script: a few lines of Python that ``exec`` an argument list.
+
+    Python, not bash, so that no user argument is ever parsed by a shell: the command is
+    embedded as a JSON list (a valid Python literal) and run with ``os.execvp``. The payload
+    runs under ``srun`` so that Slurm's preemption SIGTERM reaches it at once (the batch
+    shell alone is only signalled at kill time, SLURM-NOTES section 5a).
+    """
+    torchrun = [spec.python, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+                f"--nproc-per-node={spec.nproc_per_node}", spec.script, *spec.args]
+    srun = ["srun", "--nodes=1", "--ntasks=1", "--kill-on-bad-exit=1", *torchrun]
+    env = {
+        "MALLETRAIN_COORDINATOR": coordinator,
+        "MALLETRAIN_JOB_ID": job_id,
+        "MALLETRAIN_STATE_DIR": state_dir,
+    }
+    env.update(spec.environment)
+    return "\n".join([
+        f"#!{spec.python}",
+        f"# malletrain node slot {slot} of job {job_id}: rendered by `malletrain submit`.",
+        "# The daemon places it on a node (NodeList, TimeLimit) and releases it; the payload",
+        "# runs as the submitting user under srun, so Slurm's SIGTERM reaches it.",
+        "import os",
+        f"os.environ.update({json.dumps(env, sort_keys=True)})",
+        'restarts = os.environ.get("SLURM_RESTART_COUNT", "0") or "0"',
+        f'os.environ["MALLETRAIN_MEMBER_ID"] = "s{slot}-r" + restarts',
+        f"argv = {json.dumps(srun)}",
+        "os.execvp(argv[0], argv)",
+        "",
+    ])
+
+
+def render_slot(
+    spec: JobSpec,
+    job_id: str,
+    slot: int,
+    *,
+    coordinator: str,
+    state_dir: str,
+    partition: str,
+    qos: str | None = None,
+    account: str | None = None,
+) -> SbatchSpec:
+    """The held single-node scavenger job of one slot (the user's ``sbatch``)."""
+    return SbatchSpec(
+        script=render_launcher(spec, job_id, slot, coordinator, state_dir),
+        job_name=slot_job_name(job_id, slot),
+        partition=partition,
+        nodes=1,
+        output=spec.output,
+        error=spec.error,
+        chdir=spec.chdir,
+        comment=slot_tag(job_id, slot),
+        account=spec.account or account,
+        qos=qos,
+        requeue=True,
+        hold=True,
+        exclusive=True,
+        export=spec.export,
+        extra_args=(f"--gpus-per-node={spec.gpus_per_node}",) if spec.gpus_per_node else (),
+    )
+
+
+class SlotStatus(StrEnum):
+    """What a slot's Slurm job is doing, from the daemon's point of view."""
+
+    PARKED = "parked"  # pending and held: in the pool
+    PLACING = "placing"  # pending, released: waiting for Slurm to start it
+    RUNNING = "running"  # has a node
+    ENDING = "ending"  # completing: the node is not free yet
+    ENDED = "ended"  # finished (completed, preempted, timeout, failed...): requeue it
+    CANCELLED = "cancelled"  # cancelled by its owner or an admin: never resurrected
+    GONE = "gone"  # Slurm does not know it any more
+
+
+_HELD_MARKERS = ("held", "requeued in held", "requeued_in_held")
+
+
+def is_held(job: Job) -> bool:
+    reason = job.state_reason.lower()
+    return any(m in reason for m in _HELD_MARKERS)
+
+
+def classify(job: Job | None) -> SlotStatus:
+    if job is None:
+        return SlotStatus.GONE
+    s = job.state
+    if s is JobState.PENDING or s is JobState.REQUEUED:
+        return SlotStatus.PARKED if is_held(job) else SlotStatus.PLACING
+    if s in (JobState.RUNNING, JobState.CONFIGURING, JobState.SUSPENDED):
+        return SlotStatus.RUNNING
+    if s is JobState.COMPLETING:
+        return SlotStatus.ENDING
+    if s is JobState.CANCELLED:
+        return SlotStatus.CANCELLED
+    if s is JobState.UNKNOWN:
+        return SlotStatus.ENDING  # do nothing rash on a state we cannot read
+    return SlotStatus.ENDED
+
+
+@dataclass(frozen=True)
+class SlotView:
+    """One slot as seen this tick: store record + Slurm job."""
+
+    job_id: str
+    slot: int
+    slurm_job_id: int
+    status: SlotStatus
+    node: str | None
+    time_limit_s: int | None = None
+    start_time: float | None = None
+    end_time: float | None = None

@@ -1,0 +1,89 @@
+"""Slot jobs rendered as data (golden), member ids, classification of Slurm states."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from malletrain.core.cluster import Job, JobState
+from malletrain.daemon.slots import (
+    SlotStatus,
+    classify,
+    member_id,
+    parse_member,
+    parse_tag,
+    render_slot,
+    slot_tag,
+)
+from malletrain.daemon.spec import JobSpec
+
+GOLDEN = Path(__file__).parent / "golden" / "slot_m7_s2.txt"
+
+SPEC = JobSpec(script="/home/alice/train.py", args=("--lr", "0.1; rm -rf / $(x)"), name="r",
+               min_nodes=1, max_nodes=4, nproc_per_node=2, output="/home/alice/o-%j.txt",
+               chdir="/home/alice", python="/opt/venv/bin/python", kind="train.py",
+               environment={"FOO": "1"})
+
+
+def rendered() -> str:
+    spec = render_slot(SPEC, "m7", 2, coordinator="login1:29400", state_dir="/pfs/mt/m7",
+                       partition="scavenger", qos="scav")
+    return "ARGV " + " ".join(spec.render()) + "\n" + spec.script
+
+
+def test_slot_job_matches_golden_file():
+    text = rendered()
+    if not GOLDEN.exists():  # first run records it; review the diff like any golden file
+        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text()
+    assert "--hold" in text and "--partition=scavenger" in text
+    assert "--comment=malletrain:m7:2" in text and "--requeue" in text
+
+
+def test_launcher_execs_an_argument_list_without_a_shell(tmp_path):
+    """Run the launcher with a fake srun: the hostile argument arrives verbatim."""
+    spec = render_slot(SPEC, "m7", 2, coordinator="c:1", state_dir="/s", partition="scavenger")
+    script = spec.script.replace("#!/opt/venv/bin/python", f"#!{sys.executable}", 1)
+    fake = tmp_path / "srun"
+    fake.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                    "print(json.dumps([sys.argv[1:], os.environ['MALLETRAIN_MEMBER_ID'], "
+                    "os.environ['MALLETRAIN_JOB_ID'], os.environ['FOO']]))\n")
+    fake.chmod(0o755)
+    launcher = tmp_path / "slot.py"
+    launcher.write_text(script)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURM_RESTART_COUNT": "3"}
+    out = subprocess.run([sys.executable, str(launcher)], env=env, capture_output=True,
+                         text=True, check=True).stdout
+    import json
+
+    argv, member, job, foo = json.loads(out)
+    assert argv[-3:] == ["/home/alice/train.py", "--lr", "0.1; rm -rf / $(x)"]
+    assert "--nproc-per-node=2" in argv
+    assert (member, job, foo) == ("s2-r3", "m7", "1")
+
+
+def test_tags_and_members_round_trip():
+    assert parse_tag(slot_tag("m12", 3)) == ("m12", 3)
+    assert parse_tag("malletrain:m1") is None and parse_tag("other") is None
+    assert parse_member(member_id(4, 2)) == (4, 2)
+    assert parse_member("s4-rx") is None
+
+
+def job(state, reason=""):
+    return Job(job_id=1, name="x", user="u", partition="scavenger", state=state,
+               state_reason=reason)
+
+
+def test_classification():
+    assert classify(None) is SlotStatus.GONE
+    assert classify(job(JobState.PENDING, "JobHeldUser")) is SlotStatus.PARKED
+    assert classify(job(JobState.PENDING, "JobHeldAdmin")) is SlotStatus.PARKED
+    assert classify(job(JobState.PENDING, "job_requeued_in_held_state")) is SlotStatus.PARKED
+    assert classify(job(JobState.PENDING, "BeginTime")) is SlotStatus.PLACING
+    assert classify(job(JobState.RUNNING)) is SlotStatus.RUNNING
+    assert classify(job(JobState.COMPLETING)) is SlotStatus.ENDING
+    for s in (JobState.COMPLETED, JobState.PREEMPTED, JobState.TIMEOUT, JobState.FAILED,
+              JobState.NODE_FAIL):
+        assert classify(job(s)) is SlotStatus.ENDED
+    assert classify(job(JobState.CANCELLED)) is SlotStatus.CANCELLED
+    assert classify(job(JobState.UNKNOWN)) is SlotStatus.ENDING

@@ -1,0 +1,62 @@
+"""The SQLite store: WAL, ids, lifecycle with history, slots, open actions, profiles, reopen."""
+
+import pytest
+
+from malletrain.core.lifecycle import IllegalTransition, JobPhase
+from malletrain.daemon.spec import JobSpec
+from malletrain.daemon.store import Store
+
+SPEC = JobSpec(script="/home/a/train.py", min_nodes=1, max_nodes=3, kind="train.py")
+
+
+def test_everything_survives_a_reopen(tmp_path):
+    db = tmp_path / "state.db"
+    s = Store(db)
+    assert s.journal_mode() == "wal"
+    a = s.create_job(1001, "alice", SPEC, now_s=10.0)
+    b = s.create_job(1002, "bob", SPEC, now_s=11.0)
+    assert (a.job_id, b.job_id) == ("m1", "m2")
+    s.add_slots("m1", [41, 42, 43])
+    s.transition("m1", JobPhase.QUEUED, "slots attached", now_s=12.0)
+    s.transition("m1", JobPhase.STARTING, "placed", now_s=13.0)
+    s.mark_slot("m1", 1, placed_node="n3", placed_at_s=13.0)
+    s.update_job("m1", samples_total=640, rescales_up=2)
+    aid = s.begin_action("m1", 42, "place", "n3")
+    s.save_profile("train.py", {"version": 1, "clean": {}})
+    s.close()  # as good as a kill -9 for SQLite: nothing is cached outside the file
+
+    s2 = Store(db)
+    rec = s2.job("m1")
+    assert rec is not None and rec.state is JobPhase.STARTING
+    assert [t.to_state for t in rec.lifecycle.history] == [
+        JobPhase.SUBMITTING, JobPhase.QUEUED, JobPhase.STARTING]
+    assert rec.samples_total == 640 and rec.rescales_up == 2 and rec.spec == SPEC
+    slots = s2.slots("m1")
+    assert [x.slurm_job_id for x in slots] == [41, 42, 43]
+    assert slots[1].placed_node == "n3"
+    assert [x["id"] for x in s2.open_actions()] == [aid]
+    assert s2.profiles() == {"train.py": {"version": 1, "clean": {}}}
+    assert s2.create_job(1001, "alice", SPEC).job_id == "m3"  # ids never reused
+    assert s2.count_jobs() == 3 and s2.count_jobs(uid=1002) == 1
+
+
+def test_illegal_transitions_change_nothing(tmp_path):
+    s = Store(tmp_path / "s.db")
+    s.create_job(1, "u", SPEC)
+    with pytest.raises(IllegalTransition):
+        s.transition("m1", JobPhase.RUNNING, "skipping ahead")
+    rec = s.job("m1")
+    assert rec is not None and rec.state is JobPhase.SUBMITTING
+    assert len(rec.lifecycle.history) == 1
+
+
+def test_slot_ids_are_unique_across_jobs(tmp_path):
+    import sqlite3
+
+    s = Store(tmp_path / "s.db")
+    s.create_job(1, "u", SPEC)
+    s.create_job(1, "u", SPEC)
+    s.add_slots("m1", [5])
+    with pytest.raises(sqlite3.IntegrityError):
+        s.add_slots("m2", [5])
+    assert [x.slurm_job_id for x in s.slots()] == [5]
