@@ -167,6 +167,10 @@ def job_value_table(
     return values
 
 
+#: Above this many sizes per job the DP updates one size at a time (bounded memory).
+_MAX_BLOCK_SIZES = 256
+
+
 def solve_counts(values: np.ndarray, capacity: int) -> tuple[np.ndarray, float]:
     """Exact multiple-choice knapsack over a value table.
 
@@ -174,63 +178,78 @@ def solve_counts(values: np.ndarray, capacity: int) -> tuple[np.ndarray, float]:
     must be allowed). Chooses one count per job, total <= capacity, maximising
     the sum. Returns (count per job, optimal objective).
 
-    ``f(t)`` = best value of the jobs so far on at most ``t`` nodes. Jobs are
-    processed by ascending largest count so that the early stages only span the
-    capacity the jobs so far can use (an exact shortcut, not a heuristic).
+    ``f(t)`` = best value of the jobs so far on at most ``t`` nodes. Two exact
+    shortcuts keep it fast: an option worth no more than a smaller count of the
+    same job is dropped (``f`` is non-decreasing, so it can never be needed), and
+    jobs are processed by ascending largest count so that early stages only span
+    the capacity the jobs so far can use. Each stage is one strided 2-D update
+    over all of a job's sizes (no Python loop over sizes).
     """
     n_jobs, width = values.shape
     finite = np.isfinite(values)
     if not finite[:, 0].all():
         raise ValueError("every job must allow count 0")
-    # An option worth no more than a smaller count of the same job can never be
-    # needed (f counts "at most t" nodes): dropping it keeps the result exact.
     best_below = np.maximum.accumulate(np.where(finite, values, -np.inf), axis=1)
     useful = finite.copy()
     useful[:, 1:] &= values[:, 1:] > best_below[:, :-1]
-    finite = useful
-    largest = np.where(finite, np.arange(width)[None, :], 0).max(axis=1)
+    cols = np.arange(width)[None, :]
+    largest = np.where(useful, cols, 0).max(axis=1)
+    smallest = np.where(useful & (cols > 0), cols, width).min(axis=1)
     order = np.argsort(largest, kind="stable")
     capacity = int(max(0, min(capacity, int(largest.sum()))))
-    f = np.zeros(1)
-    history: list[np.ndarray] = []
-    choices: list[list[tuple[int, float]]] = []
+    # Row p of `hist` is f after p jobs, preceded by `pad` cells of -inf so that
+    # f(t - n) for every size n is a strided view of the row (no copies).
+    pad = int(max(1, largest.max(initial=0)))
+    hist = np.empty((n_jobs + 1, pad + capacity + 1))
+    hist[:, :pad] = -np.inf
+    hist[0, pad:] = 0.0
+    item = hist.itemsize
+    block = np.empty((min(_MAX_BLOCK_SIZES, pad), capacity + 1))
+    best = np.empty(capacity + 1)
+    reaches = [0]
     reach = 0
-    buf = np.empty(capacity + 1)
-    for j in order.tolist():
-        ns = np.flatnonzero(finite[j])
-        opts = list(zip(ns.tolist(), values[j, ns].tolist(), strict=True))
-        choices.append(opts)
-        history.append(f)
-        reach = min(capacity, reach + int(largest[j]))
-        prev = f
-        if prev.size < reach + 1:  # f is non-decreasing: pad with its last value
-            prev = np.concatenate((prev, np.full(reach + 1 - prev.size, prev[-1])))
-        g = prev + opts[0][1]
-        for n, v in opts[1:]:
-            if n <= reach:
-                tmp = buf[: reach + 1 - n]
-                np.add(prev[: reach + 1 - n], v, out=tmp)
-                np.maximum(g[n:], tmp, out=g[n:])
-        f = g
+    for pos, j in enumerate(order.tolist()):
+        lo, hi = int(smallest[j]), int(largest[j])
+        row_prev = hist[pos]
+        new_reach = min(capacity, reach + hi)
+        # f is non-decreasing: beyond its old reach it equals its last value
+        row_prev[pad + reach + 1 : pad + new_reach + 1] = row_prev[pad + reach]
+        reach = new_reach
+        prev = row_prev[pad : pad + reach + 1]
+        g = hist[pos + 1, pad : pad + reach + 1]
+        np.add(prev, values[j, 0], out=g)
+        hi = min(hi, reach)
+        if lo <= hi:
+            vals = np.where(useful[j, lo : hi + 1], values[j, lo : hi + 1], -np.inf)
+            k = hi - lo + 1
+            if k <= _MAX_BLOCK_SIZES:
+                # rows n = lo..hi: view[i, t] = f(t - lo - i); one add, one max
+                view = np.lib.stride_tricks.as_strided(
+                    row_prev[pad - lo :], shape=(k, reach + 1), strides=(-item, item)
+                )
+                tmp = block[:k, : reach + 1]
+                np.add(view, vals[:, None], out=tmp)
+                out = best[: reach + 1]
+                np.max(tmp, axis=0, out=out)
+                np.maximum(g, out, out=g)
+            else:
+                for n, v in zip(range(lo, hi + 1), vals.tolist(), strict=True):
+                    if v > -np.inf:
+                        np.maximum(g[n:], prev[: reach + 1 - n] + v, out=g[n:])
+        reaches.append(reach)
+    f = hist[n_jobs, pad : pad + reach + 1]
     t = int(np.argmax(f))
     objective = float(f[t])
     counts = np.zeros(n_jobs, dtype=np.int64)
-    f_after = f
     for pos in range(n_jobs - 1, -1, -1):
         j = int(order[pos])
-        f_before = history[pos]
-        target = f_after[t]
-        chosen, best_err = 0, math.inf
-        for n, v in choices[pos]:
-            if n > t:
-                continue
-            before = f_before[min(t - n, f_before.size - 1)]
-            err = abs(before + v - target)
-            if err < best_err:
-                best_err, chosen = err, n
+        f_before = hist[pos, pad : pad + reaches[pos] + 1]
+        target = hist[pos + 1, pad + t]
+        ns = np.flatnonzero(useful[j, : t + 1])
+        before = f_before[np.minimum(t - ns, f_before.size - 1)]
+        chosen = int(ns[np.argmin(np.abs(before + values[j, ns] - target))])
         counts[j] = chosen
         t = min(t - chosen, f_before.size - 1)
-        f_after = f_before
     return counts, objective
 
 

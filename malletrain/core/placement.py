@@ -23,6 +23,8 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 from malletrain.core.model import AllocationInput, IdleNode
 
 log = logging.getLogger(__name__)
@@ -36,11 +38,13 @@ def node_windows(nodes: Sequence[IdleNode]) -> dict[str, float]:
     return {n.name: math.inf if n.window_s is None else max(0.0, n.window_s) for n in nodes}
 
 
-def _bucket(window_s: float) -> float:
-    """Coarse window rank: log-spaced buckets so similar windows tie."""
-    if math.isinf(window_s):
-        return math.inf
-    return math.floor(math.log(1.0 + window_s) / math.log(_WINDOW_BUCKET_RATIO))
+def _buckets(win: Mapping[str, float]) -> dict[str, float]:
+    """Coarse window rank per node: log-spaced buckets so similar windows tie."""
+    names = list(win)
+    w = np.maximum(np.fromiter((win[n] for n in names), dtype=float, count=len(names)), 0.0)
+    with np.errstate(invalid="ignore"):
+        b = np.where(np.isinf(w), np.inf, np.floor(np.log1p(w) / math.log(_WINDOW_BUCKET_RATIO)))
+    return dict(zip(names, b.tolist(), strict=True))
 
 
 def assign_nodes(
@@ -54,39 +58,40 @@ def assign_nodes(
 
     ``counts`` must be feasible (sum <= number of nodes). ``growth_order`` is the
     order in which growing jobs pick from the free pool (first = longest
-    windows); by default submit order.
+    windows); by default submit order. O(nodes log nodes + jobs x switches).
     """
     win = dict(windows_s) if windows_s is not None else node_windows(inp.nodes)
     for n in inp.nodes:
         win.setdefault(n.name, math.inf if n.window_s is None else n.window_s)
     switch = {n.name: n.switch for n in inp.nodes}
-    known = set(switch)
+    bucket = _buckets(win)
     total = sum(max(0, c) for c in counts.values())
-    if total > len(known):
-        raise ValueError(f"plan asks for {total} nodes but only {len(known)} are available")
+    if total > len(switch):
+        raise ValueError(f"plan asks for {total} nodes but only {len(switch)} are available")
 
     result: dict[str, tuple[str, ...]] = {}
-    pool: set[str] = set(known)
+    taken: set[str] = set()
     jobs_by_id = {j.job_id: j for j in inp.jobs}
     # 1. every job keeps (up to its count) its current nodes, longest windows first
     for job in inp.jobs:
         want = max(0, counts.get(job.job_id, 0))
-        own = [n for n in job.nodes if n in pool]
+        own = [n for n in job.nodes if n in switch and n not in taken]
         if not own or want == 0:
             result[job.job_id] = ()
             continue
         home = _home_switch(own, switch)
-        own.sort(key=lambda n: (-_bucket(win[n]), switch[n] != home, -win[n], n))
+        own.sort(key=lambda n: (-bucket[n], switch[n] != home, -win[n], n))
         keep = own[:want]
         result[job.job_id] = tuple(keep)
-        pool.difference_update(keep)
+        taken.update(keep)
     # 2. growth from the pool: longest windows first, same switch as the job's nodes
-    order = (
-        list(growth_order)
-        if growth_order is not None
-        else [j.job_id for j in sorted(inp.jobs, key=lambda j: (j.submit_order, j.job_id))]
-    )
-    order += [j for j in jobs_by_id if j not in set(order)]
+    pool = _Pool([n for n in switch if n not in taken], win, bucket, switch)
+    if growth_order is None:
+        order = [j.job_id for j in sorted(inp.jobs, key=lambda j: (j.submit_order, j.job_id))]
+    else:
+        order = list(growth_order)
+        seen = set(order)
+        order += [j.job_id for j in inp.jobs if j.job_id not in seen]
     for job_id in order:
         if job_id not in jobs_by_id:
             continue
@@ -94,32 +99,90 @@ def assign_nodes(
         need = max(0, counts.get(job_id, 0)) - len(have)
         if need <= 0:
             continue
-        home = _home_switch(have, switch)
-        if home is None:
-            home = _best_pool_switch(pool, switch, win, need)
-        ranked = sorted(pool, key=lambda n: (-_bucket(win[n]), switch[n] != home, -win[n], n))
-        take = ranked[:need]
-        pool.difference_update(take)
-        result[job_id] = tuple(have + take)
+        home = _home_switch(have, switch) if have else pool.roomiest_switch(need)
+        result[job_id] = tuple(have + pool.take(need, home))
     return result
+
+
+class _Pool:
+    """Free nodes in window-bucket order, each bucket split by switch; taken front first.
+
+    Every node sits in one bucket list and one (bucket, switch) list; pointers
+    only move forward, so handing out the whole pool costs O(nodes) after the sort.
+    """
+
+    def __init__(
+        self,
+        names: list[str],
+        win: Mapping[str, float],
+        bucket: Mapping[str, float],
+        switch: Mapping[str, str | None],
+    ) -> None:
+        names.sort(key=lambda n: (-bucket[n], -win[n], n))
+        self.switch = switch
+        self.buckets: list[list[str]] = []
+        self.by_switch: list[dict[str | None, list[str]]] = []
+        last: float | None = None
+        for n in names:
+            b = bucket[n]
+            if last is None or b != last:
+                self.buckets.append([])
+                self.by_switch.append({})
+                last = b
+            self.buckets[-1].append(n)
+            self.by_switch[-1].setdefault(switch[n], []).append(n)
+        self.pos = [0] * len(self.buckets)
+        self.sw_pos: list[dict[str | None, int]] = [dict.fromkeys(d, 0) for d in self.by_switch]
+        self.first = 0
+        self.taken: set[str] = set()
+        self.free_per_switch: Counter[str | None] = Counter(switch[n] for n in names)
+
+    def roomiest_switch(self, need: int) -> str | None:
+        known = {s: c for s, c in self.free_per_switch.items() if s is not None and c > 0}
+        if not known:
+            return None
+        fits = [s for s, c in known.items() if c >= need]
+        if fits:  # best fit: the least free switch that still holds the whole job
+            return min(fits, key=lambda s: (known[s], s))
+        return max(known, key=lambda s: (known[s], s))
+
+    def take(self, need: int, home: str | None) -> list[str]:
+        out: list[str] = []
+        b = self.first
+        while need > 0 and b < len(self.buckets):
+            if home is not None and home in self.by_switch[b]:
+                lst = self.by_switch[b][home]
+                i = self.sw_pos[b][home]
+                while need > 0 and i < len(lst):
+                    n = lst[i]
+                    i += 1
+                    if n not in self.taken:
+                        self._grab(n, out)
+                        need -= 1
+                self.sw_pos[b][home] = i
+            lst = self.buckets[b]
+            i = self.pos[b]
+            while need > 0 and i < len(lst):
+                n = lst[i]
+                if n not in self.taken:
+                    self._grab(n, out)
+                    need -= 1
+                i += 1
+            # skip the taken prefix so later scans start past it
+            while i < len(lst) and lst[i] in self.taken:
+                i += 1
+            self.pos[b] = i
+            if i >= len(lst) and b == self.first:
+                self.first += 1
+            b += 1
+        return out
+
+    def _grab(self, n: str, out: list[str]) -> None:
+        self.taken.add(n)
+        self.free_per_switch[self.switch[n]] -= 1
+        out.append(n)
 
 
 def _home_switch(nodes: Sequence[str], switch: Mapping[str, str | None]) -> str | None:
     seen = Counter(switch[n] for n in nodes if switch.get(n) is not None)
     return seen.most_common(1)[0][0] if seen else None
-
-
-def _best_pool_switch(
-    pool: set[str], switch: Mapping[str, str | None], win: Mapping[str, float], need: int
-) -> str | None:
-    """For a job starting from nothing: the switch with the most long-window free nodes."""
-    by_switch: Counter[str] = Counter()
-    for n in pool:
-        s = switch.get(n)
-        if s is not None:
-            by_switch[s] += 1
-    if not by_switch:
-        return None
-    big_enough = [s for s, c in by_switch.items() if c >= need]
-    candidates = big_enough or list(by_switch)
-    return max(candidates, key=lambda s: (min(by_switch[s], need), s))
