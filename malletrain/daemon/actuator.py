@@ -1,0 +1,184 @@
+"""The actuator: applies a tick's actions to Slurm and the coordinator, and records them.
+
+Separate from :mod:`decide` (which is pure) so that what the daemon *wants* and what it
+*did* stay apart: each Slurm action is written to the store's action log before it runs and
+marked done (or failed, with the error) after, so a ``kill -9`` in the middle leaves a record
+that the restarted daemon reports, and the next tick (level-triggered) repairs whatever is
+half done. A failed action never stops the others: a retryable error is tried again next
+tick because the same difference is still there.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from malletrain.core.lifecycle import IllegalTransition, JobPhase
+from malletrain.daemon.decide import (
+    Action,
+    Cancel,
+    ClearMarks,
+    Hold,
+    Leave,
+    Park,
+    Place,
+    Publish,
+    Transit,
+)
+from malletrain.daemon.store import Store
+from malletrain.errors import UserError
+from malletrain.ops.logs import job_context
+from malletrain.slurm.backend import SlurmBackend
+
+log = logging.getLogger(__name__)
+
+
+class MembershipPort:
+    """What the actuator needs from the coordinator (a protocol, for tests and clarity)."""
+
+    def publish(self, job_id: str, members: Sequence[str]) -> int:  # pragma: no cover
+        raise NotImplementedError
+
+
+@dataclass
+class Outcome:
+    """What applying one tick's actions did (for metrics and logs)."""
+
+    done: int = 0
+    failed: int = 0
+    placed: int = 0
+    parked: int = 0
+    published: int = 0
+    preemptions: int = 0
+    yields_s: list[float] = field(default_factory=list)
+    #: (job, old size, new size) of each membership published.
+    rescales: list[tuple[str, int, int]] = field(default_factory=list)
+    #: (job, new state) of each transition done.
+    transitions: list[tuple[str, JobPhase]] = field(default_factory=list)
+
+
+class Actuator:
+    def __init__(
+        self,
+        backend: SlurmBackend,
+        store: Store,
+        coordinator: MembershipPort,
+        *,
+        on_slurm_call: Callable[[str, float, bool], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.backend = backend
+        self.store = store
+        self.coordinator = coordinator
+        self._on_call = on_slurm_call
+        self._clock = clock
+
+    def apply(self, actions: Sequence[Action]) -> Outcome:
+        out = Outcome()
+        for action in actions:
+            with job_context(action.job_id):
+                try:
+                    self._one(action, out)
+                    out.done += 1
+                except (UserError, IllegalTransition) as exc:
+                    out.failed += 1
+                    log.warning("action %s failed: %s", type(action).__name__, exc)
+        return out
+
+    # ------------------------------------------------------------------ one action
+
+    def _slurm(self, name: str, fn: Callable[[], None], job_id: str, slurm_job_id: int | None,
+               detail: str) -> None:
+        aid = self.store.begin_action(job_id, slurm_job_id, name, detail)
+        t0 = time.monotonic()
+        try:
+            fn()
+        except UserError as exc:
+            self.store.end_action(aid, False, str(exc))
+            if self._on_call:
+                self._on_call(name, time.monotonic() - t0, False)
+            raise
+        self.store.end_action(aid, True)
+        if self._on_call:
+            self._on_call(name, time.monotonic() - t0, True)
+
+    def _one(self, a: Action, out: Outcome) -> None:
+        now = self._clock()
+        if isinstance(a, Place):
+            # Mark first: if we die after the release, the next tick knows why it runs there.
+            self.store.mark_slot(a.job_id, a.slot, placed_node=a.node, placed_at_s=now,
+                                 leaving_since_s=None)
+
+            def place() -> None:
+                self.backend.update(a.slurm_job_id, NodeList=a.node,
+                                    TimeLimit=a.time_limit_min, StartTime="now")
+                self.backend.release(a.slurm_job_id)
+
+            try:
+                self._slurm("place", place, a.job_id, a.slurm_job_id,
+                            f"slot {a.slot} -> {a.node} for {a.time_limit_min} min")
+            except UserError:
+                self.store.mark_slot(a.job_id, a.slot, placed_node=None, placed_at_s=None)
+                raise
+            log.info("placed slot %d (Slurm job %d) on %s, time limit %d min", a.slot,
+                     a.slurm_job_id, a.node, a.time_limit_min)
+            out.placed += 1
+        elif isinstance(a, Park):
+            self._slurm("requeuehold", lambda: self.backend.requeue_hold(a.slurm_job_id),
+                        a.job_id, a.slurm_job_id, f"slot {a.slot}: {a.why}")
+            self.store.mark_slot(a.job_id, a.slot, placed_node=None, placed_at_s=None,
+                                 leaving_since_s=None, last_status="parked")
+            log.info("slot %d (Slurm job %d) back in the pool: %s", a.slot, a.slurm_job_id,
+                     a.why)
+            out.parked += 1
+            if a.preempted:
+                out.preemptions += 1
+                rec = self.store.job(a.job_id)
+                if rec is not None:
+                    self.store.update_job(a.job_id, preemptions=rec.preemptions + 1)
+                if a.yield_s is not None:
+                    out.yields_s.append(a.yield_s)
+        elif isinstance(a, Hold):
+            self._slurm("hold", lambda: self.backend.hold(a.slurm_job_id), a.job_id,
+                        a.slurm_job_id, f"slot {a.slot}: {a.why}")
+            self.store.mark_slot(a.job_id, a.slot, placed_node=None, placed_at_s=None,
+                                 last_status="parked")
+            log.info("slot %d held again: %s", a.slot, a.why)
+        elif isinstance(a, Leave):
+            self.store.mark_slot(a.job_id, a.slot, leaving_since_s=now)
+        elif isinstance(a, ClearMarks):
+            self.store.mark_slot(a.job_id, a.slot, placed_node=None, placed_at_s=None,
+                                 leaving_since_s=None)
+        elif isinstance(a, Publish):
+            aid = self.store.begin_action(a.job_id, None, "publish", ",".join(a.members))
+            try:
+                epoch = self.coordinator.publish(a.job_id, list(a.members))
+            except UserError as exc:
+                self.store.end_action(aid, False, str(exc))
+                raise
+            self.store.end_action(aid, True)
+            new = len(a.members)
+            rec = self.store.job(a.job_id)
+            if rec is not None and a.old_size and new != a.old_size:
+                if new > a.old_size:
+                    self.store.update_job(a.job_id, rescales_up=rec.rescales_up + 1)
+                else:
+                    self.store.update_job(a.job_id, rescales_down=rec.rescales_down + 1)
+            log.info("membership epoch %d: %d -> %d member(s) %s", epoch, a.old_size, new,
+                     list(a.members))
+            out.published += 1
+            out.rescales.append((a.job_id, a.old_size, new))
+        elif isinstance(a, Cancel):
+            self._slurm("cancel", lambda: self.backend.cancel(a.slurm_job_id), a.job_id,
+                        a.slurm_job_id, f"slot {a.slot}")
+        elif isinstance(a, Transit):
+            rec = self.store.job(a.job_id)
+            if rec is not None and rec.state is a.to:
+                return
+            self.store.transition(a.job_id, a.to, a.reason, now)
+            log.info("job is now %s: %s", a.to.value, a.reason)
+            out.transitions.append((a.job_id, a.to))
+        else:  # pragma: no cover - exhaustive
+            raise TypeError(f"unknown action {a!r}")

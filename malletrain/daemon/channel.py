@@ -1,0 +1,186 @@
+"""The submit channel: a Unix stream socket; the kernel tells the daemon who is calling.
+
+Why a Unix socket: ``SO_PEERCRED`` gives the uid of the process at the other end, so a user
+cannot act for someone else and no password or token is needed. The daemon never trusts a
+user name or uid sent in a request, only the peer credentials.
+
+Protocol: one request per connection, one JSON object per line each way, at most
+:data:`MAX_REQUEST_BYTES`. Requests ``{"op": "submit"|"attach"|"jobs"|"cancel", ...}``;
+answers ``{"ok": true, ...}`` or ``{"ok": false, "error": "...", "retryable": bool}``. A
+malformed request gets an error answer, never a crash of the daemon.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pwd
+import socket
+import struct
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from malletrain.errors import PermanentError, RetryableError, UserError
+
+log = logging.getLogger(__name__)
+
+MAX_REQUEST_BYTES = 1 << 20
+CLIENT_TIMEOUT_S = 60.0
+_SERVER_READ_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Who is at the other end, as the kernel says."""
+
+    uid: int
+    gid: int
+    pid: int
+    user: str
+
+
+def peer_of(conn: socket.socket) -> Peer:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", creds)
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
+    return Peer(uid=uid, gid=gid, pid=pid, user=user)
+
+
+Handler = Callable[[Peer, Mapping[str, Any]], dict[str, Any]]
+
+
+class ChannelServer:
+    """Serves requests on ``path`` in a background thread; one short thread per connection."""
+
+    def __init__(self, path: Path, handler: Handler) -> None:
+        self.path = path
+        self._handler = handler
+        self._stop = threading.Event()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() or path.is_symlink():
+            path.unlink()  # a socket file left by a killed daemon
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.bind(str(path))
+        # Everyone may connect; who they are comes from SO_PEERCRED, not from the file mode.
+        os.chmod(path, 0o666)
+        self._sock.listen(64)
+        self._sock.settimeout(0.5)
+        self._thread = threading.Thread(target=self._serve, name="submit-channel", daemon=True)
+
+    def start(self) -> ChannelServer:
+        self._thread.start()
+        log.info("submit channel listening on %s", self.path)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5.0)
+        self._sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                if self._stop.is_set():
+                    return
+                raise
+            threading.Thread(target=self._one, args=(conn,), name="submit-conn",
+                             daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                peer = peer_of(conn)
+                conn.settimeout(_SERVER_READ_TIMEOUT_S)
+                request = _read_message(conn)
+                answer = self._dispatch(peer, request)
+            except (OSError, ValueError) as exc:
+                answer = {"ok": False, "error": f"bad request: {exc}", "retryable": False}
+                peer = None
+            try:
+                conn.sendall((json.dumps(answer) + "\n").encode())
+            except OSError as exc:
+                log.warning("submit channel: could not answer %s: %s", peer, exc)
+
+    def _dispatch(self, peer: Peer, request: Any) -> dict[str, Any]:
+        if not isinstance(request, dict) or not isinstance(request.get("op"), str):
+            return {"ok": False, "error": "bad request: expected an object with 'op'",
+                    "retryable": False}
+        try:
+            answer = self._handler(peer, request)
+        except RetryableError as exc:
+            return {"ok": False, "error": str(exc), "retryable": True}
+        except UserError as exc:
+            return {"ok": False, "error": str(exc), "retryable": False}
+        except Exception as exc:  # the daemon must survive any request
+            log.exception("submit channel: request %r from %s failed", request.get("op"), peer)
+            return {"ok": False, "error": f"internal error: {type(exc).__name__}",
+                    "retryable": True}
+        return {"ok": True, **answer}
+
+
+def _read_message(conn: socket.socket) -> Any:
+    buf = bytearray()
+    while b"\n" not in buf:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+        if len(buf) > MAX_REQUEST_BYTES:
+            raise ValueError(f"request larger than {MAX_REQUEST_BYTES} bytes")
+    line = bytes(buf).split(b"\n", 1)[0]
+    if not line:
+        raise ValueError("empty request")
+    return json.loads(line.decode("utf-8"))
+
+
+# ----------------------------------------------------------------------------- client
+
+
+class DaemonUnavailable(RetryableError):
+    """The daemon's socket is missing or not answering."""
+
+
+def call(path: Path, request: Mapping[str, Any], timeout_s: float = CLIENT_TIMEOUT_S
+         ) -> dict[str, Any]:
+    """Send one request, return the answer; raise UserError subclasses on failure."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout_s)
+    try:
+        sock.connect(str(path))
+    except (FileNotFoundError, ConnectionRefusedError) as exc:
+        sock.close()
+        raise DaemonUnavailable(
+            f"the malletrain daemon is not running (no socket at {path}: {exc.strerror}); "
+            "set MALLETRAIN_SOCKET or ask your administrator"
+        ) from None
+    except OSError as exc:
+        sock.close()
+        raise DaemonUnavailable(f"cannot reach the malletrain daemon at {path}: {exc}") from None
+    with sock:
+        try:
+            sock.sendall((json.dumps(dict(request)) + "\n").encode())
+            answer = _read_message(sock)
+        except (OSError, ValueError) as exc:
+            raise DaemonUnavailable(f"the malletrain daemon did not answer: {exc}") from None
+    if not isinstance(answer, dict):
+        raise DaemonUnavailable("the malletrain daemon sent a malformed answer")
+    if not answer.get("ok"):
+        message = str(answer.get("error", "unknown error"))
+        if answer.get("retryable"):
+            raise RetryableError(message)
+        raise PermanentError(message)
+    return answer

@@ -1,0 +1,206 @@
+"""``malletrain submit | jobs | cancel``: the user's side, run AS THE USER.
+
+``submit`` reads the script's ``#SBATCH`` lines like sbatch (flags win), validates the
+spec, asks the daemon (over its Unix socket, which authenticates the caller by uid) for a
+job id, then submits the job's node-slot pool ITSELF, as the user: ``max_nodes`` held
+single-node jobs in the scavenger partition (:mod:`malletrain.daemon.slots`). So the
+training code runs under the user's identity through Slurm, and the daemon never needs
+the right to submit for someone else. Finally it attaches the slot ids to the job; the
+daemon checks that each slot job belongs to the caller before it accepts them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from malletrain.daemon.channel import call
+from malletrain.daemon.slots import render_slot
+from malletrain.daemon.spec import (
+    MAX_SCRIPT_BYTES,
+    SpecError,
+    build_spec,
+    merge,
+    parse_option_tokens,
+    read_directives,
+)
+from malletrain.errors import PermanentError, UserError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SOCKET = "/run/malletrain/submit.sock"
+
+
+def socket_path(args: argparse.Namespace) -> Path:
+    return Path(args.socket or os.environ.get("MALLETRAIN_SOCKET") or DEFAULT_SOCKET)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--socket", default=None,
+                        help="the daemon's socket (default $MALLETRAIN_SOCKET or "
+                             f"{DEFAULT_SOCKET})")
+
+    sub = subparsers.add_parser(
+        "submit", parents=[common],
+        help="submit a malleable training job (like sbatch)",
+        description=(
+            "Submit a malleable data-parallel training job. #SBATCH lines in the script are "
+            "read like sbatch reads them; flags given here win. The job grows onto idle nodes "
+            "and yields them to regular jobs at once."
+        ),
+    )
+    sub.add_argument("-J", "--job-name")
+    sub.add_argument("-N", "--nodes", help="node count range MIN[-MAX]")
+    sub.add_argument("--min-nodes", type=str)
+    sub.add_argument("--max-nodes", type=str)
+    sub.add_argument("-t", "--time", help="total wall time (Slurm formats)")
+    sub.add_argument("--gpus-per-node")
+    sub.add_argument("--ntasks-per-node", "--nproc-per-node", dest="ntasks_per_node",
+                     help="worker processes per node (torchrun --nproc-per-node)")
+    sub.add_argument("-o", "--output")
+    sub.add_argument("-e", "--error")
+    sub.add_argument("-D", "--chdir")
+    sub.add_argument("--export")
+    sub.add_argument("-A", "--account")
+    sub.add_argument("--kind", help="profile key: jobs of one kind share a learned profile")
+    sub.add_argument("--python", default=sys.executable,
+                     help="Python on the nodes that runs torchrun (default: this one)")
+    sub.add_argument("--parsable", action="store_true", help="print only the job id")
+    sub.add_argument("script", help="training script (torchrun runs it on every node)")
+    sub.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    sub.set_defaults(func=cmd_submit)
+
+    jobs = subparsers.add_parser("jobs", parents=[common], help="list malleable jobs (like squeue)")
+    jobs.add_argument("--json", action="store_true", help="print JSON")
+    jobs.add_argument("-a", "--all", action="store_true", help="include finished jobs")
+    jobs.set_defaults(func=cmd_jobs)
+
+    cancel = subparsers.add_parser("cancel", parents=[common], help="cancel malleable jobs")
+    cancel.add_argument("job_ids", nargs="+")
+    cancel.set_defaults(func=cmd_cancel)
+
+
+_FLAG_OPTS = (
+    ("job_name", "--job-name"), ("nodes", "--nodes"), ("min_nodes", "--min-nodes"),
+    ("max_nodes", "--max-nodes"), ("time", "--time"), ("gpus_per_node", "--gpus-per-node"),
+    ("ntasks_per_node", "--ntasks-per-node"), ("output", "--output"), ("error", "--error"),
+    ("chdir", "--chdir"), ("export", "--export"), ("account", "--account"), ("kind", "--kind"),
+)
+
+
+def read_script(path_text: str) -> tuple[Path, str]:
+    path = Path(path_text).expanduser()
+    if not path.is_absolute():
+        path = Path.cwd() / path
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise PermanentError(f"{path_text}: no such file") from None
+    except OSError as exc:
+        raise PermanentError(f"{path_text}: cannot read it: {exc.strerror}") from None
+    if len(data) > MAX_SCRIPT_BYTES:
+        raise PermanentError(f"{path_text}: larger than {MAX_SCRIPT_BYTES} bytes")
+    try:
+        return path, data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PermanentError(f"{path_text}: not a UTF-8 text file") from None
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from malletrain.slurm.backend import CliBackend
+
+    path, text = read_script(args.script)
+    tokens: list[str] = []
+    for attr, opt in _FLAG_OPTS:
+        value = getattr(args, attr)
+        if value is not None:
+            tokens.append(f"{opt}={value}")
+    opts = merge(read_directives(text, str(path)), parse_option_tokens(tokens, "command line"))
+    script_args = list(args.args)
+    if script_args and script_args[0] == "--":
+        script_args = script_args[1:]
+    spec = build_spec(opts, script=str(path), args=script_args, cwd=os.getcwd(),
+                      python=str(Path(args.python).absolute()), default_name=path.name)
+    # "--export=VAR" means "pass my VAR": resolve it here, where the user's environment is
+    env = {k: (v if v else os.environ.get(k, "")) for k, v in spec.environment.items()}
+    spec = type(spec).from_dict({**spec.to_dict(), "environment": env})
+    for w in opts.warnings:
+        print(f"malletrain submit: warning: {w}", file=sys.stderr)
+    sock = socket_path(args)
+    answer = call(sock, {"op": "submit", "spec": spec.to_dict()})
+    job_id = str(answer["job_id"])
+    backend = CliBackend()
+    slurm_ids: list[int] = []
+    try:
+        for k in range(spec.max_nodes):
+            slot = render_slot(spec, job_id, k, coordinator=str(answer["coordinator"]),
+                               state_dir=str(answer["state_dir"]),
+                               partition=str(answer["partition"]), qos=answer.get("qos"),
+                               account=answer.get("account"))
+            slurm_ids.append(backend.submit(slot))
+        call(sock, {"op": "attach", "job_id": job_id, "slots": slurm_ids})
+    except (UserError, KeyboardInterrupt) as exc:
+        for sid in slurm_ids:
+            with contextlib.suppress(UserError):
+                backend.cancel(sid)
+        with contextlib.suppress(UserError):
+            call(sock, {"op": "abort", "job_id": job_id})
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise type(exc)(f"job {job_id} not submitted: {exc}") from None
+    if args.parsable:
+        print(job_id)
+    else:
+        print(f"Submitted malleable job {job_id} ({spec.min_nodes}-{spec.max_nodes} nodes, "
+              f"slot jobs {slurm_ids[0]}..{slurm_ids[-1]})")
+    return 0
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    head = ("JOBID", "USER", "NAME", "STATE", "NODES", "MIN-MAX", "SAMPLES", "SAMPLES/S",
+            "PROFILE", "UP/DOWN", "PREEMPT", "NODELIST")
+    lines = [head]
+    for r in rows:
+        nodes = r.get("nodes") or []
+        lines.append((
+            str(r["job_id"]), str(r["user"]), str(r["name"])[:16], str(r["state"]),
+            str(len(nodes)), f"{r['min_nodes']}-{r['max_nodes']}", str(r["samples_total"]),
+            f"{float(r['samples_per_s']):.1f}", str(r["profile_points"]),
+            f"{r['rescales_up']}/{r['rescales_down']}", str(r["preemptions"]),
+            ",".join(nodes) or "-",
+        ))
+    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                     for row in lines)
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    rows = call(socket_path(args), {"op": "jobs"})["jobs"]
+    if not args.all:
+        rows = [r for r in rows if r["state"] not in ("completed", "cancelled", "failed")]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(format_rows(rows))
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    bad = 0
+    for job_id in args.job_ids:
+        try:
+            answer = call(socket_path(args), {"op": "cancel", "job_id": job_id})
+            print(f"{job_id}: {answer.get('state', 'cancelling')}")
+        except PermanentError as exc:
+            print(f"malletrain cancel: error: {exc}", file=sys.stderr)
+            bad += 1
+    if bad:
+        raise SpecError(f"{bad} of {len(args.job_ids)} job(s) could not be cancelled")
+    return 0

@@ -1,0 +1,468 @@
+"""One tick's decision: ``decide(world) -> TickPlan``, a pure function (Ray autoscaler v2 style).
+
+Level-triggered: the plan is recomputed from the WHOLE current view every tick (Slurm
+snapshot, store records, coordinator membership/registrations/progress). Nothing depends on
+having seen an earlier event, so a restarted daemon, a lost event or a half-applied tick is
+repaired by the next tick. Events (a submission, a departure) only make the next tick come
+sooner.
+
+The steps:
+
+1. classify every slot job (parked, placing, running, ended ... :mod:`slots`);
+2. the pool: idle nodes of the scavenger partition with a predicted window of at least
+   ``min_slot_time_s`` (:mod:`malletrain.core.scavenger`) plus the nodes the jobs already
+   hold; the policy (:mod:`malletrain.core.policies`) decides how many and which nodes each
+   job should hold;
+3. per job, the difference becomes actions: place a parked slot on each new node (time limit
+   no longer than the node's window), ask the members on dropped nodes to leave at a step
+   boundary (publish a membership without them) and requeue-hold their slots once they have
+   ended (or after ``leave_timeout_s``), park slots that ended (preempted, time limit) and
+   publish newcomers once they have registered (batched over ``publish_batch_s`` so that a
+   job growing onto 4 nodes changes its membership once, not 4 times);
+4. lifecycle transitions from what is observed (started, running, evicted, stalled, done).
+
+The caller (:mod:`malletrain.daemon.daemon`) applies the actions through the actuator and
+records them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from malletrain.core.cluster import ClusterSnapshot, JobState
+from malletrain.core.lifecycle import JobPhase
+from malletrain.core.model import (
+    AllocationInput,
+    IdleNode,
+    MalleableJob,
+    Plan,
+    Policy,
+    ThroughputModel,
+)
+from malletrain.core.scavenger import earliest_claims, idle_nodes
+from malletrain.daemon.slots import SlotStatus, SlotView, classify, parse_member, parse_tag
+from malletrain.daemon.store import JobRecord, SlotRecord
+
+P = JobPhase
+
+
+@dataclass(frozen=True)
+class DecideSettings:
+    scavenger_partition: str = "scavenger"
+    min_slot_time_s: float = 60.0
+    max_slot_time_s: float = 3600.0
+    #: a released slot that has not started after this long is held again (node taken).
+    place_timeout_s: float = 30.0
+    #: a member asked to leave whose slot has not ended after this long is requeued anyway.
+    leave_timeout_s: float = 20.0
+    #: newcomers of one job are published together, waiting at most this long for the rest.
+    publish_batch_s: float = 8.0
+    #: no progress report for this long: the job is stalled; 4x this long: failed.
+    heartbeat_timeout_s: float = 30.0
+    #: a finished job's slots still running after this long are cancelled.
+    finish_grace_s: float = 15.0
+
+
+@dataclass(frozen=True)
+class Registration:
+    node: str
+    registered_at_s: float
+
+
+@dataclass(frozen=True)
+class CoordView:
+    """What the coordinator says about one job."""
+
+    epoch: int = 0
+    members: tuple[str, ...] = ()
+    #: live registrations (not departed since): member -> where and when.
+    live: Mapping[str, Registration] = field(default_factory=dict)
+    samples_total: int | None = None
+    samples_per_s: float = 0.0
+    progress_at_s: float | None = None
+    finished_samples: int | None = None
+
+
+@dataclass(frozen=True)
+class JobModel:
+    throughput: ThroughputModel
+    scale_up_s: float
+    scale_down_s: float
+
+
+@dataclass(frozen=True)
+class World:
+    now_s: float
+    snapshot: ClusterSnapshot
+    jobs: tuple[JobRecord, ...]
+    slots: Mapping[str, tuple[SlotRecord, ...]]
+    coord: Mapping[str, CoordView]
+    models: Mapping[str, JobModel]
+    settings: DecideSettings = DecideSettings()
+
+
+# ----------------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class Place:
+    job_id: str
+    slot: int
+    slurm_job_id: int
+    node: str
+    time_limit_min: int
+
+
+@dataclass(frozen=True)
+class Park:
+    """``scontrol requeuehold``: back into the pool (kills the payload if still running)."""
+
+    job_id: str
+    slot: int
+    slurm_job_id: int
+    why: str
+    preempted: bool = False
+    node: str | None = None
+    #: seconds from the claiming job's submission to this slot's end (yield latency).
+    yield_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Hold:
+    """``scontrol hold`` a released slot that should not start (any more)."""
+
+    job_id: str
+    slot: int
+    slurm_job_id: int
+    why: str
+
+
+@dataclass(frozen=True)
+class Leave:
+    """Mark the slot as leaving (its member is left out of the next membership)."""
+
+    job_id: str
+    slot: int
+
+
+@dataclass(frozen=True)
+class ClearMarks:
+    job_id: str
+    slot: int
+
+
+@dataclass(frozen=True)
+class Publish:
+    job_id: str
+    members: tuple[str, ...]
+    old_size: int
+
+
+@dataclass(frozen=True)
+class Cancel:
+    job_id: str
+    slot: int
+    slurm_job_id: int
+
+
+@dataclass(frozen=True)
+class Transit:
+    job_id: str
+    to: JobPhase
+    reason: str
+
+
+Action = Place | Park | Hold | Leave | ClearMarks | Publish | Cancel | Transit
+
+
+@dataclass(frozen=True)
+class TickPlan:
+    targets: Mapping[str, tuple[str, ...]]
+    actions: tuple[Action, ...]
+    slot_views: Mapping[str, tuple[SlotView, ...]]
+    allocation: Plan | None = None
+    #: nodes idle and usable (free) and held by malleable jobs, for metrics.
+    free_nodes: tuple[IdleNode, ...] = ()
+    held_nodes: tuple[IdleNode, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def slot_views(snapshot: ClusterSnapshot, job_id: str, records: Sequence[SlotRecord]
+               ) -> tuple[SlotView, ...]:
+    out = []
+    for r in records:
+        sj = snapshot.job(r.slurm_job_id)
+        # a recycled job id that is not our slot any more counts as gone
+        if sj is not None and sj.comment and parse_tag(sj.comment) != (job_id, r.slot):
+            sj = None
+        status = classify(sj)
+        node = sj.nodes[0] if sj is not None and sj.nodes else None
+        out.append(SlotView(job_id, r.slot, r.slurm_job_id, status, node,
+                            sj.time_limit_s if sj else None, sj.start_time if sj else None,
+                            sj.end_time if sj else None))
+    return tuple(out)
+
+
+def slot_member(slot: int, live: Mapping[str, Registration]) -> str | None:
+    """The newest incarnation of ``slot`` that is registered and has not departed."""
+    best: tuple[int, str] | None = None
+    for m in live:
+        parsed = parse_member(m)
+        if parsed is None or parsed[0] != slot:
+            continue
+        if best is None or parsed[1] > best[0]:
+            best = (parsed[1], m)
+    return None if best is None else best[1]
+
+
+def _yield_s(snapshot: ClusterSnapshot, node: str | None, ended_at: float | None
+             ) -> float | None:
+    """Seconds from a regular job's submission to our slot freeing the node it now uses."""
+    if node is None or ended_at is None:
+        return None
+    best: float | None = None
+    for j in snapshot.jobs:
+        if parse_tag(j.comment) is not None or j.submit_time is None:
+            continue
+        on_node = node in j.nodes or node in j.planned_nodes
+        if (j.state in (JobState.RUNNING, JobState.PENDING, JobState.COMPLETING,
+                        JobState.COMPLETED) and on_node and j.submit_time <= ended_at + 1.0):
+            delay = max(0.0, ended_at - j.submit_time)
+            best = delay if best is None else min(best, delay)
+    return best
+
+
+def _time_limit_min(window_s: float | None, s: DecideSettings, job: JobRecord, now_s: float
+                    ) -> int:
+    limit = s.max_slot_time_s if window_s is None else min(window_s, s.max_slot_time_s)
+    if job.spec.time_limit_s is not None:
+        limit = min(limit, job.created_s + job.spec.time_limit_s - now_s)
+    return max(1, math.floor(limit / 60.0))
+
+
+# ----------------------------------------------------------------------------- decide
+
+_MANAGED = (P.QUEUED, P.STARTING, P.RUNNING, P.STALLED, P.EVICTED)
+_USABLE = (SlotStatus.PARKED, SlotStatus.PLACING, SlotStatus.RUNNING, SlotStatus.ENDING,
+           SlotStatus.ENDED)
+
+
+def decide(world: World, policy: Policy) -> TickPlan:
+    s = world.settings
+    now = world.now_s
+    snap = world.snapshot
+    actions: list[Action] = []
+    notes: list[str] = []
+    views = {j.job_id: slot_views(snap, j.job_id, world.slots.get(j.job_id, ()))
+             for j in world.jobs}
+    records = {j.job_id: {r.slot: r for r in world.slots.get(j.job_id, ())} for j in world.jobs}
+
+    # -- cleanup of jobs that are done or going away ----------------------------------
+    managed: list[JobRecord] = []
+    for job in world.jobs:
+        cv = world.coord.get(job.job_id, CoordView())
+        vs = views[job.job_id]
+        if job.state in (P.COMPLETING, P.CANCELLING) or job.state.terminal:
+            grace_over = now - job.lifecycle.since_s() > s.finish_grace_s
+            busy = False
+            for v in vs:
+                if v.status in (SlotStatus.PARKED, SlotStatus.PLACING) or (
+                    v.status is SlotStatus.RUNNING
+                    and (job.state is not P.COMPLETING or grace_over)
+                ):
+                    actions.append(Cancel(job.job_id, v.slot, v.slurm_job_id))
+                    busy = True
+                elif v.status in (SlotStatus.RUNNING, SlotStatus.ENDING):
+                    busy = True
+            if not busy and job.state is P.COMPLETING:
+                actions.append(Transit(job.job_id, P.COMPLETED,
+                                       f"finished after {job.samples_total} samples"))
+            elif not busy and job.state is P.CANCELLING:
+                actions.append(Transit(job.job_id, P.CANCELLED, "slot jobs cancelled"))
+            continue
+        if job.state not in _MANAGED:
+            continue  # submitting: the user is still submitting the slots
+        if cv.finished_samples is not None:
+            actions.append(Transit(job.job_id, P.COMPLETING,
+                                   f"stop condition reached: {cv.finished_samples} samples"))
+            continue
+        if job.spec.time_limit_s is not None and now > job.created_s + job.spec.time_limit_s:
+            actions.append(Transit(job.job_id, P.CANCELLING,
+                                   f"time limit of {job.spec.time_limit_s} s reached"))
+            continue
+        if not any(v.status in _USABLE for v in vs):
+            actions.append(Transit(job.job_id, P.CANCELLING,
+                                   "all slot jobs were cancelled or vanished outside malletrain"))
+            continue
+        managed.append(job)
+
+    # -- the pool and the allocation --------------------------------------------------
+    claims = earliest_claims(snap, now)
+
+    def window(node: str) -> float | None:
+        c = claims.get(node)
+        return None if c is None else max(0.0, c.start_at - now)
+
+    held: dict[str, list[str]] = {}
+    for job in managed:
+        mine: list[str] = []
+        for v in views[job.job_id]:
+            rec = records[job.job_id][v.slot]
+            if v.status is SlotStatus.RUNNING and v.node and rec.leaving_since_s is None:
+                mine.append(v.node)
+            elif v.status is SlotStatus.PLACING and rec.placed_node:
+                mine.append(rec.placed_node)
+        held[job.job_id] = mine
+    held_set = {n for ns in held.values() for n in ns}
+    free = tuple(
+        n for n in idle_nodes(snap, now, partitions=[s.scavenger_partition],
+                              min_window_s=s.min_slot_time_s)
+        if n.name not in held_set
+    )
+    held_nodes = tuple(IdleNode(n, window(n)) for n in sorted(held_set))
+    alloc_jobs = []
+    for job in managed:
+        usable = sum(1 for v in views[job.job_id]
+                     if v.status in (SlotStatus.PARKED, SlotStatus.PLACING, SlotStatus.RUNNING,
+                                     SlotStatus.ENDED))
+        max_n = min(job.spec.max_nodes, usable)
+        if max_n < job.spec.min_nodes:
+            continue
+        model = world.models.get(job.job_id) or JobModel(ThroughputModel(((1, 1.0),), 1.0),
+                                                         3.0, 1.0)
+        alloc_jobs.append(MalleableJob(
+            job_id=job.job_id, min_nodes=job.spec.min_nodes, max_nodes=max_n,
+            nodes=tuple(held[job.job_id]), throughput=model.throughput,
+            scale_up_s=model.scale_up_s, scale_down_s=model.scale_down_s,
+            submit_order=job.seq))
+    allocation: Plan | None = None
+    targets: dict[str, tuple[str, ...]] = {}
+    if alloc_jobs:
+        allocation = policy.decide(AllocationInput(now_s=now, nodes=free + held_nodes,
+                                                   jobs=tuple(alloc_jobs)))
+        targets = {k: tuple(v) for k, v in allocation.assignments.items()}
+    windows = {n.name: n.window_s for n in free + held_nodes}
+
+    # -- per job: the difference ------------------------------------------------------
+    for job in managed:
+        jid = job.job_id
+        cv = world.coord.get(jid, CoordView())
+        target = set(targets.get(jid, ()))
+        covered: set[str] = set()
+        parked: list[SlotView] = []
+        survivors: list[str] = []  # members that stay
+        ready: list[tuple[float, str]] = []  # registered newcomers on target nodes
+        waiting_for = 0  # slots on target nodes whose member has not registered yet
+        leaving_needed = False
+        for v in views[jid]:
+            rec = records[jid][v.slot]
+            member = slot_member(v.slot, cv.live)
+            if v.status is SlotStatus.RUNNING:
+                stays = v.node in target and rec.leaving_since_s is None
+                if stays:
+                    covered.add(v.node or "")
+                    if member is None:
+                        waiting_for += 1
+                    elif member in cv.members:
+                        survivors.append(member)
+                    else:
+                        ready.append((cv.live[member].registered_at_s, member))
+                    if rec.placed_node is not None and rec.last_status != "running":
+                        pass
+                    continue
+                if rec.leaving_since_s is not None:
+                    if now - rec.leaving_since_s > s.leave_timeout_s:
+                        actions.append(Park(jid, v.slot, v.slurm_job_id,
+                                            "member did not leave in time", node=v.node))
+                    elif member is not None and member in cv.members:
+                        leaving_needed = True  # publish (again) without it
+                elif member is not None and member in cv.members:
+                    actions.append(Leave(jid, v.slot))
+                    leaving_needed = True
+                else:
+                    actions.append(Park(jid, v.slot, v.slurm_job_id,
+                                        "not in the plan (not yet a member)", node=v.node))
+            elif v.status is SlotStatus.PLACING:
+                placed_for_us = rec.placed_node is not None and rec.placed_node in target
+                timed_out = (rec.placed_at_s is not None
+                             and now - rec.placed_at_s > s.place_timeout_s)
+                if placed_for_us and not timed_out:
+                    covered.add(rec.placed_node or "")
+                    waiting_for += 1
+                else:
+                    why = "did not start in time" if placed_for_us else "no longer planned"
+                    actions.append(Hold(jid, v.slot, v.slurm_job_id, why))
+            elif v.status is SlotStatus.ENDED:
+                was_running = rec.last_status == "running"
+                preempted = was_running and rec.leaving_since_s is None
+                node = rec.last_node
+                actions.append(Park(
+                    jid, v.slot, v.slurm_job_id,
+                    "preempted or ended by Slurm" if preempted else "left the job",
+                    preempted=preempted, node=node,
+                    yield_s=_yield_s(snap, node, v.end_time) if preempted else None))
+            elif v.status is SlotStatus.PARKED:
+                if rec.placed_node is not None or rec.leaving_since_s is not None:
+                    actions.append(ClearMarks(jid, v.slot))
+                parked.append(v)
+        # grow: parked slots onto target nodes nobody covers yet
+        for node in sorted(target - covered):
+            if not parked:
+                notes.append(f"{jid}: no parked slot left for {node}")
+                break
+            v = parked.pop(0)
+            actions.append(Place(jid, v.slot, v.slurm_job_id, node,
+                                 _time_limit_min(windows.get(node), s, job, now)))
+            waiting_for += 1
+        # membership
+        current = list(cv.members)
+        live_current = [m for m in current if m in survivors]
+        ready.sort()
+        newcomers = [m for _, m in ready]
+        publish: tuple[str, ...] | None = None
+        if leaving_needed or any(m not in cv.live for m in current):
+            publish = tuple(live_current + newcomers)
+        elif newcomers:
+            oldest = ready[0][0]
+            if waiting_for == 0 or now - oldest > s.publish_batch_s:
+                publish = tuple(live_current + newcomers)
+        if publish is not None and set(publish) != set(current):
+            actions.append(Publish(jid, publish, len(current)))
+        # lifecycle from what is observed
+        size_after = len(publish) if publish is not None else len(current)
+        has_slots_busy = bool(covered) or waiting_for > 0
+        if job.state in (P.QUEUED, P.EVICTED) and has_slots_busy and size_after == 0:
+            actions.append(Transit(jid, P.STARTING, "slots placed on nodes"))
+        elif job.state in (P.QUEUED, P.EVICTED, P.STARTING) and size_after > 0:
+            if job.state is P.QUEUED:
+                actions.append(Transit(jid, P.STARTING, "slots placed on nodes"))
+            actions.append(Transit(jid, P.RUNNING, f"training on {size_after} node(s)"))
+        elif job.state in (P.RUNNING, P.STALLED) and size_after == 0 and not has_slots_busy:
+            actions.append(Transit(jid, P.EVICTED, "holds no node (training state kept)"))
+        elif job.state is P.STARTING and size_after == 0 and not has_slots_busy:
+            trained = (cv.samples_total or 0) > 0 or job.samples_total > 0
+            actions.append(Transit(jid, P.EVICTED if trained else P.QUEUED,
+                                   "no slot could be started"))
+        elif job.state is P.RUNNING and size_after > 0 and current:
+            last = cv.progress_at_s if cv.progress_at_s is not None else job.last_progress_s
+            since = job.lifecycle.since_s()
+            quiet = now - max(last or since, since)
+            if quiet > s.heartbeat_timeout_s:
+                actions.append(Transit(jid, P.STALLED,
+                                       f"no progress report for {quiet:.0f} s"))
+        elif job.state is P.STALLED:
+            last = cv.progress_at_s
+            since = job.lifecycle.since_s()
+            if last is not None and last > since:
+                actions.append(Transit(jid, P.RUNNING, "progress reports resumed"))
+            elif now - since > 3 * s.heartbeat_timeout_s:
+                actions.append(Transit(jid, P.FAILED,
+                                       f"hung: no progress for {now - since:.0f} s more"))
+    return TickPlan(targets=targets, actions=tuple(actions), slot_views=views,
+                    allocation=allocation, free_nodes=free, held_nodes=held_nodes,
+                    notes=tuple(notes))
