@@ -144,3 +144,22 @@ def test_policy_sees_idle_ages():
     _, pol = run(tr, [job("j")], {})
     ages = {n.name: n.idle_age_s for n in pol.seen[2].nodes}
     assert ages == {"a": 25.0, "b": 15.0}
+
+
+def test_backfill_plan_reaches_the_policy_as_node_windows(tmp_path):
+    """SWF replay -> plan -> shared scavenger -> IdleNode.window_s, as on a real cluster."""
+    from malletrain.sim.swf import swf_trace
+
+    head = "; MaxNodes: 4\n"
+    rows = [(1, 1000, 100, 2, 100), (2, 1000, 100, 4, 100), (3, 1010, 50, 2, 50)]
+    (tmp_path / "t.swf").write_text(
+        head + "".join(f"{i} {s} -1 {r} {n} -1 -1 {n} {q} -1 1 -1 -1 -1 -1 -1 -1 -1\n"
+                       for i, s, r, n, q in rows)
+    )
+    tr = swf_trace(tmp_path / "t.swf", 4, until_s=150)  # default end: the last submit
+    _, pol = run(tr, [job("j")], {})
+    at = {inp.now_s: {n.name: (n.window_s, n.idle_age_s) for n in inp.nodes} for inp in pol.seen}
+    # t=0: nodes 2, 3 idle until job 2's planned start at t=100; t=60: freed by job 3.
+    assert at[0.0] == {"n2": (100.0, 0.0), "n3": (100.0, 0.0)}
+    assert at[60.0] == {"n2": (40.0, 0.0), "n3": (40.0, 0.0)}
+    assert at[100.0] == {}
