@@ -199,14 +199,43 @@ class DevCluster:
         self.wait_until(settled, timeout_s=timeout_s, what="an empty, idle cluster")
 
 
+TEST_DIR_PREFIX = "malletrain-devcluster-test-"
+
+
+def _stop_orphaned_test_clusters() -> None:
+    """Stop clusters of earlier test runs that were killed before their teardown.
+
+    Each test cluster's directory holds ``owner.pid`` (the pytest process); if that process
+    is gone, nobody will ever run ``down`` for it, so we do.
+    """
+    for owner in Path("/tmp").glob(f"{TEST_DIR_PREFIX}*/owner.pid"):
+        try:
+            pid = int(owner.read_text())
+        except (OSError, ValueError):
+            continue
+        try:
+            os.kill(pid, 0)
+            continue  # still running: another live test session's cluster
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        env = dict(os.environ, MALLETRAIN_DEVCLUSTER_DIR=str(owner.parent))
+        subprocess.run([str(DEV_CLUSTER), "down"], env=env, capture_output=True, timeout=60,
+                       check=False)
+        shutil.rmtree(owner.parent, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def dev_cluster() -> Iterator[DevCluster]:
     """One real 8-node Slurm 22.05 cluster (with accounting) for the whole test run."""
     if os.geteuid() != 0:
         pytest.fail("the Slurm dev cluster needs root (run the tests as root, as CI does)")
+    _stop_orphaned_test_clusters()
     port = _pick_port_base(TEST_NODES)
-    base = Path(tempfile.mkdtemp(prefix="malletrain-devcluster-test-", dir="/tmp"))
+    base = Path(tempfile.mkdtemp(prefix=TEST_DIR_PREFIX, dir="/tmp"))
     base.chmod(0o755)  # the test users must read slurm.conf and reach the munge socket
+    (base / "owner.pid").write_text(f"{os.getpid()}\n")
     env = dict(os.environ)
     env.update(
         MALLETRAIN_DEVCLUSTER_DIR=str(base),
