@@ -141,18 +141,25 @@ def job_value_table(
         own_term = np.zeros((n_jobs, m_max))
         if big_c:
             own_term += np.where(c > 0, keep[rows, np.maximum(c - 1, 0)], 0.0)[:, None]
-        if mixed.size:
-            gm, owx, opx = g[mixed], ow[mixed], op[mixed]
+        # (mixed jobs' own_term and e are recomputed below for m <= their span only;
+        # entries beyond a job's span are never read)
+        # mixed jobs in groups of similar (own, growth) sizes, so padding stays small
+        span = hi - c
+        shape_key = np.ceil(np.log2(np.maximum(c, 1))) * 16 + np.ceil(np.log2(np.maximum(span, 1)))
+        for key in np.unique(shape_key[mixed]).tolist():
+            grp = mixed[shape_key[mixed] == key]
+            cc, mm = int(c[grp].max()), int(max(1, span[grp].max()))
+            gm, owx, opx = g[grp, :mm], ow[grp, :cc], op[grp, :cc]
             # rank of growth node l = l + #own nodes with a window >= its window
-            e[mixed] = (owm[mixed][:, None, :] >= gm[:, :, None]).sum(axis=2)
+            e[grp, :mm] = (owm[grp, :cc][:, None, :] >= gm[:, :, None]).sum(axis=2)
             # rank of own node i = i + min(m, #growth nodes with a longer window)
             q = (gm[:, None, :] > owx[:, :, None]).sum(axis=2)
-            rank_o = np.arange(1, big_c + 1)[None, None, :] + np.minimum(
-                ms[None, :, None], q[:, None, :]
+            rank_o = np.arange(1, cc + 1)[None, None, :] + np.minimum(
+                ms[None, :mm, None], q[:, None, :]
             )
             rank_o = np.minimum(rank_o, big_k) - 1
-            sub = mixed[:, None, None]
-            own_term[mixed] = (
+            sub = grp[:, None, None]
+            own_term[grp, :mm] = (
                 a[sub, rank_o] * owx[:, None, :] - b[sub, rank_o] * opx[:, None, :]
             ).sum(axis=2)
         rank_g = np.minimum(ms[None, :] + e, big_k) - 1

@@ -79,8 +79,9 @@ def assign_nodes(
         if not own or want == 0:
             result[job.job_id] = ()
             continue
-        home = _home_switch(own, switch)
-        own.sort(key=lambda n: (-bucket[n], switch[n] != home, -win[n], n))
+        if want < len(own):  # shrinking: release the shortest windows first
+            home = _home_switch(own, switch)
+            own.sort(key=lambda n: (-bucket[n], switch[n] != home, -win[n], n))
         keep = own[:want]
         result[job.job_id] = tuple(keep)
         taken.update(keep)
@@ -99,7 +100,7 @@ def assign_nodes(
         need = max(0, counts.get(job_id, 0)) - len(have)
         if need <= 0:
             continue
-        home = _home_switch(have, switch) if have else pool.roomiest_switch(need)
+        home = _home_switch(have, switch) if have else pool.next_switch()
         result[job_id] = tuple(have + pool.take(need, home))
     return result
 
@@ -135,16 +136,15 @@ class _Pool:
         self.sw_pos: list[dict[str | None, int]] = [dict.fromkeys(d, 0) for d in self.by_switch]
         self.first = 0
         self.taken: set[str] = set()
-        self.free_per_switch: Counter[str | None] = Counter(switch[n] for n in names)
 
-    def roomiest_switch(self, need: int) -> str | None:
-        known = {s: c for s, c in self.free_per_switch.items() if s is not None and c > 0}
-        if not known:
-            return None
-        fits = [s for s, c in known.items() if c >= need]
-        if fits:  # best fit: the least free switch that still holds the whole job
-            return min(fits, key=lambda s: (known[s], s))
-        return max(known, key=lambda s: (known[s], s))
+    def next_switch(self) -> str | None:
+        """For a job starting from nothing: the switch of the longest free window."""
+        for b in range(self.first, len(self.buckets)):
+            lst = self.buckets[b]
+            for i in range(self.pos[b], len(lst)):
+                if lst[i] not in self.taken:
+                    return self.switch[lst[i]]
+        return None
 
     def take(self, need: int, home: str | None) -> list[str]:
         out: list[str] = []
@@ -179,10 +179,11 @@ class _Pool:
 
     def _grab(self, n: str, out: list[str]) -> None:
         self.taken.add(n)
-        self.free_per_switch[self.switch[n]] -= 1
         out.append(n)
 
 
 def _home_switch(nodes: Sequence[str], switch: Mapping[str, str | None]) -> str | None:
-    seen = Counter(switch[n] for n in nodes if switch.get(n) is not None)
+    """The switch holding most of ``nodes`` (None if no topology is known)."""
+    seen = Counter(map(switch.__getitem__, nodes))
+    seen.pop(None, None)
     return seen.most_common(1)[0][0] if seen else None

@@ -1,0 +1,139 @@
+"""Allocator decision time: malletrain's exact DP vs FreeTrain's node-level MILP, one run.
+
+Usage: ``.venv/bin/python benchmarks/allocator.py [--decisions 21] [--seed 0]``
+
+Instances are random but shaped like a big scavenging cluster: 5,000 idle nodes
+(half with a window predicted by the backfill plan, half unknown with an idle
+age), 500 malleable jobs (half running on some of those nodes), sizes min
+{1,2,4} / max {4,8,16,32}, concave curves, rescale costs 5-30 s. Every decision
+is a full ``MalleTrainPolicy.decide`` (windows, hole model, value table, DP,
+node choice) on a fresh instance; the policy keeps its hole model across them,
+as in the daemon. The baseline, measured in the same run: FreeTrain's literal
+node-level MILP (binary x[job, node], HiGHS via SciPy, 10 s limit) on growing
+instances; ``milp_ms`` is the largest one it solves to optimality within 10 s,
+and the DP's time on that same instance is printed next to it.
+
+Last line: ``allocator nodes=5000 jobs=500 p50_ms=<x> max_ms=<y> milp_ms=<z>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from malletrain.core.allocator import MalleTrainPolicy
+from malletrain.core.baselines import freetrain_milp
+from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
+
+
+def instance(n_nodes: int, n_jobs: int, seed: int, jobs_seed: int = 0) -> AllocationInput:
+    """One decision's input: cluster state from ``seed``, job curves from ``jobs_seed``.
+
+    Successive decisions of one benchmark run share the jobs' curves and the node
+    names (the same cluster and queue, as between two daemon ticks) while the
+    windows, idle ages and who holds what change.
+    """
+    rng = np.random.default_rng(seed)
+    curve_rng = np.random.default_rng(jobs_seed)
+    nodes = tuple(
+        IdleNode(
+            f"n{i:05d}",
+            None if rng.random() < 0.5 else float(rng.uniform(0.0, 3600.0)),
+            float(rng.exponential(900.0)),
+            f"sw{i // 36}",
+        )
+        for i in range(n_nodes)
+    )
+    names = [n.name for n in nodes]
+    rng.shuffle(names)
+    taken = 0
+    jobs = []
+    for j in range(n_jobs):
+        hi = int(rng.choice([4, 8, 16, 32]))
+        lo = min(int(rng.choice([1, 2, 4])), hi)
+        c = int(rng.integers(lo, hi + 1)) if rng.random() < 0.5 else 0
+        c = min(c, n_nodes - taken)
+        if c < lo:
+            c = 0
+        own = tuple(names[taken : taken + c])
+        taken += c
+        per_node = float(curve_rng.uniform(10.0, 1000.0))
+        alpha = float(curve_rng.uniform(0.5, 1.0))  # r(n) = r1 * n^alpha: concave
+        pts = tuple((n, per_node * n**alpha) for n in (1, 2, 4, 8, 16, 32))
+        jobs.append(
+            MalleableJob(
+                f"job{j:04d}",
+                lo,
+                hi,
+                own,
+                ThroughputModel(pts),
+                float(rng.uniform(5.0, 30.0)),
+                float(rng.uniform(5.0, 30.0)),
+                j,
+            )
+        )
+    return AllocationInput(0.0, nodes, tuple(jobs))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--decisions", type=int, default=21)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--milp-limit-s", type=float, default=10.0)
+    args = ap.parse_args()
+
+    n_nodes, n_jobs = 5000, 500
+    policy = MalleTrainPolicy(horizon_s=1800.0)
+    inputs = [
+        instance(n_nodes, n_jobs, args.seed + k, jobs_seed=args.seed)
+        for k in range(args.decisions + 1)
+    ]
+    policy.decide(inputs[0])  # warm-up: imports, caches
+    times_ms = []
+    for inp in inputs[1:]:
+        t0 = time.perf_counter()
+        plan = policy.decide(inp)
+        times_ms.append((time.perf_counter() - t0) * 1000)
+        assert sum(len(v) for v in plan.assignments.values()) <= n_nodes
+    p50 = statistics.median(times_ms)
+    print(
+        f"dp: {n_nodes} nodes x {n_jobs} jobs, {len(times_ms)} decisions: "
+        f"p50 {p50:.1f} ms, max {max(times_ms):.1f} ms"
+    )
+
+    # The baseline: FreeTrain's node-level MILP on growing instances, 10 s limit each.
+    best: tuple[int, int, float, float] | None = None
+    for nodes_k, jobs_k in ((20, 2), (50, 5), (100, 10), (200, 20), (400, 40), (800, 80)):
+        inp = instance(nodes_k, jobs_k, args.seed + 1000 + nodes_k, jobs_seed=args.seed + nodes_k)
+        res = freetrain_milp(inp, tfwd_s=10.0, time_limit_s=args.milp_limit_s, node_level=True)
+        t0 = time.perf_counter()
+        MalleTrainPolicy(horizon_s=1800.0).decide(inp)
+        dp_ms = (time.perf_counter() - t0) * 1000
+        optimal = res.counts is not None and "Optimal" in res.status
+        print(
+            f"milp node-level {nodes_k} nodes x {jobs_k} jobs: {res.solve_s * 1000:.0f} ms "
+            f"({'optimal' if optimal else res.status}); dp on it {dp_ms:.1f} ms"
+        )
+        if not optimal or res.solve_s > args.milp_limit_s:
+            break
+        best = (nodes_k, jobs_k, res.solve_s * 1000, dp_ms)
+    if best is None:
+        print("milp: solved no instance within the limit")
+        milp_ms = float("nan")
+    else:
+        milp_ms = best[2]
+        print(
+            f"milp largest solved within {args.milp_limit_s:g} s: {best[0]} nodes x {best[1]} jobs "
+            f"in {best[2]:.0f} ms (dp on it: {best[3]:.1f} ms, {best[2] / best[3]:.0f}x faster)"
+        )
+    print(
+        f"allocator nodes={n_nodes} jobs={n_jobs} p50_ms={p50:.1f} max_ms={max(times_ms):.1f} "
+        f"milp_ms={milp_ms:.0f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
