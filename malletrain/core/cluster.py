@@ -75,6 +75,8 @@ class Node:
     reason: str = ""
     #: When the node last ran a job (epoch s), if Slurm says; for the idle age of a hole.
     last_busy_at: float | None = None
+    #: Leaf switch of Slurm's topology (``scontrol show topology``), if configured.
+    switch: str | None = None
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,8 @@ class NodeWindow:
     claim: Claim | None
     #: Seconds since the node last ran a job (0 if unknown or busy).
     idle_age_s: float
+    #: Leaf switch (Slurm topology), if known.
+    switch: str | None = None
 
 
 def earliest_claims(snapshot: ClusterSnapshot, now: float) -> dict[str, Claim]:
@@ -141,6 +143,7 @@ def node_windows(
                 window_s=window,
                 claim=claim,
                 idle_age_s=age,
+                switch=node.switch,
             )
         )
     return tuple(out)
@@ -160,5 +163,6 @@ def idle_nodes(
             continue
         if w.window_s is not None and w.window_s <= min_window_s:
             continue
-        out.append(IdleNode(name=w.name, window_s=w.window_s, idle_age_s=w.idle_age_s))
+        out.append(IdleNode(name=w.name, window_s=w.window_s, idle_age_s=w.idle_age_s,
+                            switch=w.switch))
     return tuple(out)

@@ -53,6 +53,7 @@ SNAPSHOT_COMMANDS: Mapping[str, tuple[str, ...]] = {
     "partitions": ("scontrol", "show", "partition", "-o"),
     "reservations": ("scontrol", "show", "reservation", "-o"),
     "planned": ("squeue", "--all", "--noheader", "--states=PENDING", "--format=%A %Y"),
+    "topology": ("scontrol", "show", "topology"),
 }
 
 #: stderr fragments that mean "Slurm is not answering right now" (retry), not "no".

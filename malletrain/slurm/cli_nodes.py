@@ -7,8 +7,9 @@ or the start of a reservation covering it), or ``unbounded`` when nothing is pla
 ``--json`` prints a list of objects: ``name``, ``state``, ``flags``, ``partitions``, ``idle``
 (usable now), ``idle_window_s`` (seconds; ``null`` = unbounded; ``0`` for a node that is not
 idle), ``claimed_by`` (``"job 42"``/``"reservation maint"``/``null``), ``claim_start_at``
-(epoch s or ``null``) and ``reason``.  Errors (Slurm down, a client missing, output that
-does not parse) print one line and exit non-zero (75 = try again later).
+(epoch s or ``null``), ``reason`` and ``switch`` (leaf switch or ``null``).  Errors (Slurm
+down, a client missing, output that does not parse) print one line and exit non-zero (75 =
+try again later).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def _row(w: NodeWindow, reason: str) -> dict[str, Any]:
         "claimed_by": w.claim.by if w.claim else None,
         "claim_start_at": w.claim.start_at if w.claim else None,
         "reason": reason,
+        "switch": w.switch,
     }
 
 

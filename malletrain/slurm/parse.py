@@ -16,12 +16,14 @@ functions directly.  The policy, after submitit:
 Facts of 22.05 these parsers encode (see docs/slurm-backend.md):
 ``--json`` ignores every filter (filter here); ``sinfo --json`` has no partitions
 (``scontrol show partition -o``) and ``squeue --json`` has no planned nodes of pending jobs
-(``squeue -h -t PENDING -o "%A %Y"``); time limits are minutes, times epoch seconds, 0 means
-unset; ``scontrol`` prints local time ``YYYY-MM-DDTHH:MM:SS``.
+(``squeue -h -t PENDING -o "%A %Y"``); leaf switches come from ``scontrol show topology``;
+time limits are minutes, times epoch seconds, 0 means unset; ``scontrol`` prints local time
+``YYYY-MM-DDTHH:MM:SS``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -84,6 +86,8 @@ class SnapshotTexts:
     partitions: str
     reservations: str
     planned: str
+    #: ``scontrol show topology`` (empty without a topology plugin).
+    topology: str = ""
 
 
 # ----------------------------------------------------------------------------- JSON helpers
@@ -462,6 +466,30 @@ def parse_reservations(text: str, warnings: list[str] | None = None) -> tuple[Re
     return tuple(out)
 
 
+def parse_topology(text: str, warnings: list[str] | None = None) -> dict[str, str]:
+    """``scontrol show topology`` -> {node: leaf switch} (``Level=0`` switches only).
+
+    Without a topology plugin 22.05 prints nothing on stdout (an error on stderr, exit 0),
+    which gives ``{}``.
+    """
+    warns = warnings if warnings is not None else []
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.startswith("SwitchName="):
+            continue
+        kv = parse_key_values(line)
+        if kv.get("Level", "0") != "0":
+            continue
+        try:
+            nodes = expand_hostlist(kv.get("Nodes", ""))
+        except SlurmParseError as exc:
+            warns.append(f"scontrol show topology: switch {kv['SwitchName']}: {exc}; skipped")
+            continue
+        for node in nodes:
+            out.setdefault(node, kv["SwitchName"])
+    return out
+
+
 # ----------------------------------------------------------------------------- snapshot
 
 
@@ -473,6 +501,12 @@ def build_snapshot(taken_at: float, texts: SnapshotTexts) -> ClusterSnapshot:
     jobs = parse_squeue_json(texts.squeue_json, planned, warns)
     partitions = parse_partitions(texts.partitions, warns)
     reservations = parse_reservations(texts.reservations, warns)
+    switches = parse_topology(texts.topology, warns)
+    if switches:
+        nodes = tuple(
+            dataclasses.replace(n, switch=switches[n.name]) if n.name in switches else n
+            for n in nodes
+        )
     for w in warns:
         log.debug("snapshot warning: %s", w)
     return ClusterSnapshot(

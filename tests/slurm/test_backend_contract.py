@@ -62,6 +62,7 @@ def test_snapshot_of_the_clean_cluster(backend):
     assert parts["batch"].priority_tier > parts["scavenger"].priority_tier
     assert snap.warnings == ()
     assert abs(snap.taken_at - time.time()) < 5
+    assert [n.switch for n in snap.nodes] == ["s1"] * 4 + ["s2"] * 4  # topology.conf
 
 
 def test_submit_as_a_user_runs_with_env_comment_and_limit(backend, shared_dir):

@@ -113,7 +113,8 @@ def test_golden_busy_cluster_windows_match_the_backfill_plan():
     snap = build_snapshot(float((d / "taken_at.txt").read_text()), SnapshotTexts(
         sinfo_json=(d / "sinfo.json").read_text(), squeue_json=(d / "squeue.json").read_text(),
         partitions=(d / "partitions.txt").read_text(),
-        reservations=(d / "reservations.txt").read_text(), planned=(d / "planned.txt").read_text()))
+        reservations=(d / "reservations.txt").read_text(), planned=(d / "planned.txt").read_text(),
+        topology=(d / "topology.txt").read_text()))
     long_job = next(j for j in snap.jobs if j.name == "long")
     w = {x.name: x for x in node_windows(snap, snap.taken_at)}
     assert sorted(n for n, x in w.items() if x.idle) == ["n7", "n8"]
@@ -121,6 +122,8 @@ def test_golden_busy_cluster_windows_match_the_backfill_plan():
         assert w[name].window_s == long_job.end_time - snap.taken_at
         assert w[name].claim.by == "job 6"
     assert not w["n6"].idle  # drained
+    assert [(n.name, n.switch) for n in idle_nodes(snap, snap.taken_at)] == [
+        ("n7", "s2"), ("n8", "s2")]
 
 
 def test_4000_nodes_and_2000_pending_jobs_are_fast():

@@ -63,7 +63,7 @@ def golden_answers(scenario: str):
     d = GOLDEN / scenario
     files = {"sinfo_json": "sinfo.json", "squeue_json": "squeue.json",
              "partitions": "partitions.txt", "reservations": "reservations.txt",
-             "planned": "planned.txt"}
+             "planned": "planned.txt", "topology": "topology.txt"}
     return {tuple(argv): (0, (d / files[key]).read_text(), "")
             for key, argv in SNAPSHOT_COMMANDS.items()}
 
@@ -72,13 +72,14 @@ def test_cli_backend_satisfies_the_protocol():
     assert isinstance(CliBackend(), SlurmBackend)
 
 
-def test_snapshot_is_one_batch_of_five_calls_in_order():
+def test_snapshot_is_one_batch_of_six_calls_in_order():
     rec = Recorder(golden_answers("busy"))
     snap = CliBackend(runner=rec, clock=lambda: 123.0, env={"SLURM_CONF": "/x"}).snapshot()
     assert rec.calls == [list(a) for a in SNAPSHOT_COMMANDS.values()]
     assert all(e["SLURM_CONF"] == "/x" for e in rec.envs)
     assert snap.taken_at == 123.0
     assert len(snap.nodes) == 8 and len(snap.jobs) == 6
+    assert snap.node("n1").switch == "s1" and snap.node("n8").switch == "s2"
 
 
 def test_snapshot_fails_fast_when_sinfo_json_reports_errors():
@@ -86,7 +87,7 @@ def test_snapshot_fails_fast_when_sinfo_json_reports_errors():
     rec = Recorder(lambda argv: (0, down, ""))
     with pytest.raises(SlurmUnavailableError, match="is slurmctld running"):
         CliBackend(runner=rec).snapshot()
-    assert len(rec.calls) == 1  # did not wait on the other four
+    assert len(rec.calls) == 1  # did not wait on the other five
 
 
 def test_timeout_is_retryable_and_missing_command_is_permanent():

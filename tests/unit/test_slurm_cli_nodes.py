@@ -17,7 +17,7 @@ def snapshot(scenario):
         sinfo_json=(d / "sinfo.json").read_text(), squeue_json=(d / "squeue.json").read_text(),
         partitions=(d / "partitions.txt").read_text(),
         reservations=(d / "reservations.txt").read_text(),
-        planned=(d / "planned.txt").read_text()))
+        planned=(d / "planned.txt").read_text(), topology=(d / "topology.txt").read_text()))
 
 
 def test_idle_rows_are_unbounded_and_json_null():
@@ -38,7 +38,7 @@ def test_busy_rows_and_table():
     assert objs["n1"] | {"claimed_by": None, "claim_start_at": None} == {
         "name": "n1", "state": "allocated", "flags": [], "partitions": ["batch", "scavenger"],
         "idle": False, "idle_window_s": 0, "claimed_by": None, "claim_start_at": None,
-        "reason": ""}
+        "reason": "", "switch": "s1"}
     assert objs["n6"]["state"] == "drained" and objs["n6"]["reason"] == "disk check"
     table = format_table(list(objs.values())).splitlines()
     assert table[0].split() == ["NODE", "STATE", "FLAGS", "PARTITIONS", "IDLE_WINDOW", "UNTIL"]

@@ -24,6 +24,7 @@ from malletrain.slurm.parse import (
     parse_reservations,
     parse_sinfo_json,
     parse_squeue_json,
+    parse_topology,
     slurm_time,
     slurm_version,
 )
@@ -39,6 +40,7 @@ def texts(scenario: str) -> SnapshotTexts:
         partitions=(d / "partitions.txt").read_text(),
         reservations=(d / "reservations.txt").read_text(),
         planned=(d / "planned.txt").read_text(),
+        topology=(d / "topology.txt").read_text(),
     )
 
 
@@ -66,6 +68,16 @@ def test_idle_cluster_has_8_idle_nodes_two_partitions_no_jobs():
     assert parts["scavenger"].grace_time_s == 5
     assert parts["scavenger"].max_time_s is None
     assert parts["batch"].nodes == tuple(f"n{i}" for i in range(1, 9))
+
+
+def test_leaf_switches_come_from_the_topology():
+    s = snap("idle")
+    assert {n.name: n.switch for n in s.nodes} == {
+        **{f"n{i}": "s1" for i in range(1, 5)}, **{f"n{i}": "s2" for i in range(5, 9)}}
+    assert parse_topology("") == {}  # no topology plugin: nothing on stdout
+    warns: list[str] = []
+    assert parse_topology("SwitchName=x Level=0 Nodes=n[1-\n", warns) == {}
+    assert "switch x" in warns[0]
 
 
 def test_version_is_read_from_json_meta():
