@@ -68,28 +68,24 @@ def earliest_claims(snapshot: ClusterSnapshot, now: float) -> dict[str, Claim]:
     """``node -> earliest claim`` over pending jobs' plans and reservations not yet ended.
 
     Claims in the past are kept (a stale plan clips the window to 0); reservations that
-    have ended are dropped.
+    have ended are dropped.  Claims are applied latest-first with ``dict.update``, so the
+    earliest one per node wins without a comparison per planned node slot; among claims
+    with the same start the job listed first (then the reservation) wins.
     """
-    claims: dict[str, Claim] = {}
-
-    def offer(node: str, start_at: float, by: str) -> None:
-        old = claims.get(node)
-        if old is None or start_at < old.start_at:
-            claims[node] = Claim(start_at, by)
-
+    claims: list[tuple[Claim, tuple[str, ...]]] = []
     for job in snapshot.jobs:
-        if job.state is not JobState.PENDING or job.start_time is None or not job.planned_nodes:
-            continue
-        by = f"job {job.job_id}"
-        for node in job.planned_nodes:
-            offer(node, job.start_time, by)
+        if job.state is JobState.PENDING and job.start_time is not None and job.planned_nodes:
+            claims.append((Claim(job.start_time, f"job {job.job_id}"), job.planned_nodes))
     for resv in snapshot.reservations:
-        if resv.end_time <= now:
-            continue
-        by = f"reservation {resv.name}"
-        for node in resv.nodes:
-            offer(node, resv.start_time, by)
-    return claims
+        if resv.end_time > now and resv.nodes:
+            claims.append((Claim(resv.start_time, f"reservation {resv.name}"), resv.nodes))
+    # Stable sort, latest start first; reversing keeps "first listed wins" among equals.
+    claims.reverse()
+    claims.sort(key=lambda c: c[0].start_at, reverse=True)
+    by_node: dict[str, Claim] = {}
+    for claim, nodes in claims:
+        by_node.update(dict.fromkeys(nodes, claim))
+    return by_node
 
 
 def is_idle(node: Node) -> bool:
