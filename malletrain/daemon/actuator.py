@@ -133,6 +133,10 @@ class Actuator:
             log.info("slot %d (Slurm job %d) back in the pool: %s", a.slot, a.slurm_job_id,
                      a.why)
             out.parked += 1
+            if a.start_failed:
+                rec = self.store.job(a.job_id)
+                if rec is not None:
+                    self.store.update_job(a.job_id, start_failures=rec.start_failures + 1)
             if a.preempted:
                 out.preemptions += 1
                 rec = self.store.job(a.job_id)

@@ -299,12 +299,18 @@ class Daemon:
             now_s=now, snapshot=snap, jobs=tuple(jobs), slots=slots, coord=coord,
             models=self._models([j for j in jobs if j.state.active]),
             settings=decide_settings(self.settings, **self._decide_overrides),
+            hole_start_s=self._last_plan.hole_start_s if self._last_plan else {},
         )
         td = time.monotonic()
         plan = decide(world, self.policy)
         if self.metrics is not None:
             self.metrics.observe_decision(time.monotonic() - td)
         self._remember_slots(plan)
+        if self._last_plan is None or plan.targets != self._last_plan.targets:
+            log.info("plan: %s", "; ".join(f"{j}: {','.join(ns) or '-'}"
+                                          for j, ns in sorted(plan.targets.items())) or "-")
+            log.debug("plan input: models %s free %s held %s", world.models, plan.free_nodes,
+                      plan.held_nodes)
         outcome = self.actuator.apply(plan.actions)
         for jid, old, new in outcome.rescales:
             if old != new:

@@ -63,6 +63,10 @@ class DecideSettings:
     heartbeat_timeout_s: float = 30.0
     #: a finished job's slots still running after this long are cancelled.
     finish_grace_s: float = 15.0
+    #: a slot that ends this soon after being placed (and was not asked to) failed to start.
+    start_failure_s: float = 30.0
+    #: this many start failures and the job fails (its script or environment is broken).
+    max_start_failures: int = 5
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,9 @@ class World:
     coord: Mapping[str, CoordView]
     models: Mapping[str, JobModel]
     settings: DecideSettings = DecideSettings()
+    #: node -> when its current hole began (idle in Slurm or scavenged by us since then);
+    #: kept by the caller from the previous tick's :attr:`TickPlan.hole_start_s`.
+    hole_start_s: Mapping[str, float] = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------- actions
@@ -124,6 +131,7 @@ class Park:
     slurm_job_id: int
     why: str
     preempted: bool = False
+    start_failed: bool = False
     node: str | None = None
     #: seconds from the claiming job's submission to this slot's end (yield latency).
     yield_s: float | None = None
@@ -186,6 +194,7 @@ class TickPlan:
     #: nodes idle and usable (free) and held by malleable jobs, for metrics.
     free_nodes: tuple[IdleNode, ...] = ()
     held_nodes: tuple[IdleNode, ...] = ()
+    hole_start_s: Mapping[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
 
 
@@ -295,6 +304,11 @@ def decide(world: World, policy: Policy) -> TickPlan:
             actions.append(Transit(job.job_id, P.CANCELLING,
                                    f"time limit of {job.spec.time_limit_s} s reached"))
             continue
+        if job.start_failures >= s.max_start_failures:
+            actions.append(Transit(job.job_id, P.FAILED,
+                                   f"slot jobs failed {job.start_failures} times right after "
+                                   "starting; see their output (--output)"))
+            continue
         if not any(v.status in _USABLE for v in vs):
             actions.append(Transit(job.job_id, P.CANCELLING,
                                    "all slot jobs were cancelled or vanished outside malletrain"))
@@ -319,12 +333,30 @@ def decide(world: World, policy: Policy) -> TickPlan:
                 mine.append(rec.placed_node)
         held[job.job_id] = mine
     held_set = {n for ns in held.values() for n in ns}
+    # Nodes our slots occupy in any state are still holes (Slurm did not take them back):
+    # the policy's hole-length model must not mistake our own use of a node for its end.
+    ours = set(held_set)
+    for job in world.jobs:
+        for v in views[job.job_id]:
+            if v.status in (SlotStatus.RUNNING, SlotStatus.ENDING) and v.node:
+                ours.add(v.node)
+    idle_now = idle_nodes(snap, now, partitions=[s.scavenger_partition], min_window_s=0.0)
+    holes: dict[str, float] = {}
+    for n in idle_now:
+        holes[n.name] = world.hole_start_s.get(n.name, now - n.idle_age_s)
+    for name in ours:
+        holes[name] = world.hole_start_s.get(name, now)
     free = tuple(
-        n for n in idle_nodes(snap, now, partitions=[s.scavenger_partition],
-                              min_window_s=s.min_slot_time_s)
+        IdleNode(n.name, n.window_s, idle_age_s=now - holes[n.name]) for n in idle_now
         if n.name not in held_set
+        and (n.window_s is None or n.window_s > s.min_slot_time_s)
     )
-    held_nodes = tuple(IdleNode(n, window(n)) for n in sorted(held_set))
+    held_nodes = tuple(IdleNode(n, window(n), idle_age_s=now - holes[n])
+                       for n in sorted(held_set))
+    # nodes our slots are leaving: offered with a zero window (worth nothing now) so that the
+    # policy's hole tracker sees them still present until Slurm really takes them
+    leaving_nodes = tuple(IdleNode(n, 0.0, idle_age_s=now - holes[n])
+                          for n in sorted(ours - held_set) if n not in {f.name for f in free})
     alloc_jobs = []
     for job in managed:
         usable = sum(1 for v in views[job.job_id]
@@ -343,8 +375,8 @@ def decide(world: World, policy: Policy) -> TickPlan:
     allocation: Plan | None = None
     targets: dict[str, tuple[str, ...]] = {}
     if alloc_jobs:
-        allocation = policy.decide(AllocationInput(now_s=now, nodes=free + held_nodes,
-                                                   jobs=tuple(alloc_jobs)))
+        allocation = policy.decide(AllocationInput(
+            now_s=now, nodes=free + held_nodes + leaving_nodes, jobs=tuple(alloc_jobs)))
         targets = {k: tuple(v) for k, v in allocation.assignments.items()}
     windows = {n.name: n.window_s for n in free + held_nodes}
 
@@ -398,13 +430,18 @@ def decide(world: World, policy: Policy) -> TickPlan:
                     why = "did not start in time" if placed_for_us else "no longer planned"
                     actions.append(Hold(jid, v.slot, v.slurm_job_id, why))
             elif v.status is SlotStatus.ENDED:
-                was_running = rec.last_status == "running"
-                preempted = was_running and rec.leaving_since_s is None
+                unasked = rec.leaving_since_s is None
+                ended_at = v.end_time if v.end_time else now
+                start_failed = (unasked and rec.placed_at_s is not None
+                                and ended_at - rec.placed_at_s < s.start_failure_s
+                                and slot_member(v.slot, cv.live) is None)
+                preempted = rec.last_status == "running" and unasked and not start_failed
                 node = rec.last_node
+                why = ("failed right after starting" if start_failed else
+                       "preempted or ended by Slurm" if preempted else "left the job")
                 actions.append(Park(
-                    jid, v.slot, v.slurm_job_id,
-                    "preempted or ended by Slurm" if preempted else "left the job",
-                    preempted=preempted, node=node,
+                    jid, v.slot, v.slurm_job_id, why, preempted=preempted,
+                    start_failed=start_failed, node=node,
                     yield_s=_yield_s(snap, node, v.end_time) if preempted else None))
             elif v.status is SlotStatus.PARKED:
                 if rec.placed_node is not None or rec.leaving_since_s is not None:
@@ -465,4 +502,4 @@ def decide(world: World, policy: Policy) -> TickPlan:
                                        f"hung: no progress for {now - since:.0f} s more"))
     return TickPlan(targets=targets, actions=tuple(actions), slot_views=views,
                     allocation=allocation, free_nodes=free, held_nodes=held_nodes,
-                    notes=tuple(notes))
+                    hole_start_s=holes, notes=tuple(notes))

@@ -50,6 +50,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     rescales_up INTEGER NOT NULL DEFAULT 0,
     rescales_down INTEGER NOT NULL DEFAULT 0,
     preemptions INTEGER NOT NULL DEFAULT 0,
+    start_failures INTEGER NOT NULL DEFAULT 0,
     last_progress_s REAL,
     message TEXT NOT NULL DEFAULT ''
 );
@@ -104,6 +105,7 @@ class JobRecord:
     rescales_up: int = 0
     rescales_down: int = 0
     preemptions: int = 0
+    start_failures: int = 0
     last_progress_s: float | None = None
     message: str = ""
 
@@ -205,7 +207,7 @@ class Store:
 
     def update_job(self, job_id: str, **fields: Any) -> None:
         allowed = {"samples_total", "samples_per_s", "rescales_up", "rescales_down",
-                   "preemptions", "last_progress_s", "message"}
+                   "preemptions", "start_failures", "last_progress_s", "message"}
         bad = set(fields) - allowed
         if bad:
             raise ValueError(f"update_job: not updatable: {sorted(bad)}")
@@ -232,6 +234,7 @@ class Store:
             created_s=row["created_s"], samples_total=row["samples_total"],
             samples_per_s=row["samples_per_s"], rescales_up=row["rescales_up"],
             rescales_down=row["rescales_down"], preemptions=row["preemptions"],
+            start_failures=row["start_failures"],
             last_progress_s=row["last_progress_s"], message=row["message"],
         )
 
