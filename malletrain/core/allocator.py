@@ -81,15 +81,19 @@ def job_value_table(
     jobs: Sequence[MalleableJob],
     own_w: Sequence[np.ndarray],
     own_p: Sequence[np.ndarray],
+    own_g: Sequence[np.ndarray],
     grow_w: np.ndarray,
     grow_p: np.ndarray,
+    grow_g: np.ndarray,
     grow_n: np.ndarray | None = None,
 ) -> np.ndarray:
     """V[j, n] for every job j and count n = 0..K (``-inf`` where n is not allowed).
 
-    ``own_w[j]``/``own_p[j]``: job j's present nodes sorted by descending window.
-    ``grow_w``/``grow_p`` (jobs x M): the nodes each job would grow onto, sorted
-    by descending window; ``grow_n[j]``: how many of job j's row are real nodes
+    ``own_*[j]``: job j's present nodes sorted by descending window: window,
+    reclaim probability, reclaim-event key (nodes with equal keys are reclaimed
+    together, so the job pays one scale-down for them; NaN never matches).
+    ``grow_*`` (jobs x M): the nodes each job would grow onto, sorted by
+    descending window; ``grow_n[j]``: how many of job j's row are real nodes
     (default: all). All jobs at once, vectorised over jobs, counts and nodes.
     """
     n_jobs = len(jobs)
@@ -109,69 +113,123 @@ def job_value_table(
     a = np.where(k > lo[:, None], rates[:, 1:] - rates[:, :-1], 0.0)
     a[rows, lo - 1] = rates[rows, lo]
     b = np.where(k >= lo[:, None], down[:, None] * rates[:, 1:], 0.0)
-    # own nodes, zero padded (ow) and -inf padded (owm, so padding never outranks)
+    # own nodes, zero padded (ow, op), NaN padded keys, -inf padded (owm: never outranks)
     big_c = int(c.max(initial=0))
-    ow = np.zeros((n_jobs, max(big_c, 1)))
+    width_c = max(big_c, 1)
+    ow = np.zeros((n_jobs, width_c))
     op = np.zeros_like(ow)
+    og = np.full_like(ow, np.nan)
     owm = np.full_like(ow, -np.inf)
     for j in range(n_jobs):
         ow[j, : c[j]] = own_w[j]
         op[j, : c[j]] = own_p[j]
+        og[j, : c[j]] = own_g[j]
         owm[j, : c[j]] = own_w[j]
+    m_max = int(max(0, (hi - c).max(initial=0)))
+    g = grow_w[:, :m_max]
+    gp = grow_p[:, :m_max]
+    gg = grow_g[:, :m_max]
     values = np.full((n_jobs, big_k + 1), -np.inf)
     values[:, 0] = np.where(c > 0, -down * rate_now, 0.0)
-    # n <= c: keep the n longest-window own nodes
+    # A node pays the reclaim cost only if it is the last of its reclaim event in
+    # the job's ranking ("boundary"); along a fixed ranking L, the value of the
+    # first n nodes is cumsum(a w - b p boundary)[n] - b_n p_n (1 - boundary_n):
+    # the n-th node always pays, whatever follows it in L.
+    nxt = np.full_like(og, np.nan)
+    nxt[:, :-1] = og[:, 1:]
+    running = np.flatnonzero(c > 0)
+    if m_max:
+        nxt[running, c[running] - 1] = gg[running, 0]
+    bound_o = ~(og == nxt)
+    pay_o = b[:, :width_c] * op
+    keep = np.cumsum(a[:, :width_c] * ow - pay_o * bound_o, axis=1)
     if big_c:
-        keep = np.cumsum(a[:, :big_c] * ow[:, :big_c] - b[:, :big_c] * op[:, :big_c], axis=1)
+        # n <= c: keep the n longest-window own nodes
         kk = k[:, :big_c]
         ok = (kk <= c[:, None]) & (kk >= lo[:, None]) & (kk <= hi[:, None])
         shrink_cost = np.where(kk < c[:, None], (down * rate_now)[:, None], 0.0)
-        values[:, 1 : big_c + 1] = np.where(ok, keep - shrink_cost, -np.inf)
-    # n = c + m: own nodes merged with the first m growth nodes
-    m_max = int(max(0, (hi - c).max(initial=0)))
-    if m_max:
-        g = grow_w[:, :m_max]
-        gp = grow_p[:, :m_max]
-        ms = np.arange(1, m_max + 1)
-        # own nodes keep ranks 1..c and growth node l takes rank c + l, unless a
-        # growth node has a longer window than some own node ("mixed" jobs)
-        min_own = np.min(np.where(np.isfinite(owm), owm, np.inf), axis=1)
-        mixed = np.flatnonzero((c > 0) & (g[:, 0] > min_own))
-        e = np.repeat(c[:, None], m_max, axis=1)
-        own_term = np.zeros((n_jobs, m_max))
-        if big_c:
-            own_term += np.where(c > 0, keep[rows, np.maximum(c - 1, 0)], 0.0)[:, None]
-        # (mixed jobs' own_term and e are recomputed below for m <= their span only;
-        # entries beyond a job's span are never read)
-        # mixed jobs in groups of similar (own, growth) sizes, so padding stays small
-        span = hi - c
-        shape_key = np.ceil(np.log2(np.maximum(c, 1))) * 16 + np.ceil(np.log2(np.maximum(span, 1)))
-        for key in np.unique(shape_key[mixed]).tolist():
-            grp = mixed[shape_key[mixed] == key]
-            cc, mm = int(c[grp].max()), int(max(1, span[grp].max()))
-            gm, owx, opx = g[grp, :mm], ow[grp, :cc], op[grp, :cc]
-            # rank of growth node l = l + #own nodes with a window >= its window
-            e[grp, :mm] = (owm[grp, :cc][:, None, :] >= gm[:, :, None]).sum(axis=2)
-            # rank of own node i = i + min(m, #growth nodes with a longer window)
-            q = (gm[:, None, :] > owx[:, :, None]).sum(axis=2)
-            rank_o = np.arange(1, cc + 1)[None, None, :] + np.minimum(
-                ms[None, :mm, None], q[:, None, :]
-            )
-            rank_o = np.minimum(rank_o, big_k) - 1
-            sub = grp[:, None, None]
-            own_term[grp, :mm] = (
-                a[sub, rank_o] * owx[:, None, :] - b[sub, rank_o] * opx[:, None, :]
-            ).sum(axis=2)
-        rank_g = np.minimum(ms[None, :] + e, big_k) - 1
-        pool_term = np.cumsum(
-            np.take_along_axis(a, rank_g, 1) * g - np.take_along_axis(b, rank_g, 1) * gp, axis=1
+        last_pays = (pay_o * ~bound_o)[:, :big_c]
+        values[:, 1 : big_c + 1] = np.where(ok, keep[:, :big_c] - last_pays - shrink_cost, -np.inf)
+    if not m_max:
+        return values
+    # n = c + m: ranking own ++ growth, exact unless a growth node outranks an own node
+    ms = np.arange(1, m_max + 1)
+    rank_g = np.minimum(c[:, None] + ms[None, :], big_k) - 1
+    nxt_g = np.full_like(gg, np.nan)
+    nxt_g[:, :-1] = gg[:, 1:]
+    bound_g = ~(gg == nxt_g)
+    pay_g = np.take_along_axis(b, rank_g, 1) * gp
+    pool_term = np.cumsum(np.take_along_axis(a, rank_g, 1) * g - pay_g * bound_g, axis=1)
+    base = np.where(c > 0, keep[rows, np.maximum(c - 1, 0)], 0.0)
+    grow_val = base[:, None] + pool_term - pay_g * ~bound_g
+    # "mixed" jobs (a growth node outranks an own node): merge explicitly, per group
+    # of similar (own, growth) sizes so that the padding stays small
+    min_own = np.min(np.where(np.isfinite(owm), owm, np.inf), axis=1)
+    mixed = np.flatnonzero((c > 0) & (g[:, 0] > min_own))
+    span = hi - c
+    shape_key = np.ceil(np.log2(np.maximum(c, 1))) * 64 + np.ceil(np.log2(np.maximum(span, 1)))
+    a_pad = np.concatenate((a, np.zeros((n_jobs, big_c + m_max))), axis=1)
+    b_pad = np.concatenate((b, np.zeros((n_jobs, big_c + m_max))), axis=1)
+    for key in np.unique(shape_key[mixed]).tolist():
+        grp = mixed[shape_key[mixed] == key]
+        grow_val[grp, : int(max(1, span[grp].max()))] = _merged_values(
+            grp, c, span, ow, op, og, owm, g, gp, gg, a_pad, b_pad
         )
-        grow_val = pool_term + own_term - np.where(c > 0, up * rate_now, 0.0)[:, None]
-        n_grid = np.arange(1, big_k + 1)[None, :]
-        m_idx = np.clip(n_grid - c[:, None] - 1, 0, m_max - 1)
-        ok = (n_grid > c[:, None]) & (n_grid >= lo[:, None]) & (n_grid <= hi[:, None])
-        values[:, 1:] = np.where(ok, np.take_along_axis(grow_val, m_idx, 1), values[:, 1:])
+    grow_val -= np.where(c > 0, up * rate_now, 0.0)[:, None]
+    n_grid = np.arange(1, big_k + 1)[None, :]
+    m_idx = np.clip(n_grid - c[:, None] - 1, 0, m_max - 1)
+    ok = (n_grid > c[:, None]) & (n_grid >= lo[:, None]) & (n_grid <= hi[:, None])
+    values[:, 1:] = np.where(ok, np.take_along_axis(grow_val, m_idx, 1), values[:, 1:])
     return values
+
+
+def _merged_values(
+    grp: np.ndarray,
+    c: np.ndarray,
+    span: np.ndarray,
+    ow: np.ndarray,
+    op: np.ndarray,
+    og: np.ndarray,
+    owm: np.ndarray,
+    g: np.ndarray,
+    gp: np.ndarray,
+    gg: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+) -> np.ndarray:
+    """Work minus reclaim cost of own + first m growth nodes, merged by window (m = 1..mm)."""
+    cc, mm = int(c[grp].max()), int(max(1, span[grp].max()))
+    n_grp = grp.size
+    gm = g[grp, :mm]
+    # rank (0-based) of growth node l = l + #own nodes with a window >= its window;
+    # of own node i = i + min(m, #growth nodes with a longer window) (ties: own first)
+    e = (owm[grp, :cc][:, None, :] >= gm[:, :, None]).sum(axis=2)
+    rank_g = np.arange(mm)[None, :] + e
+    q = (gm[:, None, :] > ow[grp, :cc][:, :, None]).sum(axis=2)
+    ms = np.arange(1, mm + 1)
+    rank_o = np.arange(cc)[None, None, :] + np.minimum(ms[None, :, None], q[:, None, :])
+    width = cc + mm
+    w3 = np.zeros((n_grp, mm, width))
+    p3 = np.zeros_like(w3)
+    k3 = np.full_like(w3, np.nan)
+    gi, mi, ii = np.indices((n_grp, mm, cc))
+    sel = ii < c[grp][:, None, None]
+    dst = (gi[sel], mi[sel], rank_o[sel])
+    w3[dst] = ow[grp, :cc][gi[sel], ii[sel]]
+    p3[dst] = op[grp, :cc][gi[sel], ii[sel]]
+    k3[dst] = og[grp, :cc][gi[sel], ii[sel]]
+    gi, mi, li = np.indices((n_grp, mm, mm))
+    sel = li <= mi  # growth nodes 0..m-1 are in the set of size c + m
+    dst = (gi[sel], mi[sel], rank_g[gi[sel], li[sel]])
+    w3[dst] = gm[gi[sel], li[sel]]
+    p3[dst] = gp[grp, :mm][gi[sel], li[sel]]
+    k3[dst] = gg[grp, :mm][gi[sel], li[sel]]
+    bound = np.ones(w3.shape, dtype=bool)
+    bound[:, :, :-1] = ~(k3[:, :, :-1] == k3[:, :, 1:])
+    a3 = a[grp, :width][:, None, :]
+    b3 = b[grp, :width][:, None, :]
+    result: np.ndarray = (a3 * w3 - b3 * p3 * bound).sum(axis=2)
+    return result
 
 
 #: Above this many sizes per job the DP updates one size at a time (bounded memory).
@@ -272,12 +330,19 @@ class MalleTrainPolicy:
     horizon_s: float = 1800.0
     holes: HoleTracker = field(default_factory=HoleTracker)
 
-    def effective_windows(self, inp: AllocationInput) -> tuple[np.ndarray, np.ndarray]:
-        """(w_i, p_i) per node of ``inp.nodes``: capped window and reclaim probability."""
+    def effective_windows(self, inp: AllocationInput) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(w_i, p_i, key_i) per node of ``inp.nodes``.
+
+        Capped window, probability of reclaim within the horizon, and the reclaim
+        event: nodes with the same predicted window are taken back at the same
+        moment (a pending job starting on them), so a job pays one scale-down
+        for all of them; estimated windows are independent events (key NaN).
+        """
         h = self.horizon_s
         nodes = inp.nodes
         w = np.empty(len(nodes))
         p = np.empty(len(nodes))
+        key = np.full(len(nodes), np.nan)
         unknown = []
         for i, node in enumerate(nodes):
             if node.window_s is None:
@@ -286,12 +351,13 @@ class MalleTrainPolicy:
                 win = max(0.0, node.window_s)
                 w[i] = min(win, h)
                 p[i] = 1.0 if win < h else 0.0
+                key[i] = win
         if unknown:
             ages = np.array([nodes[i].idle_age_s for i in unknown])
             rem, p_end = self.holes.model.expected_remaining_s(ages, h)
             w[unknown] = rem
             p[unknown] = p_end
-        return w, p
+        return w, p, key
 
     def decide(self, inp: AllocationInput) -> Plan:
         t0 = time.perf_counter()
@@ -305,7 +371,7 @@ class MalleTrainPolicy:
 
     def solve(self, inp: AllocationInput) -> tuple[dict[str, int], float, np.ndarray, list[str]]:
         """The count problem alone: (counts, objective, node windows, growth order)."""
-        w, p = self.effective_windows(inp)
+        w, p, key = self.effective_windows(inp)
         if not inp.jobs:
             return {}, 0.0, w, []
         index = {n.name: i for i, n in enumerate(inp.nodes)}
@@ -325,9 +391,11 @@ class MalleTrainPolicy:
         m_max = max(0, min(need, len(inp.nodes)))
         grow_w = np.zeros((len(inp.jobs), m_max))
         grow_p = np.zeros_like(grow_w)
+        grow_g = np.full_like(grow_w, np.nan)
         n_free = min(free.size, m_max)
         grow_w[:, :n_free] = w[free[:n_free]]
         grow_p[:, :n_free] = p[free[:n_free]]
+        grow_g[:, :n_free] = key[free[:n_free]]
         grow_n = np.full(len(inp.jobs), n_free, dtype=np.int64)
         if m_max > free.size:
             # beyond the free pool: nodes other jobs may release, ranked below the pool
@@ -338,10 +406,12 @@ class MalleTrainPolicy:
                 others = held_idx[~np.isin(held_idx, idx)][: m_max - free.size]
                 grow_w[j, free.size : free.size + others.size] = np.minimum(w[others], cap)
                 grow_p[j, free.size : free.size + others.size] = p[others]
+                grow_g[j, free.size : free.size + others.size] = key[others]
                 grow_n[j] = free.size + others.size
         own_w = [w[i] for i in own_idx]
         own_p = [p[i] for i in own_idx]
-        values = job_value_table(inp.jobs, own_w, own_p, grow_w, grow_p, grow_n)
+        own_g = [key[i] for i in own_idx]
+        values = job_value_table(inp.jobs, own_w, own_p, own_g, grow_w, grow_p, grow_g, grow_n)
         count_arr, objective = solve_counts(values, len(inp.nodes))
         counts = {job.job_id: int(n) for job, n in zip(inp.jobs, count_arr, strict=True)}
         # growth order: the largest value per new node picks from the pool first

@@ -25,7 +25,11 @@ from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, Throu
 
 
 def reference_value(job: MalleableJob, own, pool, n: int) -> float:
-    """V_j(n) straight from the definition: own/pool are lists of (window, p_reclaim)."""
+    """V_j(n) straight from the definition: own/pool are lists of (window, p, key).
+
+    Consecutive nodes (by window) with the same reclaim key are one reclaim
+    event: only the last of them pays the scale-down. NaN keys never match.
+    """
     c = len(own)
     if n == 0:
         return -job.scale_down_s * job.throughput.rate(c) if c else 0.0
@@ -36,7 +40,11 @@ def reference_value(job: MalleableJob, own, pool, n: int) -> float:
     r = job.throughput.rate
     work = r(lo) * nodes[lo - 1][0]
     work += sum((r(k) - r(k - 1)) * nodes[k - 1][0] for k in range(lo + 1, n + 1))
-    reclaim = sum(job.scale_down_s * r(k) * nodes[k - 1][1] for k in range(lo, n + 1))
+
+    def pays(k: int) -> bool:
+        return k == n or nodes[k - 1][2] != nodes[k][2]
+
+    reclaim = sum(job.scale_down_s * r(k) * nodes[k - 1][1] for k in range(lo, n + 1) if pays(k))
     penalty = 0.0
     if c and n > c:
         penalty = job.scale_up_s * r(c)
@@ -52,8 +60,15 @@ curve_points = st.lists(
         (n, r) for n, r in zip(sorted({p[0] for p in pts}), sorted(p[1] for p in pts), strict=False)
     )
 )
-window = st.floats(0.0, 600.0)
+window = st.one_of(st.floats(0.0, 600.0), st.sampled_from([30.0, 120.0, 600.0]))
 prob = st.floats(0.0, 1.0)
+
+
+def node_strategy():
+    """(window, p, key): a planned window (key = window) or an estimate (key NaN)."""
+    return st.tuples(window, prob, st.booleans()).map(
+        lambda t: (t[0], t[1], t[0] if t[2] else math.nan)
+    )
 
 
 @st.composite
@@ -61,10 +76,10 @@ def job_case(draw):
     pts = draw(curve_points)
     lo = draw(st.integers(1, 4))
     hi = draw(st.integers(lo, 10))
-    own = draw(st.lists(st.tuples(window, prob), max_size=hi))
+    own = draw(st.lists(node_strategy(), max_size=hi))
     if 0 < len(own) < lo:
         own = []
-    pool = sorted(draw(st.lists(st.tuples(window, prob), max_size=10)), key=lambda x: -x[0])
+    pool = sorted(draw(st.lists(node_strategy(), max_size=10)), key=lambda x: -x[0])
     tm = ThroughputModel(pts, optimistic_slope=draw(st.sampled_from([0.0, 1.5])))
     job = MalleableJob("j", lo, hi, (), tm, draw(st.floats(0, 60)), draw(st.floats(0, 60)))
     return job, own, pool
@@ -74,21 +89,25 @@ def job_case(draw):
 @given(st.lists(job_case(), min_size=1, max_size=4))
 def test_value_table_matches_definition(cases):
     jobs = [c[0] for c in cases]
-    own_w, own_p = [], []
+    own_w, own_p, own_g = [], [], []
     for _, own, _ in cases:
         srt = sorted(own, key=lambda x: -x[0])
         own_w.append(np.array([x[0] for x in srt]))
         own_p.append(np.array([x[1] for x in srt]))
+        own_g.append(np.array([x[2] for x in srt]))
     m = max(len(pool) for _, _, pool in cases)
     grow_w = np.zeros((len(cases), m))
     grow_p = np.zeros((len(cases), m))
+    grow_g = np.full((len(cases), m), math.nan)
     grow_n = np.zeros(len(cases), dtype=np.int64)
     for j, (_, _, pool) in enumerate(cases):
         grow_w[j, : len(pool)] = [x[0] for x in pool]
         grow_p[j, : len(pool)] = [x[1] for x in pool]
+        grow_g[j, : len(pool)] = [x[2] for x in pool]
         grow_n[j] = len(pool)
-    table = job_value_table(jobs, own_w, own_p, grow_w, grow_p, grow_n)
+    table = job_value_table(jobs, own_w, own_p, own_g, grow_w, grow_p, grow_g, grow_n)
     for j, (job, own, pool) in enumerate(cases):
+        own = sorted(own, key=lambda x: -x[0])
         c = len(own)
         top = min(job.max_nodes, c + len(pool))
         for n in range(table.shape[1]):
