@@ -135,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
             out.write(event="failed_step", step=step.index, epoch=step.epoch,
                       error=str(step.error)[:200])
     out.write(event="exit", reason=str(job.exit_reason), step=job.step,
-              samples_total=job.samples_total, checksum=checksum(model), rank=job.rank)
+              samples_total=job.samples_total, checksum=checksum(model), rank=job.rank,
+              reconfig=job.last_reconfig)
     if args.results is not None and job.rank == 0 and job.exit_reason == "finished":
         tmp = args.results.with_name(args.results.name + ".tmp")
         tmp.write_text(json.dumps({"samples_total": job.samples_total, "step": job.step,

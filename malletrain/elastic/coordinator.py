@@ -198,13 +198,22 @@ class Coordinator:
         members = list(members)
         with self._lock:
             js = self._job(job_id)
-            live = p.live_registrations(js.events())
-            gone = [m for m in members if m not in live]
+            events = js.events()
+            live = p.live_registrations(events)
+            departed = {d.member_id for d in p.departures(events)}
+            current = js.current()
+            # members of the current epoch are valid even without a registration in the log
+            # (a restarted coordinator store: the workers re-publish their epoch first)
+            sizes: dict[str, int] = {}
+            if current is not None:
+                sizes.update(zip(current.members, current.local_world_sizes, strict=True))
+            sizes = {m: n for m, n in sizes.items() if m not in departed}
+            sizes.update((m, info.local_world_size) for m, info in live.items())
+            gone = [m for m in members if m not in sizes]
             if gone:
                 raise MemberUnavailable(
                     f"job {job_id}: member(s) {gone} are not registered or have departed"
                 )
-            sizes = {m: info.local_world_size for m, info in live.items()}
             while True:
                 epoch = js.latest_epoch() + 1
                 wanted = p.build_membership(epoch, members, sizes, "publish", time.time())

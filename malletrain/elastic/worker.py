@@ -267,6 +267,7 @@ class ElasticJob:
         #: (epoch, phase -> seconds) of the last reconfiguration, for logs and benchmarks
         self.last_reconfig: dict[str, float] = {}
         self._first_of_epoch = False
+        self._snapshot_load_s = 0.0
         # coordinator link
         self._store: dist.TCPStore | None = None
         self._js: JobStore | None = None
@@ -359,29 +360,41 @@ class ElasticJob:
         log.warning("coordinator call failed (%s); reconnecting", exc)
         try:
             self._connect(first=False)
+            if self._formed_epoch == 0:
+                self._registered_seq = -1  # a restarted coordinator forgot us: register again
         except (RuntimeError, ValueError, OSError) as again:
             log.warning("coordinator still unreachable: %s", again)
             time.sleep(1.0)
 
     def reseed(self, js: JobStore) -> None:
-        """After a coordinator restart lost the keys, rank 0 re-publishes its epoch."""
-        m = self.membership
-        if self.rank != 0 or m is None or js.has_epoch(m.epoch):
-            return
-        js.propose(m)
-        log.warning("re-published epoch %d into the restarted coordinator", m.epoch)
+        """After a coordinator restart lost this job's keys: put our part back.
 
-    def _register(self) -> None:
-        if self.config.local_rank != 0:
+        Rank 0 re-publishes the current epoch (so workers and a re-attaching daemon agree on
+        it again) and local rank 0 of every member in the job registers again (so the daemon
+        can keep publishing it). Called by the watcher thread after a reconnect.
+        """
+        m = self.membership
+        if m is None or self._formed_epoch == 0 or js.has_epoch(m.epoch):
             return
-        info = p.MemberInfo(
+        if self.rank == 0:
+            js.propose(m)
+            log.warning("re-published epoch %d into the restarted coordinator", m.epoch)
+        if self.config.local_rank == 0:
+            js.register(self._member_info())
+
+    def _member_info(self) -> p.MemberInfo:
+        return p.MemberInfo(
             member_id=self.member_id,
             node=socket.gethostname(),
             pid=os.getpid(),
             local_world_size=self.config.local_world_size,
             registered_at_s=time.time(),
         )
-        self._registered_seq = self.js.register(info)
+
+    def _register(self) -> None:
+        if self.config.local_rank != 0:
+            return
+        self._registered_seq = self.js.register(self._member_info())
         log.info("registered as %s (seq %d)", self.member_id, self._registered_seq)
 
     def _announce(self, reason: p.DepartureReason) -> None:
@@ -709,6 +722,7 @@ class ElasticJob:
             else:
                 time.sleep(self.config.poll_interval_s / 5)
         t_go = time.monotonic()
+        self._snapshot_load_s = 0.0
         assert self._store is not None
         rank = cfg.rank_offset(self.member_id) + self.config.local_rank
         try:
@@ -743,6 +757,7 @@ class ElasticJob:
         self._first_of_epoch = True
         self.last_reconfig = {
             "epoch": float(e),
+            "snapshot_load_s": self._snapshot_load_s,
             "arrive_s": t_go - t_arrive,
             "init_s": t_init - t_go,
             "sync_s": t_sync - t_init,
@@ -795,10 +810,12 @@ class ElasticJob:
                 if r != src and (target_step < 0 or not h or s != target_step)
             ]
         if use_snapshot and self.rank == src:
+            t_load = time.monotonic()
             loaded = snapshot.load(snap, self.config.job_id) if snap is not None else None
             if loaded is None:  # load() renamed it aside, so the retry picks the next one
                 raise SyncError(f"snapshot {snap} became unreadable during the state sync")
             self._apply(loaded)
+            self._snapshot_load_s = time.monotonic() - t_load
             log.warning("restored snapshot of step %d from %s", self.step, snap)
         if not needy:
             return

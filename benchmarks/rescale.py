@@ -1,0 +1,274 @@
+"""Rescale pause: malletrain's in-process reconfiguration vs torchrun elastic + checkpoint.
+
+Model: MLP 1024 -> 12288 -> 1024 (25.2 M fp32 params = 96 MiB; with SGD momentum 192 MiB of
+training state), 2 <-> 3 workers on CPU/gloo, all on this host. Measured in ONE run:
+
+* malletrain (examples/elastic_train.py, one process per member, coordinator in this
+  process, the newcomer pre-started and registered as the daemon does it):
+  up   = publish([m0, m1, m2]) -> first step at world size 3 starts in the training loop
+  down = publish([m0, m1])     -> first step at world size 2 starts (m2 leaves, planned)
+  plus the evicted-to-zero snapshot: save (publish([])) and restore (a fresh member).
+* baseline: torchrun elastic (c10d rendezvous on a store hosted here, is_host=false,
+  last_call_timeout=1, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), workers restarted on every
+  change and reloading a torch.save checkpoint from local disk
+  (benchmarks/rescale_baseline_worker.py):
+  up   = a third agent is launched -> first step at world size 3
+  down = the third agent's process group gets SIGTERM (preemption) -> first step at size 2
+
+Each transition is done ``--cycles`` times; the median is reported. Last line:
+``rescale down_s=<x> up_s=<y> baseline_down_s=<a> baseline_up_s=<b>``.
+
+Run: ``.venv/bin/python benchmarks/rescale.py`` (about 3 minutes on 2 shared cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import torch.distributed as dist
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from malletrain.elastic.coordinator import Coordinator  # noqa: E402
+
+EXAMPLE = REPO / "examples" / "elastic_train.py"
+BASELINE = REPO / "benchmarks" / "rescale_baseline_worker.py"
+MODEL_ARGS = ["--dim", "1024", "--hidden", "12288", "--batch", "8"]  # --hidden may override
+
+
+def records(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):  # a line being written
+            out.append(json.loads(line))
+    return out
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise SystemExit(f"rescale: timed out after {timeout_s} s waiting for {what}")
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    env.update(extra)
+    return env
+
+
+# ------------------------------------------------------------------------------ malletrain
+
+
+def run_malletrain(tmp: Path, cycles: int) -> dict[str, list[float]]:
+    coord = Coordinator.start("127.0.0.1", 0)
+    job = "bench"
+    state = tmp / "state"
+    procs: dict[str, subprocess.Popen] = {}
+    logs: dict[str, Path] = {}
+
+    def launch(member: str) -> None:
+        logs[member] = tmp / f"mt-{member}.jsonl"
+        env = child_env(MALLETRAIN_COORDINATOR=coord.address, MALLETRAIN_JOB_ID=job,
+                        MALLETRAIN_MEMBER_ID=member, MALLETRAIN_STATE_DIR=str(state))
+        with open(tmp / f"mt-{member}.err", "w") as err:
+            procs[member] = subprocess.Popen(
+                [sys.executable, str(EXAMPLE), *MODEL_ARGS, "--dataset-size", "256",
+                 "--log", str(logs[member])],
+                env=env, stdout=subprocess.DEVNULL, stderr=err)
+
+    def first_step_t0(member: str, epoch: int) -> float:
+        steps = [r for r in records(logs[member]) if r["event"] == "step" and r["epoch"] == epoch]
+        return min(r["t0"] for r in steps)
+
+    def last_step_end(member: str, before_epoch: int) -> float:
+        return max(r["t"] for r in records(logs[member])
+                   if r["event"] == "step" and r["epoch"] < before_epoch)
+
+    def stepped(member: str, epoch: int, n: int) -> bool:
+        return sum(1 for r in records(logs[member])
+                   if r["event"] == "step" and r["epoch"] == epoch) >= n
+
+    def epoch_checksums(epoch: int) -> set[str]:
+        return {r["checksum"] for m in logs for r in records(logs[m])
+                if r["event"] == "epoch" and r["epoch"] == epoch}
+
+    out: dict[str, list[float]] = {"up": [], "down": [], "save": [], "restore": [],
+                                   "up_stall": [], "down_stall": []}
+    try:
+        for m in ("m0", "m1", "m2"):
+            launch(m)
+        wait_for(lambda: {"m0", "m1", "m2"} <= set(coord.registered(job)), 120, "registration")
+        e = coord.publish(job, ["m0", "m1"])
+        wait_for(lambda: stepped("m0", e, 5), 120, "warm-up at 2")
+        for _ in range(cycles):
+            wait_for(lambda: "m2" in coord.registered(job), 60, "m2 waiting")
+            t = time.time()
+            e = coord.publish(job, ["m0", "m1", "m2"])
+            wait_for(lambda e=e: stepped("m0", e, 1), 120, "first step at 3")
+            out["up"].append(first_step_t0("m0", e) - t)
+            out["up_stall"].append(first_step_t0("m0", e) - last_step_end("m0", e))
+            assert len(epoch_checksums(e)) == 1, "replicas differ after scale-up"
+            wait_for(lambda e=e: stepped("m0", e, 4), 120, "steps at 3")
+            t = time.time()
+            e = coord.publish(job, ["m0", "m1"])
+            wait_for(lambda e=e: stepped("m0", e, 1), 120, "first step at 2")
+            out["down"].append(first_step_t0("m0", e) - t)
+            out["down_stall"].append(first_step_t0("m0", e) - last_step_end("m0", e))
+            wait_for(lambda e=e: stepped("m0", e, 3), 120, "steps at 2")
+            procs["m2"].wait(30)
+            launch("m2")  # the next node for the next scale-up, pre-started like the daemon does
+        # evicted to zero: the last members save; a fresh member restores
+        coord.publish(job, [])
+        for m in ("m0", "m1"):
+            procs[m].wait(60)
+        ex = [r for r in records(logs["m0"]) if r["event"] == "exit"][-1]
+        out["save"].append(ex["reconfig"]["snapshot_save_s"])
+        wait_for(lambda: "m2" in coord.registered(job), 60, "m2 waiting")
+        e = coord.publish(job, ["m2"])
+        wait_for(lambda e=e: stepped("m2", e, 1), 120, "restored step")
+        ep = [r for r in records(logs["m2"]) if r["event"] == "epoch" and r["epoch"] == e][-1]
+        assert ep["step"] == ex["step"], "restore did not resume at the saved step"
+        out["restore"].append(ep["reconfig"]["snapshot_load_s"])
+        coord.publish(job, [])
+        procs["m2"].wait(60)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        coord.close()
+    return out
+
+
+# ------------------------------------------------------------------------------ baseline
+
+
+def run_baseline(tmp: Path, cycles: int) -> dict[str, list[float]]:
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          multi_tenant=True, timeout=timedelta(seconds=60))
+    ckpt = tmp / "baseline.ckpt"
+    agents: dict[str, subprocess.Popen] = {}
+    logs: dict[str, Path] = {}
+
+    def launch(name: str) -> None:
+        logs[name] = tmp / f"bl-{name}.jsonl"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:3",
+               "--nproc-per-node=1", "--rdzv-backend=c10d",
+               f"--rdzv-endpoint=127.0.0.1:{store.port}", "--rdzv-id=baseline",
+               "--rdzv-conf=is_host=false,last_call_timeout=1,join_timeout=120,"
+               "keep_alive_interval=1,keep_alive_max_attempt=3",
+               "--max-restarts=20", "--monitor-interval=0.1",
+               str(BASELINE), *MODEL_ARGS, "--ckpt", str(ckpt), "--jsonl", str(logs[name])]
+        with open(tmp / f"bl-{name}.err", "w") as err:
+            agents[name] = subprocess.Popen(
+                cmd, env=child_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"),
+                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+
+    def first_step_after(ws: int, t: float) -> float | None:
+        starts = [r["t0"] for n in logs for r in records(logs[n])
+                  if r["event"] == "step" and r["ws"] == ws and r["t0"] >= t]
+        return min(starts) if starts else None
+
+    def stall(ws: int, t: float) -> float:
+        """Training stall: last step end before the first step at ``ws`` -> that step."""
+        first = first_step_after(ws, t)
+        assert first is not None
+        ends = [r["t"] for n in logs for r in records(logs[n])
+                if r["event"] == "step" and r["ws"] != ws and r["t"] <= first]
+        return first - max(ends)
+
+    out: dict[str, list[float]] = {"up": [], "down": [], "up_stall": [], "down_stall": []}
+    try:
+        launch("a")
+        launch("b")
+        t_warm = time.time()
+        wait_for(lambda: ckpt.exists() and first_step_after(2, t_warm) is not None, 240,
+                 "baseline warm-up at 2")
+        for i in range(cycles):
+            t = time.time()
+            launch(f"c{i}")
+            wait_for(lambda t=t: first_step_after(3, t) is not None, 240, "baseline at 3")
+            out["up"].append(first_step_after(3, t) - t)  # type: ignore[operator]
+            out["up_stall"].append(stall(3, t))
+            time.sleep(3.0)  # a few steps at 3 (and a checkpoint)
+            t = time.time()
+            os.killpg(agents[f"c{i}"].pid, signal.SIGTERM)
+            wait_for(lambda t=t: first_step_after(2, t) is not None, 240, "baseline at 2")
+            out["down"].append(first_step_after(2, t) - t)  # type: ignore[operator]
+            out["down_stall"].append(stall(2, t))
+            agents[f"c{i}"].wait(30)
+            time.sleep(2.0)
+    finally:
+        for p in agents.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in agents.values():
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    return out
+
+
+def fmt(values: list[float]) -> str:
+    return "[" + ", ".join(f"{v:.2f}" for v in values) + "]"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cycles", type=int, default=2, help="up/down cycles per system")
+    ap.add_argument("--hidden", type=int, default=12288,
+                    help="hidden width (default: the 96 MiB model; smaller for a smoke run)")
+    ap.add_argument("--keep", action="store_true", help="keep the logs (path printed)")
+    ap.add_argument("--skip-baseline", action="store_true",
+                    help="malletrain only (no last line; for a quick check)")
+    args = ap.parse_args()
+    MODEL_ARGS[3] = str(args.hidden)
+    tmp = Path(tempfile.mkdtemp(prefix="mt-rescale-"))
+    print(f"logs in {tmp}", flush=True)
+    try:
+        mt = run_malletrain(tmp, args.cycles)
+        print(f"malletrain up_s={fmt(mt['up'])} down_s={fmt(mt['down'])} "
+              f"(training stall: up {fmt(mt['up_stall'])} down {fmt(mt['down_stall'])})",
+              flush=True)
+        print(f"malletrain evicted-to-zero snapshot save_s={mt['save'][0]:.2f} "
+              f"restore_load_s={mt['restore'][0]:.2f} (hidden={args.hidden})", flush=True)
+        if args.skip_baseline:
+            return 0
+        bl = run_baseline(tmp, args.cycles)
+        print(f"baseline   up_s={fmt(bl['up'])} down_s={fmt(bl['down'])} "
+              f"(training stall: up {fmt(bl['up_stall'])} down {fmt(bl['down_stall'])})",
+              flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    up, down = statistics.median(mt["up"]), statistics.median(mt["down"])
+    b_up, b_down = statistics.median(bl["up"]), statistics.median(bl["down"])
+    print(f"speedup down={b_down / down:.1f}x up={b_up / up:.1f}x")
+    print(f"rescale down_s={down:.2f} up_s={up:.2f} baseline_down_s={b_down:.2f} "
+          f"baseline_up_s={b_up:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
