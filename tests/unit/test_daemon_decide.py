@@ -1,0 +1,200 @@
+"""decide(world) -> TickPlan: the pure reconciliation, on hand-built snapshots."""
+
+from __future__ import annotations
+
+from malletrain.core.cluster import ClusterSnapshot, Job, JobState, Node, NodeState
+from malletrain.core.lifecycle import JobPhase, Lifecycle, advance
+from malletrain.core.policies import make_policy
+from malletrain.daemon.decide import (
+    Cancel,
+    CoordView,
+    DecideSettings,
+    Hold,
+    Leave,
+    Park,
+    Place,
+    Publish,
+    Registration,
+    Transit,
+    World,
+    decide,
+)
+from malletrain.daemon.slots import slot_tag
+from malletrain.daemon.spec import JobSpec
+from malletrain.daemon.store import JobRecord, SlotRecord
+
+NOW = 10_000.0
+PARTS = ("batch", "scavenger")
+
+
+def node(name, state=NodeState.IDLE):
+    return Node(name=name, state=state, partitions=PARTS, cpus=2)
+
+
+def slot_job(sid, job_id, k, state, reason="", nodes=(), end=None):
+    return Job(job_id=sid, name=f"mt.{job_id}.s{k}", user="alice", partition="scavenger",
+               state=state, state_reason=reason, node_count=1, nodes=tuple(nodes),
+               comment=slot_tag(job_id, k), end_time=end, start_time=NOW - 100)
+
+
+def record(job_id="m1", state=JobPhase.QUEUED, max_nodes=2, seq=1):
+    lc = Lifecycle.new(NOW - 500)
+    path = {JobPhase.QUEUED: [JobPhase.QUEUED],
+            JobPhase.STARTING: [JobPhase.QUEUED, JobPhase.STARTING],
+            JobPhase.RUNNING: [JobPhase.QUEUED, JobPhase.STARTING, JobPhase.RUNNING],
+            JobPhase.COMPLETING: [JobPhase.QUEUED, JobPhase.STARTING, JobPhase.RUNNING,
+                                  JobPhase.COMPLETING]}[state]
+    for i, to in enumerate(path):
+        lc = advance(lc, to, NOW - 400 + i, "test")
+    spec = JobSpec(script="/x/train.py", min_nodes=1, max_nodes=max_nodes)
+    return JobRecord(job_id, seq, 1000, "alice", spec, lc, NOW - 500)
+
+
+def world(nodes, jobs, slots, records, coord=None, **settings):
+    snap = ClusterSnapshot(taken_at=NOW, nodes=tuple(nodes), jobs=tuple(jobs))
+    return World(now_s=NOW, snapshot=snap, jobs=tuple(records),
+                 slots={r.job_id: tuple(s for s in slots if s.job_id == r.job_id)
+                        for r in records},
+                 coord=coord or {}, models={}, settings=DecideSettings(**settings))
+
+
+POLICY = make_policy("equal-share")
+
+
+def kinds(plan, cls):
+    return [a for a in plan.actions if isinstance(a, cls)]
+
+
+def test_queued_job_is_placed_on_idle_nodes_with_a_time_limit_inside_the_window():
+    pending = Job(job_id=99, name="big", user="bob", partition="batch", state=JobState.PENDING,
+                  node_count=2, planned_nodes=("n1", "n2"), start_time=NOW + 600,
+                  submit_time=NOW - 5)
+    w = world([node("n1"), node("n2")],
+              [slot_job(11, "m1", 0, JobState.PENDING, "JobHeldUser"),
+               slot_job(12, "m1", 1, JobState.PENDING, "JobHeldUser"), pending],
+              [SlotRecord("m1", 0, 11), SlotRecord("m1", 1, 12)], [record()])
+    plan = decide(w, POLICY)
+    places = kinds(plan, Place)
+    assert sorted(p.node for p in places) == ["n1", "n2"]
+    assert all(p.time_limit_min == 10 for p in places)  # 600 s window -> 10 min, not more
+    assert Transit("m1", JobPhase.STARTING, "slots placed on nodes") in plan.actions
+
+
+def test_short_holes_are_not_scavenged():
+    pending = Job(job_id=99, name="big", user="bob", partition="batch", state=JobState.PENDING,
+                  node_count=1, planned_nodes=("n1",), start_time=NOW + 30)
+    w = world([node("n1")], [slot_job(11, "m1", 0, JobState.PENDING, "JobHeldUser"), pending],
+              [SlotRecord("m1", 0, 11)], [record(max_nodes=1)])
+    assert not kinds(decide(w, POLICY), Place)
+
+
+def test_shrink_publishes_without_the_member_then_parks_the_ended_slot():
+    # two running slots; a regular job is planned on n2 now: n2 must be given back
+    pending = Job(job_id=99, name="big", user="bob", partition="batch", state=JobState.PENDING,
+                  node_count=1, planned_nodes=("n2",), start_time=NOW)
+    slots = [SlotRecord("m1", 0, 11, last_status="running", last_node="n1"),
+             SlotRecord("m1", 1, 12, last_status="running", last_node="n2")]
+    jobs = [slot_job(11, "m1", 0, JobState.RUNNING, nodes=["n1"]),
+            slot_job(12, "m1", 1, JobState.RUNNING, nodes=["n2"]), pending]
+    cv = CoordView(epoch=3, members=("s0-r0", "s1-r0"),
+                   live={"s0-r0": Registration("n1", NOW - 60),
+                         "s1-r0": Registration("n2", NOW - 60)},
+                   samples_total=1000, progress_at_s=NOW - 1)
+    model_policy = make_policy("malletrain")
+    plan = decide(world([node("n1", NodeState.ALLOCATED), node("n2", NodeState.ALLOCATED)],
+                        jobs, slots, [record(state=JobPhase.RUNNING)], {"m1": cv}),
+                  model_policy)
+    assert plan.targets["m1"] == ("n1",)
+    assert Leave("m1", 1) in plan.actions
+    assert Publish("m1", ("s0-r0",), 2) in plan.actions
+    assert not kinds(plan, Park)  # the member leaves at a step boundary first
+
+    # next tick: the member left, its slot job ended -> back to the pool, not a preemption
+    slots[1] = SlotRecord("m1", 1, 12, leaving_since_s=NOW - 2, last_status="running",
+                          last_node="n2")
+    jobs[1] = slot_job(12, "m1", 1, JobState.COMPLETED, nodes=["n2"], end=NOW - 1)
+    cv2 = CoordView(epoch=4, members=("s0-r0",), live={"s0-r0": Registration("n1", NOW - 60)},
+                    samples_total=1100, progress_at_s=NOW - 1)
+    plan = decide(world([node("n1", NodeState.ALLOCATED), node("n2", NodeState.COMPLETING)],
+                        jobs, slots, [record(state=JobPhase.RUNNING)], {"m1": cv2}),
+                  model_policy)
+    parks = kinds(plan, Park)
+    assert [(p.slot, p.preempted) for p in parks] == [(1, False)]
+    assert not kinds(plan, Publish)
+
+
+def test_a_slot_ended_by_slurm_while_running_is_a_preemption_with_its_yield_time():
+    bob = Job(job_id=99, name="big", user="bob", partition="batch", state=JobState.RUNNING,
+              node_count=1, nodes=("n2",), submit_time=NOW - 10)
+    slots = [SlotRecord("m1", 0, 11, last_status="running", last_node="n1"),
+             SlotRecord("m1", 1, 12, last_status="running", last_node="n2")]
+    jobs = [slot_job(11, "m1", 0, JobState.RUNNING, nodes=["n1"]),
+            slot_job(12, "m1", 1, JobState.PREEMPTED, nodes=["n2"], end=NOW - 8), bob]
+    cv = CoordView(epoch=4, members=("s0-r0",), live={"s0-r0": Registration("n1", NOW - 60)},
+                   samples_total=100, progress_at_s=NOW)
+    plan = decide(world([node("n1", NodeState.ALLOCATED), node("n2", NodeState.ALLOCATED)],
+                        jobs, slots, [record(state=JobPhase.RUNNING)], {"m1": cv}), POLICY)
+    park = kinds(plan, Park)[0]
+    assert park.preempted and park.slot == 1 and park.yield_s == 2.0
+
+
+def test_newcomers_are_published_together():
+    slots = [SlotRecord("m1", 0, 11, last_status="running", placed_node="n1", placed_at_s=NOW),
+             SlotRecord("m1", 1, 12, last_status="running", placed_node="n2", placed_at_s=NOW)]
+    jobs = [slot_job(11, "m1", 0, JobState.RUNNING, nodes=["n1"]),
+            slot_job(12, "m1", 1, JobState.RUNNING, nodes=["n2"])]
+    nodes = [node("n1", NodeState.ALLOCATED), node("n2", NodeState.ALLOCATED)]
+    early = CoordView(live={"s0-r0": Registration("n1", NOW - 2)})
+    plan = decide(world(nodes, jobs, slots, [record(state=JobPhase.STARTING)], {"m1": early}),
+                  POLICY)
+    assert not kinds(plan, Publish)  # s1 is still starting: wait for it
+    late = CoordView(live={"s0-r0": Registration("n1", NOW - 20)})
+    plan = decide(world(nodes, jobs, slots, [record(state=JobPhase.STARTING)], {"m1": late}),
+                  POLICY)
+    assert kinds(plan, Publish) == [Publish("m1", ("s0-r0",), 0)]  # waited long enough
+    both = CoordView(live={"s0-r0": Registration("n1", NOW - 2),
+                           "s1-r1": Registration("n2", NOW - 1),
+                           "s1-r0": Registration("n2", NOW - 90)})  # stale incarnation
+    plan = decide(world(nodes, jobs, slots, [record(state=JobPhase.STARTING)], {"m1": both}),
+                  POLICY)
+    assert kinds(plan, Publish) == [Publish("m1", ("s0-r0", "s1-r1"), 0)]
+    assert Transit("m1", JobPhase.RUNNING, "training on 2 node(s)") in plan.actions
+
+
+def test_a_slot_released_behind_the_daemons_back_is_held_again():
+    w = world([node("n1")], [slot_job(11, "m1", 0, JobState.PENDING, "Priority")],
+              [SlotRecord("m1", 0, 11)], [record(max_nodes=1)])
+    plan = decide(w, POLICY)
+    assert kinds(plan, Hold) == [Hold("m1", 0, 11, "no longer planned")]
+
+
+def test_finished_job_completes_and_cancels_its_parked_slots():
+    cv = CoordView(finished_samples=5000)
+    slots = [SlotRecord("m1", 0, 11), SlotRecord("m1", 1, 12)]
+    jobs = [slot_job(11, "m1", 0, JobState.COMPLETED, end=NOW - 1),
+            slot_job(12, "m1", 1, JobState.PENDING, "JobHeldUser")]
+    plan = decide(world([node("n1")], jobs, slots, [record(state=JobPhase.RUNNING)],
+                        {"m1": cv}), POLICY)
+    assert [a.to for a in kinds(plan, Transit)] == [JobPhase.COMPLETING]
+    plan = decide(world([node("n1")], jobs, slots, [record(state=JobPhase.COMPLETING)],
+                        {"m1": cv}), POLICY)
+    assert kinds(plan, Cancel) == [Cancel("m1", 1, 12)]
+    jobs[1] = slot_job(12, "m1", 1, JobState.CANCELLED)
+    plan = decide(world([node("n1")], jobs, slots, [record(state=JobPhase.COMPLETING)],
+                        {"m1": cv}), POLICY)
+    assert [a.to for a in kinds(plan, Transit)] == [JobPhase.COMPLETED]
+
+
+def test_a_job_whose_slots_were_all_cancelled_by_the_user_is_cancelled():
+    jobs = [slot_job(11, "m1", 0, JobState.CANCELLED)]
+    plan = decide(world([node("n1")], jobs, [SlotRecord("m1", 0, 11)],
+                        [record(max_nodes=1)]), POLICY)
+    assert [a.to for a in kinds(plan, Transit)] == [JobPhase.CANCELLING]
+
+
+def test_decide_is_pure_and_deterministic():
+    w = world([node("n1"), node("n2")],
+              [slot_job(11, "m1", 0, JobState.PENDING, "JobHeldUser"),
+               slot_job(12, "m1", 1, JobState.PENDING, "JobHeldUser")],
+              [SlotRecord("m1", 0, 11), SlotRecord("m1", 1, 12)], [record()])
+    assert decide(w, POLICY).actions == decide(w, POLICY).actions
