@@ -35,6 +35,7 @@ from typing import Any
 
 from malletrain.core.cluster import ClusterSnapshot, JobState
 from malletrain.core.lifecycle import JobPhase
+from malletrain.core.model import ThroughputModel
 from malletrain.core.policies import make_policy
 from malletrain.core.profiler import AdvisorSettings, ProfilingAdvisor
 from malletrain.daemon.actuator import Actuator
@@ -188,7 +189,7 @@ class Daemon:
         self.actuator = Actuator(backend, self.store, self.coordinator,
                                  on_slurm_call=self._slurm_call)
         self._wake = wake
-        self._last_progress: dict[str, float] = {}
+        self._last_progress: dict[str, tuple[float, int]] = {}
         self._last_plan: TickPlan | None = None
         self._rows_lock = threading.Lock()
         self._job_nodes: dict[str, tuple[str, ...]] = {}
@@ -258,12 +259,18 @@ class Daemon:
         """Job Monitor: progress reports feed the Profiling Advisor and the store."""
         if prog is None:
             return
-        if self._last_progress.get(job.job_id) == prog.time_s:
+        last = self._last_progress.get(job.job_id)
+        if last is not None and last[0] == prog.time_s:
             return
-        self._last_progress[job.job_id] = prog.time_s
         self.advisor.register(job.job_id, job.spec.kind)
         nodes = max(1, len(prog.members) or prog.world_size // max(1, job.spec.nproc_per_node))
-        self.advisor.observe(job.job_id, prog.time_s, nodes, float(prog.samples_total))
+        # A report without new samples (the group is forming, or a step is slower than the
+        # report interval) says nothing about throughput; feeding it would teach the advisor
+        # a rate of 0 and make the allocator evict a job that merely started. Hangs are the
+        # stalled-job detector's business, not the curve's.
+        if last is None or prog.samples_total > last[1]:
+            self._last_progress[job.job_id] = (prog.time_s, prog.samples_total)
+            self.advisor.observe(job.job_id, prog.time_s, nodes, float(prog.samples_total))
         total = prog.samples_total if cv.finished_samples is None else cv.finished_samples
         self.store.update_job(job.job_id, samples_total=int(total),
                               samples_per_s=float(prog.samples_per_s),
@@ -274,7 +281,12 @@ class Daemon:
         for job in jobs:
             self.advisor.register(job.job_id, job.spec.kind)
             up, down = self.advisor.scale_costs(job.job_id)
-            out[job.job_id] = JobModel(self.advisor.model(job.job_id), up, down)
+            model = self.advisor.model(job.job_id)
+            if model.rate(job.spec.max_nodes) <= 0.0:
+                # nothing measured worth the name yet: compete as a linear job, never as
+                # "worth nothing" (that would evict it)
+                model = ThroughputModel(((1, 1.0),), optimistic_slope=1.0)
+            out[job.job_id] = JobModel(model, up, down)
         return out
 
     # ------------------------------------------------------------------ tick

@@ -7,6 +7,7 @@ mt-bob (setpriv); state is read back with ``malletrain jobs --json``. Nothing is
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -102,10 +103,8 @@ class Daemon:
     def stop_coordinator(self) -> None:
         pid_file = self.state / "coordinator.pid"
         if pid_file.exists():
-            try:
+            with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(pid_file.read_text()), signal.SIGTERM)
-            except (ProcessLookupError, ValueError):
-                pass
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from malletrain.slurm.hostlist import expand_hostlist
+
 from .harness import Daemon, check_python_reachable, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm, pytest.mark.torch]
