@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp.write_text(json.dumps({"samples_total": job.samples_total, "step": job.step,
                                    "checksum": checksum(model)}))
         tmp.replace(args.results)
-    return 0
+    return 1 if job.exit_reason == "state_lost" else 0
 
 
 if __name__ == "__main__":

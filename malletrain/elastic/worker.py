@@ -27,7 +27,6 @@ and write the next epoch without the missing members; the failed step is not com
 
 from __future__ import annotations
 
-import contextlib
 import io
 import logging
 import os
@@ -35,7 +34,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from enum import Enum, StrEnum
@@ -210,6 +209,7 @@ class ExitReason(StrEnum):
     REMOVED = "removed"  # a published membership left this member out (planned leave)
     SIGTERM = "sigterm"  # preempted
     EVICTED = "evicted"  # job evicted to zero; the state was saved (or there was none)
+    STATE_LOST = "state_lost"  # the job had progressed but no replica/snapshot holds it
 
 
 class _Outcome(Enum):
@@ -365,6 +365,18 @@ class ElasticJob:
         except (RuntimeError, ValueError, OSError) as again:
             log.warning("coordinator still unreachable: %s", again)
             time.sleep(1.0)
+
+    def _call_with_retry(self, fn: Callable[[], None], what: str, deadline_s: float) -> bool:
+        deadline = time.monotonic() + deadline_s
+        while True:
+            try:
+                fn()
+                return True
+            except (RuntimeError, OSError) as exc:
+                if time.monotonic() > deadline:
+                    log.error("could not send %s to the coordinator: %s", what, exc)
+                    return False
+                self._store_failed(exc)
 
     def reseed(self, js: JobStore) -> None:
         """After a coordinator restart lost this job's keys: put our part back.
@@ -802,6 +814,8 @@ class ElasticJob:
         dist.all_gather(gathered, mine)
         table = [t.tolist() for t in gathered]
         src, target_step, use_snapshot = p.choose_source(table)
+        if target_step < 0:
+            self._refuse_if_state_lost()
         if use_snapshot:
             needy = [r for r in range(self.world_size) if r != src]
         else:
@@ -843,6 +857,36 @@ class ElasticJob:
         if group is not None:
             dist.destroy_process_group(group)
 
+    def _refuse_if_state_lost(self) -> None:
+        """No replica and no snapshot has state: fine for a new job, fatal for a running one.
+
+        If the coordinator has seen progress, the job's state is gone (evicted to zero
+        without a usable MALLETRAIN_STATE_DIR, or the last replica died): starting over from
+        step 0 would silently throw the training away, so every rank leaves instead. Rank 0
+        decides and broadcasts, so all ranks do the same.
+        """
+        flag = torch.zeros(1, dtype=torch.int64)
+        if self.rank == 0:
+            try:
+                progress = self.js.progress()
+            except (RuntimeError, OSError):
+                progress = None
+            if progress is not None and progress.step > 0:
+                flag[0] = progress.step
+        flag = flag.to(self.device)
+        dist.broadcast(flag, src=0)
+        lost_step = int(flag.item())
+        if lost_step:
+            log.error(
+                "job %s reached step %d before, but no replica and no snapshot in "
+                "MALLETRAIN_STATE_DIR holds its state: refusing to restart from step 0",
+                self.config.job_id, lost_step,
+            )
+            self._teardown()
+            self._announce("crashed")
+            self.exit_reason = ExitReason.STATE_LOST
+            raise _Leave
+
     def _save_snapshot(self) -> None:
         """Evicted to zero: write the state to MALLETRAIN_STATE_DIR (rank 0 of the last group)."""
         if not self.has_state:
@@ -860,12 +904,17 @@ class ElasticJob:
 
     def _finish(self) -> None:
         if self.rank == 0:
-            with contextlib.suppress(RuntimeError, OSError):
-                self.js.set_progress(self._build_report())
-                self.js.set_finished(
-                    p.FinishRecord(step=self.step, samples_total=self.samples_total,
-                                   time_s=time.time())
-                )
+            report = self._build_report()
+            record = p.FinishRecord(
+                step=self.step, samples_total=self.samples_total, time_s=time.time()
+            )
+
+            def _send() -> None:
+                self.js.set_progress(report)
+                self.js.set_finished(record)
+
+            # the result must reach the coordinator: retry through an outage (bounded)
+            self._call_with_retry(_send, "the finish record", self.config.sync_timeout_s)
             if self.config.state_dir is not None:
                 snapshot.remove_older(self.config.state_dir, self.config.job_id, keep_step=None)
         self._teardown()

@@ -1,0 +1,143 @@
+"""The coordinator as the daemon uses it: a standalone `malletrain coordinator` process that
+survives the daemon (re-attach), and workers that survive the coordinator's restart."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from elastic_harness import REPO, Cluster, checksums_at, committed_steps, wait_for
+
+from malletrain.elastic.coordinator import Coordinator, MemberUnavailable
+from malletrain.elastic.jobstore import JobStore
+from malletrain.elastic.protocol import MemberInfo
+from malletrain.errors import PermanentError, RetryableError
+
+pytestmark = pytest.mark.torch
+
+
+def _start_coordinator(tmp: Path, port: int = 0) -> tuple[subprocess.Popen, str]:
+    address_file = tmp / f"coord-{time.monotonic_ns()}.addr"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "malletrain.cli", "coordinator", "--port", str(port),
+         "--address-file", str(address_file)],
+        cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.DEVNULL)
+    wait_for(address_file.exists, 60, "the coordinator to listen")
+    return proc, address_file.read_text().strip()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_daemon_restart_reattaches_to_the_standalone_coordinator(tmp_path):
+    proc, address = _start_coordinator(tmp_path)
+    try:
+        daemon = Coordinator.attach(address)
+        worker_side = JobStore(Coordinator.attach(address).store, "j1")  # what workers write
+        for i, m in enumerate(("a", "b", "c")):
+            worker_side.register(MemberInfo(m, f"node{i}", 100 + i, 1, time.time()))
+        assert set(daemon.registered("j1")) == {"a", "b", "c"}
+        with pytest.raises(MemberUnavailable):
+            daemon.publish("j1", ["a", "zz"])
+        with pytest.raises(PermanentError):
+            daemon.publish("bad/job", ["a"])
+        assert daemon.publish("j1", ["a", "b"]) == 1
+        worker_side.depart("b", "sigterm", 1, 42)
+        assert daemon.publish("j1", ["a", "c"]) == 2
+        with pytest.raises(MemberUnavailable):  # departed members cannot be published
+            daemon.publish("j1", ["a", "b"])
+        del daemon  # the daemon is killed; the store lives on in its own process
+
+        again = Coordinator.attach(address)
+        m = again.membership("j1")
+        assert (m.epoch, m.members, m.source) == (2, ("a", "c"), "publish")
+        assert again.epoch("j1", 1).members == ("a", "b")
+        assert set(again.registered("j1")) == set()  # a and c are in the job
+        assert set(again.live_members("j1")) == {"a", "c"}
+        [dep] = again.departures("j1")
+        assert (dep.member_id, dep.reason, dep.step) == ("b", "sigterm", 42)
+        assert again.progress("j1") is None and not again.is_finished("j1")
+        again.forget("j1")
+        assert again.membership("j1") is None and again.departures("j1") == []
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+
+
+def test_coordinator_cli_rejects_bad_input_in_one_line(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "malletrain.cli", "coordinator", "--port", "70000"],
+        cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "--port 70000" in out.stderr and "Traceback" not in out.stderr
+    with pytest.raises(RetryableError):
+        Coordinator.attach(f"127.0.0.1:{_free_port()}", timeout_s=1)
+    with pytest.raises(PermanentError):
+        Coordinator.attach("no-port-here")
+
+
+def test_workers_train_through_a_coordinator_restart(tmp_path):
+    port = _free_port()
+    proc, address = _start_coordinator(tmp_path, port)
+    cluster = Cluster(tmp_path, coord=Coordinator.attach(address))
+    args = ["--dataset-size", "256", "--batch", "4", "--hidden", "32", "--step-sleep", "0.02"]
+    try:
+        w0 = cluster.launch("m0", *args)
+        cluster.wait_registered("m0")
+        e1 = cluster.coord.publish(cluster.job_id, ["m0"])
+        cluster.wait_epoch(w0, e1)
+        cluster.wait_step(w0, 10)
+
+        proc.send_signal(signal.SIGKILL)  # the store and all its keys are gone
+        proc.wait(10)
+        before = w0.last_step()
+        time.sleep(2.0)
+        assert w0.last_step() >= before + 10, "training stalled while the coordinator was down"
+
+        proc, address = _start_coordinator(tmp_path, port)
+        cluster.coord = Coordinator.attach(address)
+        # the workers put their epoch and registration back (rank 0's watcher re-seeds)
+        wait_for(lambda: (m := cluster.coord.membership(cluster.job_id)) is not None
+                 and m.epoch == e1 and m.members == ("m0",), 30, "re-seeded epoch", cluster)
+        wait_for(lambda: "m0" in cluster.coord.live_members(cluster.job_id), 30,
+                 "re-registration", cluster)
+        wait_for(lambda: (p := cluster.coord.progress(cluster.job_id)) is not None
+                 and p.step > before, 30, "progress reports again", cluster)
+
+        w1 = cluster.launch("m1", *args)
+        cluster.wait_registered("m1")
+        e2 = cluster.coord.publish(cluster.job_id, ["m0", "m1"])
+        assert e2 > e1
+        cluster.wait_epoch(w1, e2)
+        cluster.wait_epoch(w0, e2)
+        assert len(checksums_at([w0, w1], e2)) == 1
+        cluster.wait_step(w1, w1.last_step() + 5)
+        cluster.coord.publish(cluster.job_id, [])  # evicted to zero (no state dir: dropped)
+        assert w0.proc.wait(30) == 0 and w1.proc.wait(30) == 0
+        assert w0.exit_record()["reason"] == "evicted"
+        steps = committed_steps([w0, w1])
+        assert sorted(steps) == list(range(len(steps)))  # gapless through the outage
+
+        # the job gets a node again, but no replica and no snapshot holds its state:
+        # the worker refuses to start over from step 0 (the daemon sees a "crashed" departure)
+        w2 = cluster.launch("m2", *args)
+        cluster.wait_registered("m2")
+        cluster.coord.publish(cluster.job_id, ["m2"])
+        assert w2.proc.wait(60) == 1
+        assert w2.exit_record()["reason"] == "state_lost"
+        assert not w2.steps()
+        assert cluster.coord.departures(cluster.job_id)[-1].reason == "crashed"
+    finally:
+        cluster.stop()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(10)
