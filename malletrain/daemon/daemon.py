@@ -574,8 +574,6 @@ def run_daemon(settings: Settings, config_path: str | None, backend: SlurmBacken
     daemon = Daemon(settings, backend, metrics=metrics, decide_overrides=decide_overrides,
                     wake=signals.wake)
     channel = ChannelServer(settings.submit.socket_path, daemon.handle).start()
-    watcher = _EventWatcher(daemon, signals.wake)
-    watcher.start()
     notifier.ready(f"scavenging through partition {settings.slurm.scavenger_partition}")
     log.info("daemon running (instance %s, coordinator %s, socket %s)", daemon.instance,
              daemon.coordinator.address, settings.submit.socket_path)
@@ -594,56 +592,9 @@ def run_daemon(settings: Settings, config_path: str | None, backend: SlurmBacken
     finally:
         notifier.stopping("stopping: the tick in progress has finished")
         log.info("stopping (signal %s)", signals.stop_signal)
-        watcher.stop()
         channel.stop()
         if server is not None:
             server.stop()
         daemon.close()
         signals.restore()
     return 0
-
-
-class _EventWatcher:
-    """Wakes the loop early on coordinator events (a departure, a registration, a finish).
-
-    Polls cheap counters only (one store ``add(key, 0)`` per job) every 0.25 s; the tick does
-    the real work. Level-triggered: a missed event only delays the reaction to the next tick.
-    """
-
-    def __init__(self, daemon: Daemon, wake: Any, period_s: float = 0.25) -> None:
-        self._daemon = daemon
-        self._wake = wake
-        self._period_s = period_s
-        self._stop = threading.Event()
-        self._seen: dict[str, int] = {}
-        self._thread = threading.Thread(target=self._run, name="event-watcher", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(2.0)
-
-    def _run(self) -> None:
-        from malletrain.elastic.coordinator import Coordinator
-
-        try:  # its own connection: a TCPStore client is not shared between threads
-            store = Coordinator.attach(self._daemon.coordinator.address).store
-        except Exception as exc:
-            log.warning("event watcher disabled (ticks only): %s", exc)
-            return
-        while not self._stop.wait(self._period_s):
-            try:
-                with self._daemon._rows_lock:
-                    job_ids = list(self._daemon._job_nodes)
-                changed = False
-                for jid in job_ids:
-                    n = int(store.add(f"mt/{jid}/events", 0))
-                    if self._seen.get(jid, n) != n:
-                        changed = True
-                    self._seen[jid] = n
-                if changed:
-                    self._wake()
-            except Exception as exc:  # never let the watcher die
-                log.debug("event watcher: %s", exc)

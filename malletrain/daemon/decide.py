@@ -31,7 +31,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from malletrain.core.cluster import ClusterSnapshot, JobState
+from malletrain.core.cluster import ClusterSnapshot, JobState, NodeState
 from malletrain.core.lifecycle import JobPhase
 from malletrain.core.model import (
     AllocationInput,
@@ -41,7 +41,7 @@ from malletrain.core.model import (
     Policy,
     ThroughputModel,
 )
-from malletrain.core.scavenger import earliest_claims, idle_nodes
+from malletrain.core.scavenger import UNUSABLE_FLAGS, earliest_claims, idle_nodes
 from malletrain.daemon.slots import SlotStatus, SlotView, classify, parse_member, parse_tag
 from malletrain.daemon.store import JobRecord, SlotRecord
 
@@ -256,6 +256,10 @@ def _time_limit_min(window_s: float | None, s: DecideSettings, job: JobRecord, n
 
 # ----------------------------------------------------------------------------- decide
 
+_FOREIGN_BUSY = frozenset({JobState.RUNNING, JobState.COMPLETING, JobState.CONFIGURING,
+                           JobState.SUSPENDED})
+_NOT_HOLES = frozenset({NodeState.DOWN, NodeState.DRAINED, NodeState.DRAINING,
+                        NodeState.FUTURE, NodeState.RESERVED})
 _MANAGED = (P.QUEUED, P.STARTING, P.RUNNING, P.STALLED, P.EVICTED)
 _USABLE = (SlotStatus.PARKED, SlotStatus.PLACING, SlotStatus.RUNNING, SlotStatus.ENDING,
            SlotStatus.ENDED)
@@ -335,28 +339,35 @@ def decide(world: World, policy: Policy) -> TickPlan:
     held_set = {n for ns in held.values() for n in ns}
     # Nodes our slots occupy in any state are still holes (Slurm did not take them back):
     # the policy's hole-length model must not mistake our own use of a node for its end.
-    ours = set(held_set)
-    for job in world.jobs:
-        for v in views[job.job_id]:
-            if v.status in (SlotStatus.RUNNING, SlotStatus.ENDING) and v.node:
-                ours.add(v.node)
+    # A hole lasts until a job that is NOT ours takes the node (or it goes down). Our own
+    # use of a node (a slot starting, running, leaving, the node completing after it) must
+    # not look like its end to the policy's hole-length model, so every such node stays in
+    # the pool: free idle nodes with their windows, held nodes with theirs, and the rest
+    # (our leftovers) with a zero window, i.e. worth nothing right now.
+    foreign = {
+        n for j in snap.jobs
+        if parse_tag(j.comment) is None and j.state in _FOREIGN_BUSY for n in j.nodes
+    }
+    hole_names = {
+        n.name for n in snap.nodes
+        if s.scavenger_partition in n.partitions and n.name not in foreign
+        and not (n.flags & UNUSABLE_FLAGS) and n.state not in _NOT_HOLES
+    } | held_set
     idle_now = idle_nodes(snap, now, partitions=[s.scavenger_partition], min_window_s=0.0)
-    holes: dict[str, float] = {}
-    for n in idle_now:
-        holes[n.name] = world.hole_start_s.get(n.name, now - n.idle_age_s)
-    for name in ours:
-        holes[name] = world.hole_start_s.get(name, now)
+    idle_age = {n.name: n.idle_age_s for n in idle_now}
+    holes: dict[str, float] = {
+        name: world.hole_start_s.get(name, now - idle_age.get(name, 0.0)) for name in hole_names
+    }
     free = tuple(
         IdleNode(n.name, n.window_s, idle_age_s=now - holes[n.name]) for n in idle_now
-        if n.name not in held_set
+        if n.name not in held_set and n.name in holes
         and (n.window_s is None or n.window_s > s.min_slot_time_s)
     )
     held_nodes = tuple(IdleNode(n, window(n), idle_age_s=now - holes[n])
                        for n in sorted(held_set))
-    # nodes our slots are leaving: offered with a zero window (worth nothing now) so that the
-    # policy's hole tracker sees them still present until Slurm really takes them
+    offered = {n.name for n in free} | held_set
     leaving_nodes = tuple(IdleNode(n, 0.0, idle_age_s=now - holes[n])
-                          for n in sorted(ours - held_set) if n not in {f.name for f in free})
+                          for n in sorted(hole_names - offered))
     alloc_jobs = []
     for job in managed:
         usable = sum(1 for v in views[job.job_id]
@@ -377,7 +388,9 @@ def decide(world: World, policy: Policy) -> TickPlan:
     if alloc_jobs:
         allocation = policy.decide(AllocationInput(
             now_s=now, nodes=free + held_nodes + leaving_nodes, jobs=tuple(alloc_jobs)))
-        targets = {k: tuple(v) for k, v in allocation.assignments.items()}
+        # zero-window leftovers are offered to keep the hole model honest, never to be used
+        targets = {k: tuple(n for n in v if n in offered)
+                   for k, v in allocation.assignments.items()}
     windows = {n.name: n.window_s for n in free + held_nodes}
 
     # -- per job: the difference ------------------------------------------------------

@@ -1,6 +1,6 @@
 """The daemon end to end on the real dev cluster, with real torch workers (CPU, gloo).
 
-Two malleable jobs of mt-alice grow onto idle nodes; mt-bob's regular 4-node batch job
+Two malleable jobs of mt-alice grow onto idle nodes; mt-bob's regular 6-node batch job
 takes its nodes back (Slurm preempts the slots on them) and starts; the malleable jobs shrink
 without losing progress; the daemon is killed with -9 and restarted while that happens; when
 the batch job ends they grow back; both finish with exactly the samples they asked for.
@@ -63,8 +63,8 @@ def _slot_users(cluster) -> set[str]:
 
 def test_grow_yield_shrink_kill9_regrow_exact_samples(daemon, clean_cluster):
     d = daemon
-    a = d.submit_example("mt-alice", "ja", "1-3", SAMPLES)
-    b = d.submit_example("mt-alice", "jb", "1-3", SAMPLES)
+    a = d.submit_example("mt-alice", "ja", "1-2", SAMPLES)
+    b = d.submit_example("mt-alice", "jb", "1-2", SAMPLES)
 
     def grown():
         rows = d.jobs()
@@ -77,21 +77,21 @@ def test_grow_yield_shrink_kill9_regrow_exact_samples(daemon, clean_cluster):
                on_timeout=lambda: json.dumps(d.jobs(), indent=1) + d.log()[-3000:])
     assert _slot_users(clean_cluster) == {"mt-alice"}  # user code runs as the user
 
-    # mt-bob's regular job needs 4 of the 8 nodes: 2 are idle, the rest are scavenged
-    batch = clean_cluster.sbatch("-p", "batch", "-N", "4", "-t", "3", wrap="srun sleep 25",
+    # mt-bob's regular job needs 6 of the 8 nodes: 4 are idle, 2 are scavenged
+    batch = clean_cluster.sbatch("-p", "batch", "-N", "6", "-t", "3", wrap="srun sleep 25",
                                  user="mt-bob")
     submitted = time.monotonic()
     wait_until(lambda: clean_cluster.job_state(batch) == "RUNNING", 60,
                what="the batch job to start")
     wait_s = time.monotonic() - submitted
     batch_nodes = set(expand_hostlist(clean_cluster.scontrol_job(batch)["NodeList"]))
-    assert len(batch_nodes) == 4
+    assert len(batch_nodes) == 6
     before = {j: d.jobs()[j]["samples_total"] for j in (a, b)}
 
     def shrunk():
         rows = d.jobs()
         na, nb = _nodes(rows, a, b)
-        return not (na | nb) & batch_nodes and len(na) + len(nb) <= 4
+        return not (na | nb) & batch_nodes and len(na) + len(nb) <= 2
 
     wait_until(shrunk, 30, what="the slots to leave the batch job's nodes")
 
@@ -111,7 +111,7 @@ def test_grow_yield_shrink_kill9_regrow_exact_samples(daemon, clean_cluster):
         rows = d.jobs()
         na, nb = _nodes(rows, a, b)
         done = rows[a]["state"] == "completed" or rows[b]["state"] == "completed"
-        return len(na) + len(nb) >= 5 or (done and len(na) + len(nb) >= 3)
+        return len(na) + len(nb) >= 4 or (done and len(na) + len(nb) >= 2)
 
     wait_until(regrown, 120, what="the jobs to grow back after the batch job",
                on_timeout=lambda: json.dumps(d.jobs(), indent=1))
@@ -126,7 +126,6 @@ def test_grow_yield_shrink_kill9_regrow_exact_samples(daemon, clean_cluster):
         result = d.result(tag)
         assert result is not None and result["samples_total"] == SAMPLES
         assert (d.out / f"{tag}.json").stat().st_uid == alice
-        assert rows[j]["rescales_down"] + rows[j]["preemptions"] >= 1 or True
     assert sum(rows[j]["rescales_down"] + rows[j]["preemptions"] for j in (a, b)) >= 1
     assert wait_s < 30, f"the batch job waited {wait_s:.1f} s for the scavenged nodes"
     # every slot job is gone or parked/finished: nothing of ours holds a node any more
