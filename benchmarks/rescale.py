@@ -92,7 +92,7 @@ def run_malletrain(tmp: Path, cycles: int) -> dict[str, list[float]]:
         with open(tmp / f"mt-{member}.err", "w") as err:
             procs[member] = subprocess.Popen(
                 [sys.executable, str(EXAMPLE), *MODEL_ARGS, "--dataset-size", "256",
-                 "--log", str(logs[member])],
+                 "--jsonl", str(logs[member])],
                 env=env, stdout=subprocess.DEVNULL, stderr=err)
 
     def first_step_t0(member: str, epoch: int) -> float:

@@ -51,8 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--data-seed", type=int, default=1234)
     ap.add_argument("--step-sleep", type=float, default=0.0,
                     help="extra seconds per step (to slow a tiny model down in tests)")
-    ap.add_argument("--log", type=Path, default=None,
-                    help="JSON-lines log of this process (one record per step and event)")
+    ap.add_argument("--jsonl", default=None,
+                    help="JSON-lines log of this process (one record per step and event); "
+                         "'{local_rank}' in the path is replaced (torchrun, K > 1)")
     ap.add_argument("--log-indices", action="store_true",
                     help="also log the sample indices of every committed step")
     ap.add_argument("--results", type=Path, default=None,
@@ -113,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     job = ElasticJob(model, opt, dataset_size=args.dataset_size,
                      rule=LinearScaling(per_rank_batch=args.batch, base_lr=args.lr),
                      seed=args.seed, total_samples=args.total_samples)
-    out = JsonLog(args.log)
+    log_path = None
+    if args.jsonl:
+        log_path = Path(args.jsonl.replace("{local_rank}", os.environ.get("LOCAL_RANK", "0")))
+    out = JsonLog(log_path)
     out.write(event="start", pid=os.getpid(), member=job.member_id)
     for step in job.steps():
         if step.first_of_epoch:

@@ -59,9 +59,22 @@ class Cluster:
     state_dir: Path | None = None
     env_extra: dict[str, str] = field(default_factory=dict)
 
-    def launch(self, member_id: str, *args: str, env: dict[str, str] | None = None) -> Worker:
+    def launch(self, member_id: str, *args: str, env: dict[str, str] | None = None,
+               nproc: int = 1) -> Worker | list[Worker]:
+        """Start a member: one process, or ``torchrun --nproc-per-node=nproc`` (a list)."""
+        if nproc > 1:
+            return self._launch_torchrun(member_id, nproc, args, env)
         log = self.tmp / f"{member_id}.{len(self.workers)}.jsonl"
         err = self.tmp / f"{member_id}.{len(self.workers)}.stderr"
+        e = self._env(member_id, env)
+        cmd = [sys.executable, str(EXAMPLE), "--jsonl", str(log), *args]
+        with open(err, "w") as err_file:
+            proc = subprocess.Popen(cmd, env=e, stdout=subprocess.DEVNULL, stderr=err_file)
+        w = Worker(member_id, proc, log, err)
+        self.workers[f"{member_id}.{len(self.workers)}"] = w
+        return w
+
+    def _env(self, member_id: str, env: dict[str, str] | None) -> dict[str, str]:
         e = dict(os.environ)
         e.update(
             MALLETRAIN_COORDINATOR=self.coord.address,
@@ -78,12 +91,24 @@ class Cluster:
             e["MALLETRAIN_STATE_DIR"] = str(self.state_dir)
         e.update(self.env_extra)
         e.update(env or {})
-        cmd = [sys.executable, str(EXAMPLE), "--log", str(log), *args]
+        return e
+
+    def _launch_torchrun(self, member_id: str, nproc: int, args: tuple[str, ...],
+                         env: dict[str, str] | None) -> list[Worker]:
+        n = len(self.workers)
+        log = self.tmp / f"{member_id}.{n}.{{local_rank}}.jsonl"
+        err = self.tmp / f"{member_id}.{n}.stderr"
+        e = self._env(member_id, env)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+               f"--nproc-per-node={nproc}", str(EXAMPLE), "--jsonl", str(log), *args]
         with open(err, "w") as err_file:
             proc = subprocess.Popen(cmd, env=e, stdout=subprocess.DEVNULL, stderr=err_file)
-        w = Worker(member_id, proc, log, err)
-        self.workers[f"{member_id}.{len(self.workers)}"] = w
-        return w
+        out = []
+        for lr in range(nproc):
+            w = Worker(member_id, proc, Path(str(log).replace("{local_rank}", str(lr))), err)
+            self.workers[f"{member_id}.{n}.{lr}"] = w
+            out.append(w)
+        return out
 
     def wait_registered(self, *members: str, timeout_s: float = 60) -> None:
         wait_for(lambda: set(members) <= set(self.coord.registered(self.job_id)), timeout_s,

@@ -63,7 +63,7 @@ def _assert_replicas_equal(workers: list[Worker], epoch: int, expect: int) -> No
 
 
 def test_grow_and_shrink_1_2_3_2_1_identical_replicas_gapless_exact(cluster):
-    total = 1500
+    total = 1100
     args = _args(total, "--step-sleep", "0.01", "--log-indices")
     w = {m: cluster.launch(m, *args) for m in ("m0", "m1", "m2")}
     cluster.wait_registered("m0", "m1", "m2")
@@ -92,7 +92,7 @@ def test_grow_and_shrink_1_2_3_2_1_identical_replicas_gapless_exact(cluster):
 
 
 def test_sigterm_then_sigkill_of_members(cluster):
-    total = 2400
+    total = 1200
     w = {m: cluster.launch(m, *_args(total, "--step-sleep", "0.02")) for m in ("m0", "m1", "m2")}
     cluster.wait_registered("m0", "m1", "m2")
     e1 = cluster.coord.publish(cluster.job_id, ["m0", "m1", "m2"])
@@ -173,8 +173,8 @@ def test_frozen_member_is_dropped_after_the_timeout_then_rejoins(cluster):
 
 def test_newcomer_arrives_mid_step_without_losing_the_step_in_flight(cluster):
     total = 120
-    w0 = cluster.launch("m0", *_args(total, "--step-sleep", "0.4"))
-    w1 = cluster.launch("m1", *_args(total, "--step-sleep", "0.4"))
+    w0 = cluster.launch("m0", *_args(total, "--step-sleep", "0.3"))
+    w1 = cluster.launch("m1", *_args(total, "--step-sleep", "0.3"))
     cluster.wait_registered("m0", "m1")
     e1 = cluster.coord.publish(cluster.job_id, ["m0"])
     cluster.wait_epoch(w0, e1)
@@ -252,3 +252,33 @@ def test_evicted_to_zero_saves_and_restores_never_a_stale_or_foreign_snapshot(cl
     assert w2.proc.wait(30) == 0 and w3.proc.wait(30) == 0
     _assert_gapless_and_exact([*w.values(), w2, w3], total, check_indices=False)
     assert not list(state.glob("job1.step*.mtsnap")), "snapshots of a finished job remain"
+
+
+def test_torchrun_member_with_two_local_ranks_next_to_a_single_rank_member(cluster):
+    """The launch the daemon uses: torchrun --nnodes=1 --nproc-per-node=K per node slot."""
+    total = 900
+    args = _args(total, "--step-sleep", "0.02")
+    m0 = cluster.launch("m0", *args, nproc=2)  # K=2: global ranks offset + 0, + 1
+    m1 = cluster.launch("m1", *args)
+    cluster.wait_registered("m0", "m1")
+    assert cluster.coord.registered(cluster.job_id)["m0"].local_world_size == 2
+    e1 = cluster.coord.publish(cluster.job_id, ["m0"])
+    for w in m0:
+        cluster.wait_epoch(w, e1)
+    assert sorted(w.epochs()[-1]["rank"] for w in m0) == [0, 1]
+    cluster.wait_step(m0[0], 5)
+    e2 = cluster.coord.publish(cluster.job_id, ["m1", "m0"])  # m1 first: m1 = rank 0
+    first = [cluster.wait_epoch(w, e2) for w in (m1, *m0)]
+    assert [r["rank"] for r in first] == [0, 1, 2] and {r["ws"] for r in first} == {3}
+    _assert_replicas_equal([m1, *m0], e2, 3)
+    cluster.wait_step(m1, m1.last_step() + 5)
+
+    # Slurm preempts m0's node: torchrun forwards SIGTERM to both local ranks
+    m0[0].proc.send_signal(signal.SIGTERM)
+    m0[0].proc.wait(10)
+    assert {w.exit_record()["reason"] for w in m0} == {"sigterm"}
+    wait_for(lambda: cluster.coord.membership(cluster.job_id).members == ("m1",), 10,
+             "m1 alone", cluster)
+    wait_for(lambda: cluster.coord.is_finished(cluster.job_id), 120, "finish", cluster)
+    assert m1.proc.wait(30) == 0
+    _assert_gapless_and_exact([m1, *m0], total, check_indices=False)
