@@ -101,7 +101,8 @@ def big_texts() -> SnapshotTexts:
         rec = copy.deepcopy(job_tpls[j % len(job_tpls)])
         rec["job_id"] = j
         squeue["jobs"].append(rec)
-    planned = "".join(f"{j} n[{j % 3000}-{j % 3000 + 15}]\n" for j in range(1, JOBS + 1))
+    planned = "".join(f"{j} 2026-11-22T01:00:00 n[{j % 3000}-{j % 3000 + 15}]\n"
+                      for j in range(1, JOBS + 1))
     return SnapshotTexts(
         sinfo_json=json.dumps(sinfo), squeue_json=json.dumps(squeue),
         partitions=(GOLDEN / "partitions.txt").read_text(),

@@ -14,6 +14,8 @@ own directory under /tmp with a free port range, exports ``SLURM_CONF`` (and
 it, and runs ``down`` at the end (no process left).  Accounting (slurmdbd + MariaDB) is on
 because without it Slurm 22.05 refuses every update of a job after its first shrink.
 
+``shared_tmp`` is a world-writable directory for the output of jobs of the test users.
+
 ``clean_cluster`` (function scope) is the same object, after every job was cancelled, every
 reservation deleted, nodes resumed and slurmctld made sure to run: tests do not see each
 other's jobs.  Finished jobs stay visible in ``squeue --json`` for ``MinJobAge`` (300 s), so
@@ -270,6 +272,19 @@ def dev_cluster() -> Iterator[DevCluster]:
                 os.environ[key] = value
         if not os.environ.get("MALLETRAIN_TEST_KEEP_DEVCLUSTER"):
             shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A world-writable (sticky) directory under /tmp for job output of the test users.
+
+    pytest's ``tmp_path`` lives under a root-only directory, which jobs running as
+    mt-alice/mt-bob cannot write into (the job then fails with ``JobLaunchFailure``).
+    """
+    d = Path(tempfile.mkdtemp(prefix="malletrain-test-shared-", dir="/tmp"))
+    d.chmod(0o1777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

@@ -52,7 +52,7 @@ SNAPSHOT_COMMANDS: Mapping[str, tuple[str, ...]] = {
     "squeue_json": ("squeue", "--all", "--json"),
     "partitions": ("scontrol", "show", "partition", "-o"),
     "reservations": ("scontrol", "show", "reservation", "-o"),
-    "planned": ("squeue", "--all", "--noheader", "--states=PENDING", "--format=%A %Y"),
+    "planned": ("squeue", "--all", "--noheader", "--states=PENDING", "--format=%A %S %Y"),
     "topology": ("scontrol", "show", "topology"),
 }
 

@@ -16,7 +16,7 @@ functions directly.  The policy, after submitit:
 Facts of 22.05 these parsers encode (see docs/slurm-backend.md):
 ``--json`` ignores every filter (filter here); ``sinfo --json`` has no partitions
 (``scontrol show partition -o``) and ``squeue --json`` has no planned nodes of pending jobs
-(``squeue -h -t PENDING -o "%A %Y"``); leaf switches come from ``scontrol show topology``;
+(``squeue -h -t PENDING -o "%A %S %Y"``); leaf switches come from ``scontrol show topology``;
 time limits are minutes, times epoch seconds, 0 means unset; ``scontrol`` prints local time
 ``YYYY-MM-DDTHH:MM:SS``.
 """
@@ -267,13 +267,16 @@ def job_state(raw: str) -> JobState | None:
 
 def parse_squeue_json(
     text: str,
-    planned: Mapping[int, tuple[str, ...]] | None = None,
+    planned: Mapping[int, PlannedStart] | None = None,
     warnings: list[str] | None = None,
 ) -> tuple[Job, ...]:
-    """Jobs from ``squeue --json``; ``planned`` adds the backfill plan's nodes of pending jobs.
+    """Jobs from ``squeue --json``; ``planned`` adds the backfill plan of pending jobs.
 
     For a pending job ``start_time`` is the scheduler's planned start (``None`` when it has
     none); for a running job the actual start.  ``time_limit_s`` is ``None`` for unlimited.
+    When ``planned`` has a plan for a pending job, its start AND nodes both come from it:
+    they were read in one call, while the JSON was read a moment earlier, possibly before
+    the backfill pass that made the plan (seen: planned nodes with ``start_time`` 0).
     """
     warns = warnings if warnings is not None else []
     plan = planned or {}
@@ -300,7 +303,15 @@ def parse_squeue_json(
             except SlurmParseError as exc:
                 warns.append(f"{where}: {exc}; no nodes")
         limit_min = _field(rec, "time_limit", int, 0, where, warns)
+        time_limit_s = None if limit_min <= 0 or limit_min in _INFINITE_32 else limit_min * 60
         start = _epoch(_field(rec, "start_time", int, 0, where, warns))
+        end = _epoch(_field(rec, "end_time", int, 0, where, warns))
+        planned_nodes: tuple[str, ...] = ()
+        entry = plan.get(job_id) if state is JobState.PENDING else None
+        if entry is not None and entry.nodes:
+            planned_nodes = entry.nodes
+            start = entry.start_time
+            end = None if start is None or time_limit_s is None else start + time_limit_s
         jobs.append(
             Job(
                 job_id=job_id,
@@ -311,36 +322,48 @@ def parse_squeue_json(
                 state_reason=_field(rec, "state_reason", str, "", where, warns),
                 node_count=_field(rec, "node_count", int, 0, where, warns),
                 nodes=nodes,
-                planned_nodes=plan.get(job_id, ()) if state is JobState.PENDING else (),
-                time_limit_s=None if limit_min <= 0 or limit_min in _INFINITE_32
-                else limit_min * 60,
+                planned_nodes=planned_nodes,
+                time_limit_s=time_limit_s,
                 submit_time=_epoch(_field(rec, "submit_time", int, 0, where, warns)),
                 start_time=start,
-                end_time=_epoch(_field(rec, "end_time", int, 0, where, warns)),
+                end_time=end,
                 comment=_field(rec, "comment", str, "", where, warns),
             )
         )
     return tuple(jobs)
 
 
-def parse_planned(text: str, warnings: list[str] | None = None) -> dict[int, tuple[str, ...]]:
-    """``squeue -h -t PENDING -o "%A %Y"`` -> {job id: planned nodes}; ``(null)`` = no plan."""
+@dataclass(frozen=True)
+class PlannedStart:
+    """The backfill plan of one pending job: when and where it is expected to start."""
+
+    start_time: float | None
+    nodes: tuple[str, ...]
+
+
+def parse_planned(text: str, warnings: list[str] | None = None) -> dict[int, PlannedStart]:
+    """``squeue -h -t PENDING -o "%A %S %Y"`` -> {job id: plan}; jobs with no plan are left out.
+
+    ``%S`` is the expected start (local time, ``N/A`` if none) and ``%Y`` the planned nodes
+    (``(null)`` if none), both from the same call so they belong to the same backfill pass.
+    """
     warns = warnings if warnings is not None else []
-    out: dict[int, tuple[str, ...]] = {}
+    out: dict[int, PlannedStart] = {}
     for line in text.splitlines():
         parts = line.split()
         if not parts:
             continue
-        if len(parts) != 2 or not parts[0].isdigit():
-            warns.append(f"squeue planned nodes: cannot read line {line!r}; skipped")
+        if len(parts) != 3 or not parts[0].isdigit():
+            warns.append(f"squeue planned starts: cannot read line {line!r}; skipped")
             continue
         try:
-            nodes = expand_hostlist(parts[1])
-        except SlurmParseError as exc:
-            warns.append(f"squeue planned nodes of job {parts[0]}: {exc}; skipped")
+            nodes = expand_hostlist(parts[2])
+            start = slurm_time(parts[1])
+        except (SlurmParseError, ValueError) as exc:
+            warns.append(f"squeue planned start of job {parts[0]}: {exc}; skipped")
             continue
         if nodes:
-            out[int(parts[0])] = nodes
+            out[int(parts[0])] = PlannedStart(start_time=start, nodes=nodes)
     return out
 
 
@@ -385,7 +408,7 @@ def duration_s(text: str) -> int | None:
 def slurm_time(text: str) -> float | None:
     """scontrol's local time ``2026-11-22T03:12:14`` -> epoch seconds; unset -> ``None``."""
     value = text.strip()
-    if value in ("", "None", "Unknown", "N/A", "(null)"):
+    if value in ("", "None", "Unknown", "N/A", "(null)", "NONE"):
         return None
     return time.mktime(time.strptime(value, "%Y-%m-%dT%H:%M:%S"))
 

@@ -6,9 +6,7 @@ These are the contract tests any SlurmBackend must pass; ``backend`` is what
 
 from __future__ import annotations
 
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
@@ -30,14 +28,6 @@ def sleeper(**kw) -> SbatchSpec:
 @pytest.fixture
 def backend(clean_cluster) -> SlurmBackend:
     return select_backend(timeout_s=20)
-
-
-@pytest.fixture
-def shared_dir() -> Path:
-    """A directory every test user may write job output into."""
-    d = Path(tempfile.mkdtemp(prefix="mt-slurm-test-", dir="/tmp"))
-    d.chmod(0o1777)
-    return d
 
 
 def wait_job(backend, job_id, pred, timeout_s=20, what="job state"):
@@ -65,8 +55,8 @@ def test_snapshot_of_the_clean_cluster(backend):
     assert [n.switch for n in snap.nodes] == ["s1"] * 4 + ["s2"] * 4  # topology.conf
 
 
-def test_submit_as_a_user_runs_with_env_comment_and_limit(backend, shared_dir):
-    out = shared_dir / "env.out"
+def test_submit_as_a_user_runs_with_env_comment_and_limit(backend, shared_tmp):
+    out = shared_tmp / "env.out"
     spec = SbatchSpec(
         script="#!/bin/bash\necho \"$(id -un) $MT_TOKEN $SLURM_JOB_NUM_NODES\"\nsrun sleep 300\n",
         job_name="contract-env", nodes=2, time_limit_s=300, comment="malletrain contract",
@@ -144,8 +134,8 @@ def test_update_of_an_unknown_job_is_a_permanent_error(backend):
         backend.update(999999, Comment="x")
 
 
-def test_signal_reaches_the_steps_not_the_batch_shell(backend, shared_dir):
-    out = shared_dir / "sig.out"
+def test_signal_reaches_the_steps_not_the_batch_shell(backend, shared_tmp):
+    out = shared_tmp / "sig.out"
     script = (
         "#!/bin/bash\n"
         "trap 'echo batch-USR1' USR1\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -31,10 +32,8 @@ def test_partitions_are_configured_for_preemption(clean_cluster):
     assert "GraceTime=5 " in lines["PartitionName=scavenger"]
 
 
-def test_unprivileged_user_job_runs_on_two_nodes(clean_cluster, tmp_path):
-    out_dir = Path(tempfile.mkdtemp(prefix="mt-out-", dir="/tmp"))
-    out_dir.chmod(0o1777)
-    out = out_dir / "job.out"
+def test_unprivileged_user_job_runs_on_two_nodes(clean_cluster, shared_tmp):
+    out = shared_tmp / "job.out"
     job_id = clean_cluster.sbatch(
         "-N", "2", wrap="srun -l bash -c 'echo $SLURMD_NODENAME $(id -un)'",
         user="mt-alice", output=str(out),
@@ -68,6 +67,9 @@ def test_down_leaves_no_process_even_with_a_running_job(free_port_base):
 
     try:
         assert dc("up", "--nodes", "2", "--users", "").returncode == 0
+        unshare_pid = int((base / "run" / "unshare.pid").read_text())
+        (init_pid,) = _children(unshare_pid)
+        namespace = os.readlink(f"/proc/{init_pid}/ns/pid")
         sub = subprocess.run(
             ["sbatch", "--parsable", "-N", "2", "-o", "/dev/null", "--wrap=srun sleep 600"],
             env=env, capture_output=True, text=True, timeout=30, check=True,
@@ -75,43 +77,73 @@ def test_down_leaves_no_process_even_with_a_running_job(free_port_base):
         job_id = sub.stdout.strip()
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            st = subprocess.run(["scontrol", "show", "job", job_id], env=env,
-                                capture_output=True, text=True, check=False).stdout
-            if "JobState=RUNNING" in st and _stepd_count(job_id) >= 2:
+            if len(_stepds_in(namespace, job_id)) >= 3:  # batch step + one step per node
                 break
             time.sleep(0.2)
-        assert _stepd_count(job_id) >= 2, "the job's step did not start"
+        assert len(_stepds_in(namespace, job_id)) >= 3, "the job's steps did not start"
+        assert len(_in_namespace(namespace)) >= 10  # munged, ctld, 2 slurmd, stepds, sleeps
         t0 = time.monotonic()
         down = dc("down")
         assert down.returncode == 0, down.stderr
         assert time.monotonic() - t0 < 15
-        assert _stepd_count(job_id) == 0
+        assert _in_namespace(namespace) == []
         assert _processes_mentioning(str(base)) == []
         assert dc("status").returncode == 3
     finally:
         dc("down")
-        subprocess.run(["rm", "-rf", str(base)], check=False)
+        shutil.rmtree(base, ignore_errors=True)
 
 
-def _stepd_count(job_id: str) -> int:
-    count = 0
-    for cmdline in _cmdlines():
+def _pids() -> list[int]:
+    return [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit()]
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for child in _pids():
+        try:
+            stat = Path(f"/proc/{child}/stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            out.append(child)
+    return out
+
+
+def _in_namespace(namespace: str) -> list[int]:
+    """Host PIDs of the processes living in the PID namespace ``namespace``."""
+    out = []
+    for pid in _pids():
+        try:
+            if os.readlink(f"/proc/{pid}/ns/pid") == namespace:
+                out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
+def _stepds_in(namespace: str, job_id: str) -> list[int]:
+    out = []
+    for pid in _in_namespace(namespace):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
         if cmdline.startswith("slurmstepd") and f"[{job_id}." in cmdline:
-            count += 1
-    return count
+            out.append(pid)
+    return out
 
 
 def _processes_mentioning(text: str) -> list[str]:
-    return [c for c in _cmdlines() if text in c]
-
-
-def _cmdlines() -> list[str]:
     out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                raw = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            out.append(raw.replace(b"\0", b" ").decode(errors="replace").strip())
+    for pid in _pids():
+        if pid == os.getpid():
+            continue
+        try:
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        cmdline = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+        if text in cmdline:
+            out.append(cmdline)
     return out

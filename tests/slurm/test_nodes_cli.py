@@ -6,9 +6,7 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
@@ -98,15 +96,15 @@ def test_slurm_down_is_a_retryable_error_and_one_clear_line(clean_cluster):
         what="nodes idle again after the controller restart")
 
 
-def test_missing_sinfo_is_a_clear_permanent_error():
-    empty = Path(tempfile.mkdtemp(prefix="mt-empty-path-"))
+def test_missing_sinfo_is_a_clear_permanent_error(tmp_path):
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
     env = dict(os.environ, PATH=str(empty))
     res = nodes_cli(env=env)
     assert res.returncode == 65
     assert res.stderr.strip() == (
         "malletrain nodes: error: sinfo: command not found "
         "(is Slurm's client installed and on PATH?)")
-    empty.rmdir()
 
 
 def test_missing_slurm_conf_names_the_variable(dev_cluster):

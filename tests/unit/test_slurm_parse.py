@@ -136,8 +136,29 @@ def test_busy_reservation_is_parsed_in_epoch_seconds():
 
 
 def test_planned_lines_skip_null_plans():
-    assert parse_planned((GOLDEN / "busy" / "planned.txt").read_text()) == {
-        6: ("n1", "n2", "n3", "n4", "n5", "n7", "n8")}
+    plans = parse_planned((GOLDEN / "busy" / "planned.txt").read_text())
+    assert list(plans) == [6]
+    assert plans[6].nodes == ("n1", "n2", "n3", "n4", "n5", "n7", "n8")
+    squeue = json.loads((GOLDEN / "busy" / "squeue.json").read_text())
+    (wide,) = [j for j in squeue["jobs"] if j["job_id"] == 6]
+    assert plans[6].start_time == wide["start_time"]  # %S and the JSON agree here
+
+
+def test_plan_start_and_nodes_come_from_the_same_call():
+    """Seen live: the JSON read before the backfill pass (start 0), the plan read after."""
+    text = _squeue([{"job_id": 4, "job_state": "PENDING", "start_time": 0, "end_time": 0,
+                     "time_limit": 10}])
+    plans = parse_planned("4 2026-11-22T01:00:00 n[1-2]\n")
+    (job,) = parse_squeue_json(text, plans)
+    assert job.planned_nodes == ("n1", "n2")
+    assert job.start_time == slurm_time("2026-11-22T01:00:00")
+    assert job.end_time == job.start_time + 600
+
+
+def test_bad_plan_lines_warn():
+    warns: list[str] = []
+    assert parse_planned("7 n[1-2]\n8 soon n1\n", warns) == {}
+    assert "cannot read line" in warns[0] and "job 8" in warns[1]
 
 
 # ----------------------------------------------------------------------------- golden: down
