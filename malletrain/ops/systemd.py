@@ -96,8 +96,13 @@ class Notifier:
         payload = "\n".join(lines).encode()
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+                # Never block the main loop on a notification: a datagram socket whose
+                # reader lags blocks the sender once its queue (net.unix.max_dgram_qlen,
+                # 10 by default) is full. A lost WATCHDOG=1 costs nothing; a blocked loop
+                # would be killed by the very watchdog it is trying to feed.
+                s.setblocking(False)
                 s.connect(_address(self.socket_path))
-                s.sendall(payload)
+                s.send(payload)
         except OSError as exc:
             if not self._warned:
                 log.warning("sd_notify to %s failed: %s", self.socket_path, exc)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import uuid
 
 import pytest
@@ -84,3 +85,17 @@ def test_gone_socket_is_logged_not_raised(tmp_path, caplog):
 )
 def test_watchdog_interval_from_environment(env, expected):
     assert watchdog_interval_s(env) == expected
+
+
+def test_a_full_socket_never_blocks_the_loop(tmp_path):
+    """A reader that lags (its queue full) must cost a dropped datagram, not a hung loop."""
+    path = tmp_path / "slow.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as reader:
+        reader.bind(str(path))
+        n = Notifier(str(path), watchdog_s=1.0)
+        t0 = time.monotonic()
+        sent = [n.watchdog() for _ in range(200)]  # nobody reads
+        assert time.monotonic() - t0 < 5
+        assert sent[0] and not all(sent)  # some got through, the rest were dropped
+        reader.settimeout(1)
+        assert reader.recv(100) == b"WATCHDOG=1"
