@@ -146,6 +146,8 @@ class JobRow:
     name: str
     state: str
     nodes: tuple[str, ...]
+    #: members of the current membership (nodes actually training; <= len(nodes))
+    members: int
     min_nodes: int
     max_nodes: int
     samples_total: int
@@ -193,6 +195,7 @@ class Daemon:
         self._last_plan: TickPlan | None = None
         self._rows_lock = threading.Lock()
         self._job_nodes: dict[str, tuple[str, ...]] = {}
+        self._job_members: dict[str, int] = {}
         self._last_profile_save = time.monotonic()
         self.instance = self._instance_id()
         self.state_dir = settings.state.snapshot_dir / self.instance
@@ -240,6 +243,7 @@ class Daemon:
                 live = self.coordinator.live_members(jid)
                 prog = self.coordinator.progress(jid)
                 fin = self.coordinator.result(jid)
+                departed = {d.member_id: d.time_s for d in self.coordinator.departures(jid)}
             except Exception as exc:  # the store may be restarting; keep going
                 log.warning("coordinator read for %s failed: %s", jid, exc)
                 continue
@@ -247,6 +251,7 @@ class Daemon:
                 epoch=m.epoch if m else 0,
                 members=tuple(m.members) if m else (),
                 live={k: Registration(v.node, v.registered_at_s) for k, v in live.items()},
+                departed=departed,
                 samples_total=prog.samples_total if prog else None,
                 samples_per_s=prog.samples_per_s if prog else 0.0,
                 progress_at_s=prog.time_s if prog else None,
@@ -305,6 +310,8 @@ class Daemon:
                 if not j.state.terminal or j.lifecycle.since_s() > recent]
         self._expire_submissions(jobs, snap, now)
         coord = self._observe_coordinator(jobs)
+        with self._rows_lock:
+            self._job_members = {jid: len(cv.members) for jid, cv in coord.items()}
         jobs = [self.store.job(j.job_id) or j for j in jobs]  # progress just written
         slots = {j.job_id: tuple(self.store.slots(j.job_id)) for j in jobs}
         world = World(
@@ -533,11 +540,13 @@ class Daemon:
     def rows(self) -> list[JobRow]:
         with self._rows_lock:
             job_nodes = dict(self._job_nodes)
+            job_members = dict(self._job_members)
         out = []
         for j in self.store.jobs():
             out.append(JobRow(
                 job_id=j.job_id, user=j.user, name=j.spec.name, state=j.state.value,
                 nodes=job_nodes.get(j.job_id, ()) if not j.state.terminal else (),
+                members=job_members.get(j.job_id, 0) if j.state.active else 0,
                 min_nodes=j.spec.min_nodes, max_nodes=j.spec.max_nodes,
                 samples_total=j.samples_total,
                 samples_per_s=j.samples_per_s if j.state.active else 0.0,

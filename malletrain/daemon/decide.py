@@ -83,6 +83,8 @@ class CoordView:
     members: tuple[str, ...] = ()
     #: live registrations (not departed since): member -> where and when.
     live: Mapping[str, Registration] = field(default_factory=dict)
+    #: member -> time of its latest departure (sigterm, removed, failed...).
+    departed: Mapping[str, float] = field(default_factory=dict)
     samples_total: int | None = None
     samples_per_s: float = 0.0
     progress_at_s: float | None = None
@@ -445,9 +447,12 @@ def decide(world: World, policy: Policy) -> TickPlan:
             elif v.status is SlotStatus.ENDED:
                 unasked = rec.leaving_since_s is None
                 ended_at = v.end_time if v.end_time else now
+                joined = rec.placed_at_s is not None and any(
+                    (p := parse_member(m)) is not None and p[0] == v.slot
+                    and t >= rec.placed_at_s - 1.0 for m, t in cv.departed.items())
                 start_failed = (unasked and rec.placed_at_s is not None
                                 and ended_at - rec.placed_at_s < s.start_failure_s
-                                and slot_member(v.slot, cv.live) is None)
+                                and slot_member(v.slot, cv.live) is None and not joined)
                 preempted = rec.last_status == "running" and unasked and not start_failed
                 node = rec.last_node
                 why = ("failed right after starting" if start_failed else

@@ -46,7 +46,8 @@ class Daemon:
     """A ``malletrain daemon`` child process with its own config and state directory."""
 
     def __init__(self, base: Path, slurm_conf: Path, env: dict[str, str], *,
-                 tick_s: float = 1.0, extra_args: tuple[str, ...] = ()) -> None:
+                 tick_s: float = 1.0, extra_args: tuple[str, ...] = (),
+                 policy: str = "malletrain") -> None:
         self.base = base
         self.env = dict(env)
         self.state = base / "state"
@@ -64,7 +65,7 @@ class Daemon:
             "slurm": {"scavenger_partition": "scavenger", "partitions": ["batch"],
                       "slurm_conf": str(slurm_conf), "min_slot_time_s": 60,
                       "max_slot_time_s": 900, "command_timeout_s": 10},
-            "allocator": {"tick_interval_s": tick_s, "policy": "malletrain"},
+            "allocator": {"tick_interval_s": tick_s, "policy": policy},
             "state": {"database_path": str(self.state / "state.db"),
                       "snapshot_dir": str(self.state / "snapshots")},
             "coordinator": {"host": "127.0.0.1", "port": 0, "heartbeat_timeout_s": 60},
@@ -75,6 +76,7 @@ class Daemon:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Daemon:
+        self.socket.unlink(missing_ok=True)  # a killed daemon leaves its socket file behind
         logf = open(self.log_path, "ab")  # noqa: SIM115 - lives with the process
         self.proc = subprocess.Popen(
             [PYTHON, "-m", "malletrain.cli", "daemon", "--config", str(self.config),
@@ -83,8 +85,17 @@ class Daemon:
             start_new_session=True,
         )
         logf.close()
-        wait_until(lambda: self.socket.exists() and self.alive(), 90, what="daemon socket")
+        wait_until(self._answers, 90, what="the daemon to answer on its socket",
+                   on_timeout=lambda: self.log()[-2000:])
         return self
+
+    def _answers(self) -> bool:
+        if not self.alive():
+            raise AssertionError(f"the daemon exited:\n{self.log()[-3000:]}")
+        if not self.socket.exists():
+            return False
+        res = self.cli(None, "jobs", "--socket", str(self.socket), check=False)
+        return res.returncode == 0
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -39,7 +39,9 @@ def workdir():
 @pytest.fixture
 def daemon(clean_cluster, workdir):
     check_python_reachable("mt-alice", clean_cluster.env)
-    d = Daemon(workdir, clean_cluster.conf_path, clean_cluster.env).start()
+    # equal-share: deterministic sizes, so the test can assert them exactly (the malletrain
+    # policy's choices depend on the hole lengths it has learned)
+    d = Daemon(workdir, clean_cluster.conf_path, clean_cluster.env, policy="equal-share").start()
     yield d
     d.stop()
     if d.proc is not None and d.proc.poll() is None:

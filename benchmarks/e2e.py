@@ -1,0 +1,315 @@
+"""End-to-end benchmark: a replayed regular workload with and without malletrain scavenging.
+
+One run, two phases on the same local Slurm dev cluster (8 nodes), the same job stream:
+
+1. **baseline**: a time-compressed slice of the ALCF Theta 2022 log (``../shared/data``) is
+   submitted as regular ``batch`` jobs (as mt-bob); nothing else runs.
+2. **scavenging**: the same stream, while ``malletrain daemon`` runs two malleable training
+   jobs of mt-alice (examples/elastic_train.py, 1-4 nodes each) on whatever is idle.
+
+Measured, side by side:
+
+* each regular job's wait (start - submit) in both phases; ``yield_delay`` = wait with
+  scavenging - wait without, per job (what scavenging costs the regular workload);
+* ``scavenged_fraction``: over the scavenging phase after start-up (from the first
+  membership), sum over 1 s samples of the nodes training in a malleable job's membership,
+  divided by the idle node-seconds the malleable jobs could use (nodes without a regular job,
+  capped by the sum of their max sizes);
+* ``lost_steps``: steps the workers started but did not commit (``failed_step`` records in
+  their logs), next to the number of preemptions.
+
+Prints one line per regular job, then the last line
+``e2e yield_delay_s_max=<x> yield_delay_s_p50=<y> scavenged_fraction=<z> lost_steps=<n>``.
+
+Run (root; ~10 min on 2 cores): ``.venv/bin/python benchmarks/e2e.py``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from malletrain.slurm.hostlist import expand_hostlist
+
+REPO = Path(__file__).resolve().parents[1]
+
+DEV = REPO / "slurm" / "dev-cluster"
+EXAMPLE = REPO / "examples" / "elastic_train.py"
+TRACE = Path("/work/shared/data/hpc-job-traces/alcf-theta-2022.swf")
+PY = sys.executable
+NODES = 8
+THETA_NODES = 4360
+
+
+def as_user(user: str, argv: list[str]) -> list[str]:
+    return ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", *argv]
+
+
+@dataclass(frozen=True)
+class RegularJob:
+    index: int
+    offset_s: float
+    nodes: int
+    run_s: int
+
+
+def load_stream(path: Path, first: int, count: int, span_s: float) -> list[RegularJob]:
+    """``count`` consecutive Theta jobs from ``first``, scaled to 8 nodes and ``span_s``."""
+    rows = []
+    with path.open() as f:
+        for line in f:
+            if line.startswith(";") or not line.strip():
+                continue
+            fields = line.split()
+            rows.append((float(fields[1]), float(fields[3]), int(fields[4])))
+    rows = rows[first:first + count]
+    t0 = rows[0][0]
+    spread = max(r[0] for r in rows) - t0 or 1.0
+    jobs = []
+    for i, (submit, run, nodes) in enumerate(rows):
+        scaled_nodes = max(1, min(NODES, round(nodes / THETA_NODES * NODES * 4)))
+        jobs.append(RegularJob(i, (submit - t0) / spread * span_s, scaled_nodes,
+                               int(min(45, max(10, run / 400)))))
+    return jobs
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.base = Path(args.dir)
+        self.env = dict(os.environ, MALLETRAIN_DEVCLUSTER_DIR=str(self.base / "cluster"),
+                        MALLETRAIN_DEVCLUSTER_PORT=str(args.port),
+                        SLURM_CONF=str(self.base / "cluster" / "etc" / "slurm.conf"))
+        self.work = self.base / "work"
+        self.daemon: subprocess.Popen[bytes] | None = None
+
+    def sh(self, argv: list[str], check: bool = True, timeout: float = 120
+           ) -> subprocess.CompletedProcess[str]:
+        res = subprocess.run(argv, env=self.env, capture_output=True, text=True,
+                             timeout=timeout, check=False, cwd=str(self.work))
+        if check and res.returncode != 0:
+            raise SystemExit(f"{argv[:4]} failed: {res.stderr[-500:]}")
+        return res
+
+    def squeue(self) -> list[dict]:
+        res = self.sh(["squeue", "--all", "--json"], check=False)
+        try:
+            return list(json.loads(res.stdout)["jobs"])
+        except (ValueError, KeyError):
+            return []
+
+    def setup(self) -> None:
+        if self.work.exists():
+            shutil.rmtree(self.work)
+        for d in (self.base, self.work, self.work / "state", self.work / "out"):
+            d.mkdir(parents=True, exist_ok=True)
+            d.chmod(0o755)
+        (self.work / "out").chmod(0o1777)
+        self.sh([str(DEV), "up", "--nodes", str(NODES), "--accounting", "--users",
+                 "mt-alice,mt-bob"], timeout=600)
+
+    # ------------------------------------------------------------------ a phase
+    def run_stream(self, stream: list[RegularJob], tag: str, sampler=None) -> dict[int, float]:
+        """Submit the stream on schedule; return index -> wait seconds."""
+        t0 = time.monotonic()
+        pending = list(stream)
+        ids: dict[int, int] = {}
+        submitted: dict[int, float] = {}
+        started: dict[int, float] = {}
+        deadline = t0 + self.args.span + 400
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            while pending and now - t0 >= pending[0].offset_s:
+                j = pending.pop(0)
+                res = self.sh(as_user("mt-bob", [
+                    "sbatch", "--parsable", "-p", "batch", "-N", str(j.nodes), "-t", "2",
+                    "-J", f"{tag}{j.index}", "-o", "/dev/null", "--wrap", f"srun sleep {j.run_s}"]))
+                ids[j.index] = int(res.stdout.strip().split(";")[0])
+                submitted[j.index] = time.monotonic()
+            by_id = {int(x["job_id"]): x for x in self.squeue()}
+            for idx, sid in ids.items():
+                if idx in started:
+                    continue
+                rec = by_id.get(sid)
+                if rec and rec.get("job_state") in ("RUNNING", "COMPLETING", "COMPLETED"):
+                    started[idx] = time.monotonic()
+            if sampler is not None:
+                sampler(by_id)
+            if not pending and len(started) == len(stream):
+                break
+            time.sleep(0.25)
+        # the poll has 0.25 s resolution; Slurm's own times are whole seconds: use both,
+        # start_time - submit_time from Slurm for the wait (same clock, same rounding)
+        waits = {}
+        by_id = {int(x["job_id"]): x for x in self.squeue()}
+        for idx, sid in ids.items():
+            rec = by_id.get(sid)
+            if rec and rec.get("start_time") and rec.get("submit_time"):
+                waits[idx] = float(rec["start_time"]) - float(rec["submit_time"])
+            elif idx in started:
+                waits[idx] = started[idx] - submitted[idx]
+        return waits
+
+    def wait_regular_done(self) -> None:
+        for _ in range(400):
+            if not any(x.get("partition") == "batch" and x.get("job_state") in
+                       ("PENDING", "RUNNING", "COMPLETING") for x in self.squeue()):
+                return
+            time.sleep(0.5)
+
+    # ------------------------------------------------------------------ daemon
+    def start_daemon(self) -> Path:
+        sock = self.work / "state" / "submit.sock"
+        config = self.work / "malletrain.yaml"
+        config.write_text(yaml.safe_dump({
+            "slurm": {"slurm_conf": self.env["SLURM_CONF"], "max_slot_time_s": 900},
+            "allocator": {"tick_interval_s": 1.0, "policy": self.args.policy},
+            "state": {"database_path": str(self.work / "state" / "state.db"),
+                      "snapshot_dir": str(self.work / "state" / "snapshots")},
+            "coordinator": {"host": "127.0.0.1", "port": 0},
+            "submit": {"socket_path": str(sock)},
+            "metrics": {"address": "127.0.0.1:0"},
+        }))
+        log = open(self.work / "daemon.log", "ab")  # noqa: SIM115
+        self.daemon = subprocess.Popen([PY, "-m", "malletrain.cli", "daemon", "--config",
+                                        str(config)], env=self.env, stdout=log, stderr=log,
+                                       stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        for _ in range(300):
+            if sock.exists() and self.sh([PY, "-m", "malletrain.cli", "jobs", "--socket",
+                                          str(sock)], check=False).returncode == 0:
+                return sock
+            time.sleep(0.3)
+        raise SystemExit("the daemon did not start")
+
+    def jobs(self, sock: Path) -> list[dict]:
+        res = self.sh([PY, "-m", "malletrain.cli", "jobs", "--all", "--json", "--socket",
+                       str(sock)], check=False)
+        return json.loads(res.stdout) if res.returncode == 0 else []
+
+    def stop(self) -> None:
+        if self.daemon is not None and self.daemon.poll() is None:
+            self.daemon.send_signal(signal.SIGTERM)
+            try:
+                self.daemon.wait(30)
+            except subprocess.TimeoutExpired:
+                self.daemon.kill()
+        pid = self.work / "state" / "coordinator.pid"
+        if pid.exists():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid.read_text()), signal.SIGTERM)
+        self.sh([str(DEV), "down"], check=False, timeout=120)
+
+    # ------------------------------------------------------------------ main
+    def main(self) -> int:
+        stream = load_stream(TRACE, self.args.first, self.args.jobs, self.args.span)
+        self.setup()
+        try:
+            print(f"# stream: {len(stream)} Theta 2022 jobs from #{self.args.first}, nodes "
+                  f"{[j.nodes for j in stream]}, run s {[j.run_s for j in stream]}", flush=True)
+            base = self.run_stream(stream, "base")
+            self.wait_regular_done()
+            sock = self.start_daemon()
+            mall = []
+            for tag in ("ma", "mb"):
+                res = self.sh(as_user("mt-alice", [
+                    PY, "-m", "malletrain.cli", "submit", "--socket", str(sock), "--parsable",
+                    "-N", "1-4", "-J", tag, "-o", str(self.work / "out" / f"{tag}-%j.out"),
+                    "-D", str(self.work / "out"), str(EXAMPLE), "--total-samples",
+                    str(self.args.samples), "--step-sleep", "0.05",
+                    "--log", str(self.work / "out" / f"{tag}.log"),
+                    "--results", str(self.work / "out" / f"{tag}.json")]))
+                mall.append(res.stdout.strip())
+            # start-up: wait until both train, then replay the same stream
+            for _ in range(240):
+                rows = {r["job_id"]: r for r in self.jobs(sock)}
+                if all(rows.get(j, {}).get("members", 0) > 0 for j in mall):
+                    break
+                time.sleep(0.5)
+            samples = {"usable": 0.0, "training": 0.0}
+            last = [time.monotonic()]
+
+            def sample(by_id: dict) -> None:
+                now = time.monotonic()
+                if now - last[0] < 1.0:
+                    return
+                last[0] = now
+                regular = set()
+                for x in by_id.values():
+                    if (not str(x.get("comment", "")).startswith("malletrain:")
+                            and x.get("job_state") in ("RUNNING", "COMPLETING")):
+                        regular.update(expand_hostlist(x.get("nodes", "")))
+                rows = [r for r in self.jobs(sock) if r["state"] not in
+                        ("completed", "cancelled", "failed")]
+                cap = sum(r["max_nodes"] for r in rows)
+                samples["usable"] += min(NODES - len(regular), cap)
+                samples["training"] += sum(r["members"] for r in rows)
+
+            scav = self.run_stream(stream, "scav", sampler=sample)
+            self.wait_regular_done()
+            rows = {r["job_id"]: r for r in self.jobs(sock)}
+        finally:
+            self.stop()
+        lost = 0
+        for tag in ("ma", "mb"):
+            path = self.work / "out" / f"{tag}.log"
+            failed = set()
+            if path.exists():
+                for line in path.read_text().splitlines():
+                    try:
+                        rec = json.loads(line)
+                    except ValueError:
+                        continue
+                    if rec.get("event") == "failed_step":
+                        failed.add((rec.get("epoch"), rec.get("step")))
+            lost += len(failed)
+        delays = []
+        for j in stream:
+            if j.index in base and j.index in scav:
+                d = scav[j.index] - base[j.index]
+                delays.append(d)
+                print(f"job {j.index:2d} nodes={j.nodes} run={j.run_s:2d}s "
+                      f"wait_without={base[j.index]:5.1f}s wait_with={scav[j.index]:5.1f}s "
+                      f"delay={d:+.1f}s", flush=True)
+        preemptions = sum(r.get("preemptions", 0) for r in rows.values())
+        frac = samples["training"] / samples["usable"] if samples["usable"] else 0.0
+        print("# malleable jobs: " + ", ".join(
+            f"{r['job_id']} {r['state']} {r['samples_total']} samples, "
+            f"{r['rescales_up']} up/{r['rescales_down']} down, {r['preemptions']} preemptions"
+            for r in rows.values()))
+        print(f"# training node-s {samples['training']:.0f} of usable idle node-s "
+              f"{samples['usable']:.0f}; preemptions {preemptions}; waits without: "
+              f"{sorted(round(w, 1) for w in base.values())}")
+        dmax = max(delays) if delays else float("nan")
+        dp50 = statistics.median(delays) if delays else float("nan")
+        print(f"e2e yield_delay_s_max={dmax:.2f} yield_delay_s_p50={dp50:.2f} "
+              f"scavenged_fraction={frac:.3f} lost_steps={lost}", flush=True)
+        return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dir", default="/tmp/malletrain-bench-e2e")
+    ap.add_argument("--port", type=int, default=28817)
+    ap.add_argument("--first", type=int, default=1000, help="first Theta job of the slice")
+    ap.add_argument("--jobs", type=int, default=12, help="regular jobs in the stream")
+    ap.add_argument("--span", type=float, default=150.0, help="seconds the stream spans")
+    ap.add_argument("--samples", type=int, default=400_000, help="samples per malleable job")
+    ap.add_argument("--policy", default="malletrain")
+    return Bench(ap.parse_args()).main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
