@@ -40,7 +40,11 @@ TRACES: dict[str, list[str]] = {
     ],
     "philly": ["--philly", str(PHILLY), "--start-s", str(14 * DAY), "--until-s", str(17 * DAY)],
 }
-JOBSETS = {"sia": "configs/sim/sia-aws-48.yaml", "gavel": "configs/sim/gavel-v100-48.yaml"}
+JOBSETS = {
+    "sia": "configs/sim/sia-aws-48.yaml",
+    "gavel": "configs/sim/gavel-v100-48.yaml",
+    "imagenet": "configs/sim/sia-imagenet-48.yaml",
+}
 POLICIES = ("malletrain", "malletrain-known-curves", "freetrain", "equal-share")
 
 

@@ -63,11 +63,52 @@ def table(rows: list[dict[str, object]]) -> str:
     return "\n".join(out)
 
 
+def plot_ratios(paths: Sequence[Path], out: Path) -> None:
+    """Grouped bars: samples of each policy / freetrain's, one group per scenario folder."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups: dict[str, dict[str, float]] = {}
+    for p in paths:
+        s = json.loads(p.read_text())
+        groups.setdefault(p.parent.parent.name, {})[str(s["policy"])] = float(s["samples_total"])
+    names = sorted(groups)
+    fig, ax = plt.subplots(figsize=(8, 3.2), dpi=80)
+    width = 0.8 / len(ORDER)
+    for k, pol in enumerate(ORDER):
+        vals = [
+            groups[g][pol] / groups[g]["freetrain"]
+            if pol in groups[g] and groups[g].get("freetrain")
+            else 0.0
+            for g in names
+        ]
+        ax.bar([i + (k - 1.5) * width for i in range(len(names))], vals, width, label=pol)
+    ax.axhline(1.0, color="black", linewidth=0.6)
+    ax.axhline(1.05, color="grey", linewidth=0.6, linestyle="--")
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel("samples / freetrain's")
+    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, 1.18))
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    plot: Path | None = None
+    if len(args) >= 2 and args[0] == "--plot":
+        plot, args = Path(args[1]), args[2:]
     if not args:
-        print("usage: python -m malletrain.sim.compare DIR/*/summary.json", file=sys.stderr)
+        print(
+            "usage: python -m malletrain.sim.compare [--plot FILE.png] DIR/*/summary.json",
+            file=sys.stderr,
+        )
         return 2
+    if plot is not None:
+        plot_ratios([Path(a) for a in args], plot)
+        return 0
     print(table(load(args)))
     return 0
 

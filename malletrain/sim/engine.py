@@ -81,6 +81,8 @@ class JobNodes:
     time_s: float
     job: str
     nodes: int
+    #: ``policy`` (a decision), ``trace`` (nodes taken back) or ``finished``.
+    cause: str = "policy"
 
 
 @dataclass
@@ -236,10 +238,10 @@ class Simulator:
                 self.result.samples_lost_preemption += loss
                 self.result.preemptions += 1
                 self.curves.rescaled(run.job, t, len(run.nodes), len(keep))
-            self._set_nodes(run, keep, t)
+            self._set_nodes(run, keep, t, "trace")
         self.holder[busy] = -1
 
-    def _set_nodes(self, run: _Run, nodes: list[int], t: float) -> None:
+    def _set_nodes(self, run: _Run, nodes: list[int], t: float, cause: str) -> None:
         if nodes == run.nodes:
             return
         if run.nodes:
@@ -248,14 +250,14 @@ class Simulator:
             self.holder[np.asarray(nodes, dtype=np.int64)] = run.order
         if len(nodes) != len(run.nodes) or set(nodes) != set(run.nodes):
             run.changed_s = t
-            self.result.job_nodes.append(JobNodes(t, run.job.name, len(nodes)))
+            self.result.job_nodes.append(JobNodes(t, run.job.name, len(nodes), cause))
         run.nodes = nodes
 
     def _retire_and_admit(self, t: float) -> None:
         still: list[_Run] = []
         for run in self._active:
             if run.finished_s is not None:
-                self._set_nodes(run, [], t)
+                self._set_nodes(run, [], t, "finished")
                 self.curves.forget(run.job)
             else:
                 still.append(run)

@@ -25,16 +25,21 @@ def write_outputs(result: Result, out_dir: Path, extra: dict[str, object]) -> di
         w.writerow(["time_s", "idle_nodes", "used_nodes", "running_jobs", "samples_total"])
         for s in result.timeline:
             w.writerow(
-                [f"{s.time_s:g}", s.idle_nodes, s.used_nodes, s.running_jobs,
+                [_num(s.time_s), s.idle_nodes, s.used_nodes, s.running_jobs,
                  f"{s.samples_total:.6g}"]
             )
     with (out_dir / "job_nodes.csv").open("w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["time_s", "job", "nodes"])
+        w.writerow(["time_s", "job", "nodes", "cause"])
         for c in result.job_nodes:
-            w.writerow([f"{c.time_s:g}", c.job, c.nodes])
+            w.writerow([_num(c.time_s), c.job, c.nodes, c.cause])
     plot_timeline(result, out_dir / "timeline.png")
     return summary
+
+
+def _num(x: float) -> str:
+    """Seconds with up to microsecond digits, no exponent (``%g`` rounds 1216680 to 1.21668e+06)."""
+    return f"{x:.6f}".rstrip("0").rstrip(".")
 
 
 def plot_timeline(result: Result, path: Path, max_points: int = 4000) -> None:
@@ -61,7 +66,7 @@ def plot_timeline(result: Result, path: Path, max_points: int = 4000) -> None:
         stack[pos[name]] = np.where(k >= 0, cn[np.clip(k, 0, None)], 0)
     step = max(1, len(t) // max_points)
     th = (t[::step] - t[0]) / 3600.0
-    fig, ax = plt.subplots(figsize=(9, 3.6), dpi=80)
+    fig, ax = plt.subplots(figsize=(8, 3.2), dpi=72)
     if names:
         ax.stackplot(th, stack[:, ::step], step="post", linewidth=0, alpha=0.85)
     ax.step(th, idle[::step], where="post", color="black", linewidth=0.8, label="idle nodes")
