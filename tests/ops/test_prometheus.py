@@ -1,14 +1,34 @@
-"""A real Prometheus server scrapes malletrain's /metrics while the dev cluster changes.
+"""The real daemon, run the way the systemd unit runs it, scraped by a real Prometheus server.
 
-Checked through Prometheus' HTTP API with PromQL: the target is up, malletrain_idle_nodes
-equals the number of idle nodes Slurm reports (before and after a regular job takes and
-releases nodes), the tick/decision histograms move, and every expression of the Grafana
-dashboard and the alert rules is valid PromQL that Prometheus evaluates without error.
+``malletrain daemon --config FILE`` runs against the dev cluster:
+
+* as a dedicated non-root account that has Slurm's **Operator** admin level and nothing
+  more (what docs/install.md prescribes), with the unit's NoNewPrivileges, an empty
+  capability bounding set and MemoryDenyWriteExecute applied to the process (setpriv and
+  prctl, since there is no systemd PID 1 here);
+* with ``$NOTIFY_SOCKET``/``$WATCHDOG_USEC`` pointing at a datagram socket of the test, which
+  must receive READY=1, WATCHDOG=1 and, on SIGTERM, STOPPING=1.
+
+Debian's Prometheus scrapes it every second. Checked with PromQL through the HTTP API:
+malletrain_idle_nodes equals what Slurm reports while a regular job takes and releases nodes;
+a malleable job of mt-alice grows onto idle nodes (scavenged nodes, the job's nodes); a regular
+job of mt-bob takes those nodes back (preemptions and yield latency counted); a SIGHUP with an
+invalid file is rejected and counted while the daemon keeps running; every expression of the
+Grafana dashboard and the alert rules evaluates without error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -16,47 +36,182 @@ from pathlib import Path
 
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry
 
-from malletrain.ops.metrics import Metrics, MetricsSnapshot, serve
+from .conftest import Prometheus, free_port
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slurm]
 
 ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "elastic_train.py"
+DAEMON_USER = "mt-malletrain"
+USER = "mt-alice"
+OTHER_USER = "mt-bob"
+
+# The unit's MemoryDenyWriteExecute=yes, applied with prctl(PR_SET_MDWE) (kept across exec).
+HARDEN = (
+    "import ctypes, os, sys\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "if libc.prctl(65, 1, 0, 0, 0) != 0:\n"  # PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN
+    "    sys.exit('prctl(PR_SET_MDWE) failed: errno %d' % ctypes.get_errno())\n"
+    "os.execvp(sys.argv[1], sys.argv[1:])\n"
+)
 
 
-def slurm_idle_nodes(cluster) -> int:
+def idle_in_slurm(cluster) -> int:
     return sum(1 for s in cluster.node_states().values() if s.rstrip("*~#!%$@^-") == "idle")
 
 
+@pytest.fixture(scope="module")
+def operator_account(dev_cluster) -> str:
+    """A system account with Slurm AdminLevel=Operator, as docs/install.md sets up."""
+    try:
+        pwd.getpwnam(DAEMON_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
+                        "/usr/sbin/nologin", DAEMON_USER], check=True)
+    res = dev_cluster.run("sacctmgr", "-i", "add", "user", DAEMON_USER, "account=root",
+                          "adminlevel=Operator", check=False)
+    if res.returncode != 0 and "Nothing new added" not in res.stdout + res.stderr:
+        raise AssertionError(res.stdout + res.stderr)
+    dev_cluster.run("sacctmgr", "-i", "modify", "user", "where", f"name={DAEMON_USER}",
+                    "set", "adminlevel=Operator", check=False)
+    shown = dev_cluster.run("sacctmgr", "-n", "-P", "show", "user", DAEMON_USER,
+                            "format=user,adminlevel").stdout
+    assert f"{DAEMON_USER}|Operator" in shown, shown
+    return DAEMON_USER
+
+
+class HardenedDaemon:
+    def __init__(self, cluster, base: Path, user: str) -> None:
+        self.cluster = cluster
+        self.base = base
+        self.user = user
+        pw = pwd.getpwnam(user)
+        self.state = base / "state"
+        self.state.mkdir()
+        os.chown(self.state, pw.pw_uid, pw.pw_gid)
+        self.out = base / "out"
+        self.out.mkdir()
+        self.out.chmod(0o1777)
+        self.socket_path = self.state / "submit.sock"
+        self.metrics_port = free_port()
+        self.config = base / "malletrain.yaml"
+        self.log_path = base / "daemon.log"
+        self.write_config(level="INFO")
+        # the unit's sd_notify channel: a datagram socket the daemon's user may write to
+        self.notify_path = base / "notify.sock"
+        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.notify.bind(str(self.notify_path))
+        self.notify_path.chmod(0o666)
+        self.notify.settimeout(0.2)
+        self.messages: list[str] = []
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._reader = threading.Thread(target=self._read_notifications, daemon=True)
+        self._reader.start()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def write_config(self, level: str, extra: str = "") -> None:
+        self.config.write_text(yaml.safe_dump({
+            "slurm": {"scavenger_partition": "scavenger", "partitions": ["batch"],
+                      "slurm_conf": str(self.cluster.conf_path), "min_slot_time_s": 60,
+                      "max_slot_time_s": 900},
+            "allocator": {"tick_interval_s": 1, "policy": "malletrain"},
+            "state": {"database_path": str(self.state / "state.db"),
+                      "snapshot_dir": str(self.state / "snapshots")},
+            "coordinator": {"host": "127.0.0.1", "port": 0},
+            "submit": {"socket_path": str(self.socket_path)},
+            "metrics": {"address": f"127.0.0.1:{self.metrics_port}"},
+            "logging": {"level": level, "format": "json"},
+        }) + extra)
+        self.config.chmod(0o644)
+
+    def start(self) -> None:
+        env = dict(self.cluster.env, NOTIFY_SOCKET=str(self.notify_path),
+                   WATCHDOG_USEC="4000000", PYTHONUNBUFFERED="1")
+        argv = [sys.executable, "-c", HARDEN,
+                "setpriv", f"--reuid={self.user}", f"--regid={self.user}", "--init-groups",
+                "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all",
+                sys.executable, "-m", "malletrain.cli", "daemon", "--config", str(self.config)]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=log, start_new_session=True, cwd=self.out)
+
+    def _read_notifications(self) -> None:
+        """Drain the socket continuously, as systemd does."""
+        while not self._closing.is_set():
+            try:
+                data = self.notify.recv(4096)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with self._lock:
+                self.messages.append(data.decode())
+
+    def receive(self, wanted: str, timeout_s: float) -> None:
+        """Wait until an sd_notify datagram carries ``wanted`` (e.g. READY=1)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if any(wanted in m.split("\n") for m in self.messages):
+                    return
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
+            time.sleep(0.1)
+        raise AssertionError(f"no {wanted} after {timeout_s} s; got {self.messages}\n"
+                             f"{self.log()}")
+
+    def cli(self, user: str, *args: str) -> str:
+        res = subprocess.run(
+            ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups",
+             sys.executable, "-m", "malletrain.cli", *args, "--socket", str(self.socket_path)],
+            env=self.cluster.env, capture_output=True, text=True, timeout=60, cwd=self.out,
+            check=False,
+        )
+        assert res.returncode == 0, f"{args}: {res.stderr}\n{self.log()}"
+        return res.stdout
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def log_records(self) -> list[dict]:
+        out = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                out.append(json.loads(line))
+        return out
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._closing.set()
+        self._reader.join(5)
+        self.notify.close()
+        pid_file = self.state / "coordinator.pid"  # the coordinator it started, if any
+        if pid_file.exists():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid_file.read_text()), signal.SIGTERM)
+
+
 @pytest.fixture
-def metrics_target(clean_cluster) -> Iterator[str]:
-    """HOST:PORT of a /metrics endpoint fed from the live cluster once a second."""
-    registry = CollectorRegistry()
-    metrics = Metrics(registry)
-    server = serve("127.0.0.1:0", registry)
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.is_set():
-            t0 = time.monotonic()
-            states = clean_cluster.node_states()
-            idle = sum(1 for s in states.values() if s.rstrip("*~#!%$@^-") == "idle")
-            metrics.observe_slurm_call("sinfo", time.monotonic() - t0)
-            metrics.observe_decision(0.001)
-            metrics.publish(MetricsSnapshot(
-                time_s=time.time(), total_nodes=len(states), idle_nodes=idle,
-                scavenged_nodes=0, predicted_idle_node_seconds=idle * 3600.0,
-            ))
-            metrics.observe_tick(time.monotonic() - t0)
-            stop.wait(0.5)
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    yield f"127.0.0.1:{server.port}"
-    stop.set()
-    thread.join(10)
-    server.stop()
+def daemon(clean_cluster, operator_account) -> Iterator[HardenedDaemon]:
+    # not pytest's tmp_path: its parent is 0700, and the daemon runs as another user
+    base = Path(tempfile.mkdtemp(prefix="malletrain-ops-", dir="/tmp"))
+    base.chmod(0o755)
+    d = HardenedDaemon(clean_cluster, base, operator_account)
+    try:
+        yield d
+    finally:
+        d.stop()
+        clean_cluster.scancel_all()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def dashboard_and_alert_exprs() -> list[str]:
@@ -67,40 +222,88 @@ def dashboard_and_alert_exprs() -> list[str]:
     return [e.replace("$instance", ".*").replace("$__rate_interval", "30s") for e in exprs]
 
 
-def test_prometheus_scrapes_the_live_values(clean_cluster, metrics_target, prometheus_factory):
+def test_daemon_as_operator_scraped_by_prometheus(daemon, clean_cluster, prometheus_factory):
     started = time.monotonic()
+    marks: list[tuple[str, float]] = []
+
+    def mark(what: str) -> None:
+        marks.append((what, round(time.monotonic() - started, 1)))
+
+    def wait_for(promql: str, predicate, timeout_s: float = 30) -> float | None:
+        try:
+            return prom.wait_for(promql, predicate, timeout_s)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n--- daemon log ---\n{daemon.log()}") from None
+
     cluster = clean_cluster
-    job = cluster.sbatch("-p", "batch", "-N", "3", "-t", "10", wrap="sleep 600")
-    cluster.wait_until(lambda: cluster.job_state(job) == "RUNNING", what="the batch job to run")
-    assert slurm_idle_nodes(cluster) == len(cluster.nodes) - 3
+    n = len(cluster.nodes)
+    regular = cluster.sbatch("-p", "batch", "-N", "3", "-t", "10", wrap="sleep 600",
+                             user=OTHER_USER)
+    cluster.wait_until(lambda: cluster.job_state(regular) == "RUNNING", what="regular job")
 
-    prom = prometheus_factory(
-        [metrics_target], rule_files=[ROOT / "configs" / "malletrain-alerts.yml"]
+    mark("regular job running")
+    daemon.start()
+    daemon.receive("READY=1", timeout_s=90)
+    mark("READY=1")
+    prom: Prometheus = prometheus_factory(
+        [f"127.0.0.1:{daemon.metrics_port}"],
+        rule_files=[ROOT / "configs" / "malletrain-alerts.yml"],
     )
-    prom.wait_for('up{job="malletrain"}', lambda v: v == 1)
-    prom.wait_for("malletrain_idle_nodes", lambda v: v == len(cluster.nodes) - 3)
-    assert prom.value("malletrain_cluster_nodes") == len(cluster.nodes)
+    wait_for('up{job="malletrain"}', lambda v: v == 1)
+    wait_for("malletrain_idle_nodes", lambda v: v == n - 3)
+    assert idle_in_slurm(cluster) == n - 3
+    assert prom.value("malletrain_cluster_nodes") == n
+    assert prom.value("malletrain_slurm_up") == 1
+    daemon.receive("WATCHDOG=1", timeout_s=10)
+    mark("idle nodes seen by Prometheus")
 
-    # the regular job ends: the nodes are idle again, and Prometheus sees it
-    cluster.run("scancel", str(job))
-    cluster.wait_until(lambda: slurm_idle_nodes(cluster) == len(cluster.nodes),
-                       what="all nodes idle")
-    prom.wait_for("malletrain_idle_nodes", lambda v: v == len(cluster.nodes))
+    # the regular job ends: Prometheus sees every node idle
+    cluster.run("scancel", str(regular))
+    cluster.wait_until(lambda: idle_in_slurm(cluster) == n, what="all nodes idle")
+    wait_for("malletrain_idle_nodes", lambda v: v == n)
+    wait_for("increase(malletrain_tick_duration_seconds_count[1m])", lambda v: (v or 0) > 0)
+    wait_for("increase(malletrain_decision_duration_seconds_count[1m])",
+                  lambda v: (v or 0) > 0)
+    wait_for("time() - malletrain_last_tick_timestamp_seconds",
+                  lambda v: v is not None and v < 10)
 
-    # histograms and counters accumulate between scrapes
-    prom.wait_for("increase(malletrain_tick_duration_seconds_count[1m])", lambda v: (v or 0) > 0)
-    prom.wait_for("rate(malletrain_slurm_calls_total{call=\"sinfo\"}[1m])", lambda v: (v or 0) > 0)
-    prom.wait_for("time() - malletrain_last_tick_timestamp_seconds",
-                  lambda v: v is not None and v < 30)
+    mark("all idle seen")
 
-    # every dashboard panel and alert rule is PromQL this Prometheus accepts
+    # SIGHUP with an invalid file: rejected, counted, the daemon keeps running and ticking
+    good = daemon.config.read_text()
+    daemon.config.write_text(good.replace("tick_interval_s: 1", "tick_interval_s: -1"))
+    assert daemon.proc is not None
+    daemon.proc.send_signal(signal.SIGHUP)
+    wait_for('malletrain_config_reloads_total{result="rejected"}', lambda v: v == 1)
+    rejected = [r for r in daemon.log_records() if "reload rejected" in r["msg"]]
+    assert rejected and "allocator.tick_interval_s" in rejected[0]["msg"], daemon.log()
+    # a valid change is applied
+    daemon.config.write_text(good.replace("level: INFO", "level: DEBUG"))
+    daemon.proc.send_signal(signal.SIGHUP)
+    wait_for('malletrain_config_reloads_total{result="ok"}', lambda v: v == 1)
+    assert daemon.proc.poll() is None
+    ticks = prom.value("malletrain_tick_duration_seconds_count")
+    wait_for("malletrain_tick_duration_seconds_count", lambda v: (v or 0) > (ticks or 0))
+
+    mark("reloads counted")
+
+    # every dashboard panel and alert rule is PromQL this Prometheus accepts, on real series
     for expr in dashboard_and_alert_exprs():
-        prom.query(expr)  # raises on a parse or evaluation error
-    # the alert rules loaded and evaluate cleanly against the real series
+        prom.query(expr)
     groups = prom.api("/api/v1/rules")["groups"]
     rules = [r for g in groups for r in g["rules"]]
     assert len(rules) == 7 and all(r["health"] != "err" for r in rules), rules
     firing = [r["name"] for r in rules if r["state"] == "firing"]
-    assert not firing, firing
+    assert firing == ["MalletrainConfigReloadRejected"], firing  # we did reject one
 
-    assert time.monotonic() - started < 120
+    # systemctl stop: SIGTERM -> STOPPING=1 and a clean exit within the stop deadline
+    t0 = time.monotonic()
+    daemon.proc.send_signal(signal.SIGTERM)
+    daemon.receive("STOPPING=1", timeout_s=20)
+    assert daemon.proc.wait(30) == 0
+    assert time.monotonic() - t0 < 20  # daemon.stop_timeout_s
+    wait_for('up{job="malletrain"}', lambda v: v == 0)
+
+    mark("stopped")
+    print(marks)
+    assert time.monotonic() - started < 120, marks
