@@ -27,6 +27,7 @@ and write the next epoch without the missing members; the failed step is not com
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -125,7 +126,8 @@ class ElasticConfig:
     state_dir: Path | None = None
     local_rank: int = 0
     local_world_size: int = 1
-    backend: str = "gloo"
+    #: "auto": nccl for a CUDA device, gloo otherwise (MALLETRAIN_BACKEND overrides)
+    backend: str = "auto"
     step_timeout_s: float = 10.0
     sync_timeout_s: float = 120.0
     join_timeout_s: float = 30.0
@@ -162,6 +164,7 @@ class ElasticConfig:
             sync_timeout_s=_env_float(env, "MALLETRAIN_SYNC_TIMEOUT_S", cls.sync_timeout_s),
             join_timeout_s=_env_float(env, "MALLETRAIN_JOIN_TIMEOUT_S", cls.join_timeout_s),
             heal_wait_s=_env_float(env, "MALLETRAIN_HEAL_WAIT_S", cls.heal_wait_s),
+            backend=env.get("MALLETRAIN_BACKEND") or cls.backend,
         )
         return replace(cfg, **overrides)
 
@@ -252,6 +255,17 @@ class ElasticJob:
         self.extra_state = dict(extra_state or {})
         self.stream = DataStream(dataset_size, seed=seed, shuffle=shuffle)
         self.device = device if device is not None else torch.device("cpu")
+        self.backend = self.config.backend
+        if self.backend == "auto":
+            self.backend = "nccl" if self.device.type == "cuda" else "gloo"
+        if self.backend == "nccl":
+            # torchrun sets 1 (TearDown): a timed-out collective would kill EVERY survivor.
+            # 2 (CleanUpOnly) aborts the communicators and raises in this process instead,
+            # so the runtime can heal; the watcher also aborts a step that overruns.
+            os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = os.environ.get(
+                "MALLETRAIN_NCCL_ASYNC_ERROR_HANDLING", "2"
+            )
+        self._step_started: float | None = None  # monotonic start of the step in flight
         # training position: identical on every replica, moved with the state
         self.step = 0
         self.samples_total = 0
@@ -468,6 +482,7 @@ class ElasticJob:
         piece = split_step(self.samples_total, count, self.world_size)[self.rank]
         first = self._first_of_epoch
         self._first_of_epoch = False
+        self._step_started = time.monotonic()
         return Step(
             index=self.step,
             epoch=self.epoch,
@@ -481,6 +496,7 @@ class ElasticJob:
         )
 
     def _commit(self, step: Step) -> None:
+        self._step_started = None
         self.step += 1
         self.samples_total += step.global_count
         self.has_state = True
@@ -569,7 +585,12 @@ class ElasticJob:
 
     def _teardown(self) -> None:
         self._ddp = None
+        self._step_started = None
         if dist.is_initialized():
+            if self.backend == "nccl":
+                # a communicator may be hung or broken: abort it, destroy could block
+                with contextlib.suppress(Exception):
+                    dist.distributed_c10d._abort_process_group()
             try:
                 dist.destroy_process_group()
             except Exception as exc:  # a broken group may fail to shut down cleanly
@@ -739,7 +760,7 @@ class ElasticJob:
         rank = cfg.rank_offset(self.member_id) + self.config.local_rank
         try:
             dist.init_process_group(
-                self.config.backend,
+                self.backend,
                 store=dist.PrefixStore(js.keys.pg_prefix(e), self._store),
                 rank=rank,
                 world_size=cfg.world_size,
@@ -755,7 +776,10 @@ class ElasticJob:
                 device_ids=[self.device.index] if self.device.type == "cuda" else None,
             )
             group = dist.distributed_c10d._get_default_group()
-            group.set_timeout(timedelta(seconds=self.config.step_timeout_s))
+            try:
+                group.set_timeout(timedelta(seconds=self.config.step_timeout_s))
+            except RuntimeError as exc:  # backend without a settable timeout
+                log.warning("cannot shorten the group timeout for steps: %s", exc)
         except Exception as exc:
             if not is_peer_failure(exc):
                 raise
@@ -809,10 +833,11 @@ class ElasticJob:
         mine = torch.tensor(
             [int(self.has_state), self.step, -1 if snap is None else snap.step],
             dtype=torch.int64,
+            device=self.device,
         )
-        gathered = [torch.zeros(3, dtype=torch.int64) for _ in range(self.world_size)]
+        gathered = [torch.zeros_like(mine) for _ in range(self.world_size)]
         dist.all_gather(gathered, mine)
-        table = [t.tolist() for t in gathered]
+        table = [t.cpu().tolist() for t in gathered]
         src, target_step, use_snapshot = p.choose_source(table)
         if target_step < 0:
             self._refuse_if_state_lost()
@@ -845,11 +870,14 @@ class ElasticJob:
             size = torch.tensor([data.numel()], dtype=torch.int64)
         else:
             size = torch.zeros(1, dtype=torch.int64)
+        size = size.to(self.device)
         dist.broadcast(size, src=src, group=group)
         if self.rank != src:
             data = torch.empty(int(size.item()), dtype=torch.uint8)
-        dist.broadcast(data.to(self.device), src=src, group=group)
+        wire = data.to(self.device)  # NCCL sends device tensors only; gloo: the same tensor
+        dist.broadcast(wire, src=src, group=group)
         if self.rank != src:
+            data = wire.cpu()
             payload = torch.load(
                 io.BytesIO(data.numpy().tobytes()), map_location="cpu", weights_only=True
             )
@@ -961,6 +989,7 @@ class _Watcher:
                         log.warning("coordinator reachable again")
                         self.job.reseed(js)
                     self.down_since = None
+                self._abort_overrun_step()
                 self.latest_epoch = js.latest_epoch()
                 report = self.pending_report
                 if report is not None:
@@ -974,3 +1003,22 @@ class _Watcher:
                 self._stop.wait(1.0)
                 continue
             self._stop.wait(cfg.poll_interval_s)
+
+    def _abort_overrun_step(self) -> None:
+        """NCCL only: a step past ``step_timeout_s`` is aborted from here.
+
+        A hung NCCL collective blocks the main thread in a CUDA sync with no host-side
+        timeout; aborting the communicators makes it raise, and the step is healed like any
+        peer failure. (gloo's own timeout already bounds its collectives; abort would not
+        unblock them.) UNVERIFIED: no GPU was available where this was written.
+        """
+        job = self.job
+        started = job._step_started
+        if job.backend != "nccl" or started is None:
+            return
+        if time.monotonic() - started > job.config.step_timeout_s:
+            log.error("step in flight for more than %.1f s: aborting the NCCL group",
+                      job.config.step_timeout_s)
+            job._step_started = None
+            with contextlib.suppress(Exception):
+                dist.distributed_c10d._abort_process_group()
