@@ -55,7 +55,9 @@ bounds a frozen member, default 10), ``MALLETRAIN_SYNC_TIMEOUT_S`` (process grou
 state broadcast, default 120), ``MALLETRAIN_JOIN_TIMEOUT_S`` (how long the members of a new epoch
 wait for each other before the ones present drop the missing, default 30),
 ``MALLETRAIN_HEAL_WAIT_S`` (after a failure, how long survivors wait for each other's "alive"
-marks, default 2).
+marks, default 2), ``MALLETRAIN_SIGTERM_DEADLINE_S`` (after SIGTERM the process is forced out
+after this long whatever it is doing, default 4; set it a little under Slurm's GraceTime),
+``MALLETRAIN_BACKEND`` (``gloo``/``nccl``; default: nccl for a CUDA device).
 
 Trust: the store has no authentication. Anything that can reach its port can change any job's
 membership; run it on the management network only.

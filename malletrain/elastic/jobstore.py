@@ -138,13 +138,21 @@ class JobStore:
     def forget(self) -> int:
         """Delete the job's known keys; returns how many were deleted.
 
-        The gloo rendezvous keys under ``pg/<e>/`` and the arrive/alive markers are not
-        enumerable in a TCPStore and stay behind (a few hundred bytes per rank and epoch).
+        The process-group rendezvous keys under ``pg/<e>/`` (written by gloo/NCCL, names not
+        enumerable in a TCPStore) stay behind: a few hundred bytes per rank and epoch.
         """
         deleted = 0
         latest = self.latest_epoch()
         count = self.store.add(self.keys.events, 0)
-        keys = [self.keys.cfg(e) for e in range(1, latest + 1)]
+        keys: list[str] = []
+        for e in range(1, latest + 1):
+            m = self.membership(e)
+            keys.append(self.keys.go(e))
+            if m is not None:
+                for member, n in zip(m.members, m.local_world_sizes, strict=True):
+                    for lr in range(n):
+                        keys += [self.keys.arrive(e, member, lr), self.keys.alive(e, member, lr)]
+        keys += [self.keys.cfg(e) for e in range(1, latest + 1)]
         keys += [self.keys.event(i) for i in range(count)]
         keys += [self.keys.latest, self.keys.events, self.keys.progress, self.keys.finished]
         for key in keys:

@@ -165,6 +165,9 @@ class ElasticConfig:
             join_timeout_s=_env_float(env, "MALLETRAIN_JOIN_TIMEOUT_S", cls.join_timeout_s),
             heal_wait_s=_env_float(env, "MALLETRAIN_HEAL_WAIT_S", cls.heal_wait_s),
             backend=env.get("MALLETRAIN_BACKEND") or cls.backend,
+            sigterm_deadline_s=_env_float(
+                env, "MALLETRAIN_SIGTERM_DEADLINE_S", cls.sigterm_deadline_s
+            ),
         )
         return replace(cfg, **overrides)
 
