@@ -40,6 +40,8 @@ from pathlib import Path
 
 import pytest
 
+from malletrain.slurm.parse import parse_key_values
+
 REPO = Path(__file__).resolve().parents[1]
 DEV_CLUSTER = REPO / "slurm" / "dev-cluster"
 TEST_NODES = 8
@@ -133,18 +135,13 @@ class DevCluster:
         res = self.run("scontrol", "show", "job", "-o", str(job_id), check=False)
         if res.returncode != 0:
             return {}
-        out: dict[str, str] = {}
-        for token in res.stdout.split():
-            key, sep, value = token.partition("=")
-            if sep and key not in out:
-                out[key] = value
-        return out
+        return parse_key_values(res.stdout.strip())
 
     def job_state(self, job_id: int) -> str:
         return self.scontrol_job(job_id).get("JobState", "")
 
     def active_job_ids(self) -> list[int]:
-        res = self.run("squeue", "-h", "-o", "%i", "-t", "PD,R,CG,S,CF,RQ,RS,SO")
+        res = self.run("squeue", "-h", "-o", "%A", "-t", "PD,R,CG,S,CF,RQ,RS,SO")
         return [int(x) for x in res.stdout.split()]
 
     def node_states(self) -> dict[str, str]:
@@ -254,11 +251,10 @@ def dev_cluster() -> Iterator[DevCluster]:
     saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "MALLETRAIN_DEVCLUSTER_DIR",
                                             "MALLETRAIN_DEVCLUSTER_PORT")}
     try:
-        res = cluster.dev_cluster(
+        cluster.dev_cluster(
             "up", "--nodes", str(TEST_NODES), "--accounting", "--users", ",".join(TEST_USERS),
             timeout_s=300,
         )
-        del res
         for key in saved:
             os.environ[key] = env[key]
         yield cluster
