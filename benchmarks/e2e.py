@@ -229,7 +229,7 @@ class Bench:
                     "-N", "1-4", "-J", tag, "-o", str(self.work / "out" / f"{tag}-%j.out"),
                     "-D", str(self.work / "out"), str(EXAMPLE), "--total-samples",
                     str(self.args.samples), "--step-sleep", "0.05",
-                    "--log", str(self.work / "out" / f"{tag}.log"),
+                    "--jsonl", str(self.work / "out" / f"{tag}.log"),
                     "--results", str(self.work / "out" / f"{tag}.json")]))
                 mall.append(res.stdout.strip())
             # start-up: wait until both train, then replay the same stream
