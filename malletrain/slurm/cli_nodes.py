@@ -70,7 +70,7 @@ def _row(w: NodeWindow, reason: str) -> dict[str, Any]:
 
 
 def format_table(objs: list[dict[str, Any]]) -> str:
-    header = ("NODE", "STATE", "FLAGS", "PARTITIONS", "IDLE_WINDOW", "UNTIL")
+    header = ("NODE", "STATE", "FLAGS", "PARTITIONS", "SWITCH", "IDLE_WINDOW", "UNTIL")
     lines = [header]
     for o in objs:
         if not o["idle"]:
@@ -81,7 +81,7 @@ def format_table(objs: list[dict[str, Any]]) -> str:
             window = f"{o['idle_window_s']} s"
         lines.append((
             o["name"], o["state"], ",".join(o["flags"]) or "-", ",".join(o["partitions"]) or "-",
-            window, (o["claimed_by"] or "-") if o["idle"] else "-",
+            o["switch"] or "-", window, (o["claimed_by"] or "-") if o["idle"] else "-",
         ))
     widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
     return "\n".join(

@@ -41,9 +41,11 @@ def test_busy_rows_and_table():
         "reason": "", "switch": "s1"}
     assert objs["n6"]["state"] == "drained" and objs["n6"]["reason"] == "disk check"
     table = format_table(list(objs.values())).splitlines()
-    assert table[0].split() == ["NODE", "STATE", "FLAGS", "PARTITIONS", "IDLE_WINDOW", "UNTIL"]
+    assert table[0].split() == [
+        "NODE", "STATE", "FLAGS", "PARTITIONS", "SWITCH", "IDLE_WINDOW", "UNTIL"]
     n7 = next(line for line in table if line.startswith("n7")).split()
-    assert n7[1:3] == ["idle", "PLANNED"] and n7[-1] == "6" and n7[-2] == "job"
+    assert n7[1:3] == ["idle", "PLANNED"] and n7[4] == "s2"
+    assert n7[-2:] == ["job", "6"] and n7[-3] == "s"
     n1 = next(line for line in table if line.startswith("n1")).split()
     assert n1[-2:] == ["-", "-"]
 
