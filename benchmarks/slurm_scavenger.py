@@ -8,7 +8,8 @@
    against ``json.loads`` of the same texts alone (the floor any parser pays).
 
 3. With ``--live`` (needs ``SLURM_CONF`` of a running dev cluster): one real tick
-   (``CliBackend.snapshot()``: six client calls + parsing) against one ``sinfo --json`` call.
+   (``CliBackend.snapshot()``: six client calls + parsing) with the calls run at once
+   (the default) against the same calls one after the other, and one ``sinfo --json``.
 
 Usage: ``.venv/bin/python benchmarks/slurm_scavenger.py [--repeat 5] [--live]``.  Prints the
 median of ``--repeat`` runs for each side and the ratio; both sides run in the same process.
@@ -138,14 +139,15 @@ def main() -> None:
           f"ratio={parse_s / loads_s:.2f}")
 
     if args.live:
-        backend = CliBackend()
-        snap = backend.snapshot()
-        tick_s = median_s(backend.snapshot, args.repeat)
+        parallel, sequential = CliBackend(parallel=True), CliBackend(parallel=False)
+        snap = parallel.snapshot()
+        par_s = median_s(parallel.snapshot, args.repeat)
+        seq_s = median_s(sequential.snapshot, args.repeat)
         one_s = median_s(lambda: subprocess.run(["sinfo", "--json"], capture_output=True,
                                                 check=True), args.repeat)
         print(f"live_tick nodes={len(snap.nodes)} jobs={len(snap.jobs)} calls=6 "
-              f"snapshot_ms={tick_s * 1e3:.1f} one_sinfo_json_ms={one_s * 1e3:.1f} "
-              f"ratio={tick_s / one_s:.1f}")
+              f"parallel_ms={par_s * 1e3:.1f} sequential_ms={seq_s * 1e3:.1f} "
+              f"one_sinfo_json_ms={one_s * 1e3:.1f} speedup={seq_s / par_s:.1f}x")
 
 
 if __name__ == "__main__":

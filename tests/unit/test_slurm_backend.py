@@ -72,10 +72,16 @@ def test_cli_backend_satisfies_the_protocol():
     assert isinstance(CliBackend(), SlurmBackend)
 
 
-def test_snapshot_is_one_batch_of_six_calls_in_order():
+@pytest.mark.parametrize("parallel", [True, False])
+def test_snapshot_is_one_batch_of_six_calls(parallel):
     rec = Recorder(golden_answers("busy"))
-    snap = CliBackend(runner=rec, clock=lambda: 123.0, env={"SLURM_CONF": "/x"}).snapshot()
-    assert rec.calls == [list(a) for a in SNAPSHOT_COMMANDS.values()]
+    snap = CliBackend(runner=rec, clock=lambda: 123.0, env={"SLURM_CONF": "/x"},
+                      parallel=parallel).snapshot()
+    expected = [list(a) for a in SNAPSHOT_COMMANDS.values()]
+    if parallel:
+        assert sorted(rec.calls) == sorted(expected)  # all six, in whatever order they ran
+    else:
+        assert rec.calls == expected
     assert all(e["SLURM_CONF"] == "/x" for e in rec.envs)
     assert snap.taken_at == 123.0
     assert len(snap.nodes) == 8 and len(snap.jobs) == 6
@@ -86,8 +92,19 @@ def test_snapshot_fails_fast_when_sinfo_json_reports_errors():
     down = (GOLDEN / "down" / "sinfo.json").read_text()
     rec = Recorder(lambda argv: (0, down, ""))
     with pytest.raises(SlurmUnavailableError, match="is slurmctld running"):
-        CliBackend(runner=rec).snapshot()
+        CliBackend(runner=rec, parallel=False).snapshot()
     assert len(rec.calls) == 1  # did not wait on the other five
+
+
+def test_parallel_snapshot_reports_the_first_failure_in_command_order():
+    down = (GOLDEN / "down" / "sinfo.json").read_text()
+    stderr = (GOLDEN / "down" / "partitions.stderr").read_text()
+
+    def answer(argv):
+        return (0, down, "") if argv[0] == "sinfo" else (1, "", stderr)
+
+    with pytest.raises(SlurmUnavailableError, match="sinfo --json"):
+        CliBackend(runner=Recorder(answer)).snapshot()
 
 
 def test_timeout_is_retryable_and_missing_command_is_permanent():
