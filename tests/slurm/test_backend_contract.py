@@ -11,6 +11,7 @@ import time
 import pytest
 
 from malletrain.core.cluster import JobState, NodeState
+from malletrain.core.scavenger import idle_nodes
 from malletrain.slurm.backend import SlurmBackend, select_backend
 from malletrain.slurm.errors import SlurmCommandError
 from malletrain.slurm.sbatch import SbatchSpec
@@ -179,3 +180,26 @@ def test_batch_job_preempts_a_scavenger_job(backend):
     delay_s = time.monotonic() - t0
     assert not backend.snapshot().job(scav).state.is_active
     assert delay_s < 45, f"the batch job waited {delay_s:.1f} s for the scavenger job"
+
+
+def test_backfill_honours_the_computed_idle_window(backend):
+    """The window malletrain computes is the one Slurm enforces: a scavenger job whose time
+    limit fits it starts on the idle nodes at once; one that does not fit stays pending."""
+    running = backend.submit(sleeper(nodes=4, time_limit_s=1800))
+    wait_job(backend, running, lambda j: j.state is JobState.RUNNING)
+    wide = backend.submit(sleeper(nodes=8, time_limit_s=600))
+    wait_job(backend, wide, lambda j: bool(j.planned_nodes), timeout_s=15,
+             what="a backfill plan")
+    snap = backend.snapshot()
+    idle = idle_nodes(snap, snap.taken_at, partitions=["scavenger"])
+    assert len(idle) == 4 and all(n.window_s is not None for n in idle)
+    window_s = min(n.window_s for n in idle if n.window_s is not None)
+    assert 25 * 60 < window_s <= 30 * 60
+    too_long = backend.submit(sleeper(partition="scavenger", nodes=4,
+                                      time_limit_s=int(window_s) + 600, run_as="mt-bob"))
+    fits = backend.submit(sleeper(partition="scavenger", nodes=4,
+                                  time_limit_s=int(window_s) - 120, run_as="mt-alice"))
+    job = wait_job(backend, fits, lambda j: j.state is JobState.RUNNING, timeout_s=20,
+                   what="backfill to start the fitting job")
+    assert set(job.nodes) == {n.name for n in idle}
+    assert backend.snapshot().job(too_long).state is JobState.PENDING
