@@ -166,7 +166,8 @@ class HardenedDaemon:
     def cli(self, user: str, *args: str) -> str:
         res = subprocess.run(
             ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups",
-             sys.executable, "-m", "malletrain.cli", *args, "--socket", str(self.socket_path)],
+             sys.executable, "-m", "malletrain.cli", args[0], "--socket", str(self.socket_path),
+             *args[1:]],
             env=self.cluster.env, capture_output=True, text=True, timeout=60, cwd=self.out,
             check=False,
         )
@@ -269,6 +270,40 @@ def test_daemon_as_operator_scraped_by_prometheus(daemon, clean_cluster, prometh
 
     mark("all idle seen")
 
+    # mt-alice's malleable job grows onto idle nodes through slot jobs the operator releases
+    job = daemon.cli(USER, "submit", "--parsable", "-N", "1-2", "-J", "opsjob",
+                     "-o", str(daemon.out / "opsjob-%j.out"), "-D", str(daemon.out),
+                     str(EXAMPLE), "--total-samples", "100000000", "--step-sleep", "0.2").strip()
+    wait_for("malletrain_scavenged_nodes", lambda v: v == 2, timeout_s=60)
+    wait_for(f'malletrain_job_nodes{{job_id="{job}", user="{USER}"}}', lambda v: v == 2)
+    wait_for('malletrain_jobs{state="running"}', lambda v: v == 1)
+    wait_for("malletrain_idle_nodes", lambda v: v == n - 2)
+    assert idle_in_slurm(cluster) == n - 2
+    wait_for("sum(malletrain_slurm_calls_total)", lambda v: (v or 0) > 0)
+    assert prom.value("sum(malletrain_slurm_call_errors_total)") in (None, 0.0)
+    mark("malleable job on 2 scavenged nodes")
+
+    # mt-bob's regular job wants every node. Either the daemon sees it planned and parks the
+    # slots itself (requeuehold), or Slurm preempts them first (then the yield is timed).
+    wait_for('malletrain_slurm_calls_total{call="place"}', lambda v: v == 2)
+    wide = cluster.sbatch("-p", "batch", "-N", str(n), "-t", "5", wrap="sleep 600",
+                          user=OTHER_USER)
+    cluster.wait_until(lambda: cluster.job_state(wide) == "RUNNING", timeout_s=60,
+                       what="the wide regular job to start")
+    wait_for("malletrain_scavenged_nodes", lambda v: v == 0)
+    wait_for("malletrain_idle_nodes", lambda v: v == 0)
+    wait_for(f'malletrain_job_nodes{{job_id="{job}"}}', lambda v: v == 0)
+    wait_for('malletrain_slurm_calls_total{call="requeuehold"}', lambda v: (v or 0) >= 2)
+    preempted = prom.value("malletrain_preemptions_total")
+    yields = prom.value("malletrain_yield_latency_seconds_count")
+    if preempted:
+        assert yields is not None and yields >= 1
+        worst = prom.value("histogram_quantile(1, malletrain_yield_latency_seconds_bucket)")
+        assert worst is not None and worst <= 20, worst  # GraceTime 5 s + Slurm's periodic check
+    mark(f"yielded to the regular job (preemptions {preempted}, timed yields {yields})")
+    daemon.cli(USER, "cancel", job)
+    cluster.run("scancel", str(wide))
+
     # SIGHUP with an invalid file: rejected, counted, the daemon keeps running and ticking
     good = daemon.config.read_text()
     daemon.config.write_text(good.replace("tick_interval_s: 1", "tick_interval_s: -1"))
@@ -293,8 +328,8 @@ def test_daemon_as_operator_scraped_by_prometheus(daemon, clean_cluster, prometh
     groups = prom.api("/api/v1/rules")["groups"]
     rules = [r for g in groups for r in g["rules"]]
     assert len(rules) == 7 and all(r["health"] != "err" for r in rules), rules
-    firing = [r["name"] for r in rules if r["state"] == "firing"]
-    assert firing == ["MalletrainConfigReloadRejected"], firing  # we did reject one
+    firing = {r["name"] for r in rules if r["state"] == "firing"}
+    assert firing == {"MalletrainConfigReloadRejected"}, firing  # we did reject one
 
     # systemctl stop: SIGTERM -> STOPPING=1 and a clean exit within the stop deadline
     t0 = time.monotonic()
