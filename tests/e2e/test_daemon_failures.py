@@ -129,7 +129,15 @@ def test_slurmctld_down_node_vanishing_and_kill9_mid_rescale(daemon, clean_clust
     clean_cluster.run("scontrol", "update", f"NodeName={node}", "State=DOWN",
                       "Reason=e2e-vanish")
     wait_until(lambda: node not in d.jobs()[job]["nodes"], 60, what="the slot to leave")
-    clean_cluster.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+
+    def node_back() -> bool:
+        state = clean_cluster.node_states().get(node, "")
+        if "down" in state or "drain" in state:
+            clean_cluster.run("scontrol", "update", f"NodeName={node}", "State=RESUME",
+                              check=False)
+        return state.rstrip("*~#!%$@^-") in ("idle", "allocated", "mixed")
+
+    wait_until(node_back, 60, what=f"{node} back in service")
 
     # 3. kill -9 while the job grows back (slots placed, members not yet published)
     wait_until(lambda: "placed slot" in d.log().split("State=DOWN")[-1]
