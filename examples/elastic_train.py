@@ -36,6 +36,7 @@ from torch import nn
 
 from malletrain.elastic.rules import LinearScaling
 from malletrain.elastic.worker import ElasticJob, Step
+from malletrain.errors import UserError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -111,9 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     model = nn.Sequential(nn.Linear(args.dim, args.hidden), nn.ReLU(),
                           nn.Linear(args.hidden, args.dim))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    job = ElasticJob(model, opt, dataset_size=args.dataset_size,
-                     rule=LinearScaling(per_rank_batch=args.batch, base_lr=args.lr),
-                     seed=args.seed, total_samples=args.total_samples)
+    try:
+        job = ElasticJob(model, opt, dataset_size=args.dataset_size,
+                         rule=LinearScaling(per_rank_batch=args.batch, base_lr=args.lr),
+                         seed=args.seed, total_samples=args.total_samples)
+    except UserError as exc:  # e.g. a missing MALLETRAIN_* variable: one line, no traceback
+        print(f"elastic_train: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     log_path = None
     if args.jsonl:
         log_path = Path(args.jsonl.replace("{local_rank}", os.environ.get("LOCAL_RANK", "0")))
