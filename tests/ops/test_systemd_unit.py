@@ -14,20 +14,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from malletrain.errors import ConfigError
 from malletrain.ops.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "configs" / "malletrain.service"
+COORDINATOR_UNIT = ROOT / "configs" / "malletrain-coordinator.service"
 SYSUSERS = ROOT / "configs" / "malletrain.sysusers.conf"
 SHIPPED_BINARY = "/opt/malletrain/bin/malletrain"
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze") or "/usr/bin/systemd-analyze"
 
 
-def unit_lines() -> dict[str, list[str]]:
+def unit_lines(unit: Path = UNIT) -> dict[str, list[str]]:
     """key -> values (systemd allows repeated keys), ignoring comments."""
     out: dict[str, list[str]] = {}
-    for line in UNIT.read_text().splitlines():
+    for line in unit.read_text().splitlines():
         line = line.strip()
         if not line or line.startswith(("#", ";", "[")):
             continue
@@ -36,27 +39,28 @@ def unit_lines() -> dict[str, list[str]]:
     return out
 
 
-def local_copy(tmp_path: Path, extra: str = "") -> Path:
+def local_copy(tmp_path: Path, extra: str = "", unit: Path = UNIT) -> Path:
     binary = Path(sys.executable).parent / "malletrain"
     assert binary.exists(), f"{binary}: the package's console script is not installed"
-    text = UNIT.read_text()
+    text = unit.read_text()
     assert f"ExecStart={SHIPPED_BINARY} " in text
     text = text.replace(f"ExecStart={SHIPPED_BINARY} ", f"ExecStart={binary} ")
     if extra:
         text = text.replace("[Service]\n", "[Service]\n" + extra + "\n")
-    path = tmp_path / "malletrain.service"  # the unit name must stay the same
+    path = tmp_path / unit.name  # the unit name must stay the same
     path.write_text(text)
     return path
 
 
-def verify(path: Path) -> subprocess.CompletedProcess[str]:
+def verify(*paths: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [SYSTEMD_ANALYZE, "verify", str(path)], capture_output=True, text=True, timeout=60
+        [SYSTEMD_ANALYZE, "verify", *map(str, paths)], capture_output=True, text=True,
+        timeout=60,
     )
 
 
-def test_unit_passes_systemd_analyze_verify(tmp_path):
-    result = verify(local_copy(tmp_path))
+def test_units_pass_systemd_analyze_verify(tmp_path):
+    result = verify(local_copy(tmp_path), local_copy(tmp_path, unit=COORDINATOR_UNIT))
     assert result.returncode == 0, result.stderr
     # verify exits 0 even for unknown keys; it only warns. Warnings count as failures here.
     complaints = [
@@ -79,15 +83,16 @@ def test_verify_catches_a_broken_unit(tmp_path):
     assert result.returncode != 0 and "no-such-binary" in result.stderr
 
 
-def test_hardening_exposure_is_low(tmp_path):
+@pytest.mark.parametrize("unit", [UNIT, COORDINATOR_UNIT], ids=lambda u: u.name)
+def test_hardening_exposure_is_low(tmp_path, unit):
     # systemd's own score: 0 (locked down) .. 10 (unprotected); 2.0 is well inside "OK".
     result = subprocess.run(
         [SYSTEMD_ANALYZE, "security", "--offline=yes", "--threshold=20", "--no-pager",
-         str(local_copy(tmp_path))],
+         str(local_copy(tmp_path, unit=unit))],
         capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr
-    assert "Overall exposure level for malletrain.service" in result.stdout
+    assert f"Overall exposure level for {unit.name}" in result.stdout
 
 
 def test_unit_is_a_notify_service_with_the_required_hardening():
@@ -122,13 +127,30 @@ def test_unit_agrees_with_the_code():
     assert argv[3] == "/etc/malletrain/malletrain.yaml"
 
 
-def test_exec_start_is_a_real_command_line():
+@pytest.mark.parametrize("unit", [UNIT, COORDINATOR_UNIT], ids=lambda u: u.name)
+def test_exec_start_is_a_real_command_line(unit):
     """ExecStart's arguments are accepted by the malletrain CLI as built."""
     from malletrain.cli import build_parser
 
-    argv = shlex.split(unit_lines()["ExecStart"][0])[1:]
-    args = build_parser().parse_args(argv)
-    assert callable(getattr(args, "func", None)), "malletrain daemon is not registered"
+    argv = shlex.split(unit_lines(unit)["ExecStart"][0])
+    assert argv[0] == SHIPPED_BINARY
+    args = build_parser().parse_args(argv[1:])
+    assert callable(getattr(args, "func", None)), f"{argv[1]} is not registered"
+
+
+def test_coordinator_unit_is_where_the_daemon_looks():
+    """The daemon attaches to the coordinator unit's address file / the configured port."""
+    from malletrain.cli import build_parser
+    from malletrain.daemon.daemon import _coordinator_files
+
+    args = build_parser().parse_args(shlex.split(unit_lines(COORDINATOR_UNIT)["ExecStart"][0])[1:])
+    defaults = Settings()
+    assert (args.host, args.port) == (defaults.coordinator.host, defaults.coordinator.port)
+    assert args.address_file == _coordinator_files(defaults)[0]
+    u, c = unit_lines(), unit_lines(COORDINATOR_UNIT)
+    assert "malletrain-coordinator.service" in u["Wants"]
+    assert c["User"] == u["User"] and c["StateDirectory"] == u["StateDirectory"]
+    assert c["Restart"] == ["always"]
 
 
 def test_sysusers_snippet_creates_the_unit_user(tmp_path):
