@@ -12,7 +12,7 @@ Usage (daemon)::
 
     from malletrain.ops.service import ControlSignals, reload_config
 
-    signals = ControlSignals()
+    signals = ControlSignals(stop_deadline_s=settings.daemon.stop_timeout_s)
     signals.install()                         # main thread; SIGTERM/SIGINT/SIGHUP
     notifier.ready()
     while not signals.stop_requested:
@@ -25,6 +25,12 @@ Usage (daemon)::
     signals.restore()
 
 ``signals.wake()`` also ends the wait early, e.g. when a user submits a job.
+
+The stop deadline: after SIGTERM the loop finishes its tick and the shutdown path runs; if
+that has not ended the process within ``stop_deadline_s`` (a Slurm command hanging up to its
+timeout, say), a timer exits the process with status 1 and says so. That is safe because the
+daemon records every Slurm action before running it and reconciles unfinished ones at the
+next start; it beats being SIGKILLed by systemd at TimeoutStopSec with no word in the log.
 """
 
 from __future__ import annotations
@@ -43,16 +49,20 @@ from malletrain.ops.systemd import Notifier
 log = logging.getLogger(__name__)
 
 _HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: Exit status when the stop deadline forces the exit (a failure: systemd logs it as such).
+STOP_DEADLINE_EXIT_CODE = 1
 
 
 class ControlSignals:
     """Records SIGTERM/SIGINT (stop) and SIGHUP (reload) and wakes the main loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, stop_deadline_s: float | None = None) -> None:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._reload = threading.Event()
         self._previous: dict[int, object] = {}
+        self._deadline_timer: threading.Timer | None = None
+        self.stop_deadline_s = stop_deadline_s
         self.stop_signal: int | None = None
 
     def install(self) -> None:
@@ -61,9 +71,12 @@ class ControlSignals:
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def restore(self) -> None:
+        """Put the previous handlers back; cancels a pending stop deadline (clean exit)."""
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)  # type: ignore[arg-type]
         self._previous.clear()
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         # Only set flags here: no logging, no I/O (a handler can run in the middle of either).
@@ -72,7 +85,23 @@ class ControlSignals:
         else:
             self.stop_signal = signum
             self._stop.set()
+            self._arm_deadline()
         self._wake.set()
+
+    def _arm_deadline(self) -> None:
+        if self.stop_deadline_s is None or self._deadline_timer is not None:
+            return
+        timer = threading.Timer(self.stop_deadline_s, self._deadline_passed)
+        timer.daemon = True
+        self._deadline_timer = timer
+        timer.start()
+
+    def _deadline_passed(self) -> None:
+        log.error("stop took longer than %.0f s (daemon.stop_timeout_s): exiting now; Slurm "
+                  "actions in flight are recorded and reconciled at the next start",
+                  self.stop_deadline_s)
+        logging.shutdown()  # flush what was logged
+        os._exit(STOP_DEADLINE_EXIT_CODE)
 
     # -- what the loop asks ------------------------------------------------------------
     @property
@@ -81,6 +110,7 @@ class ControlSignals:
 
     def request_stop(self) -> None:
         self._stop.set()
+        self._arm_deadline()
         self._wake.set()
 
     def take_reload(self) -> bool:

@@ -52,6 +52,7 @@ import yaml
 
 from malletrain.core.policies import POLICIES as POLICY_REGISTRY
 from malletrain.core.policies import PolicyOptions
+from malletrain.core.profiler import AdvisorSettings
 from malletrain.errors import ConfigError
 
 #: Where the packaged systemd unit looks for the configuration.
@@ -233,11 +234,6 @@ class AllocatorSettings:
         "throughput curves: malletrain (curves learned online) or equal-share.",
         check=_check_policy,
     ))
-    lookahead_s: float = field(default=10.0, metadata=_m(
-        "FreeTrain's look-ahead Tfwd in seconds (the value of one second of throughput), for "
-        "policies that use one.",
-        gt=0, max=24 * 3600,
-    ))
     horizon_s: float = field(default=1800.0, metadata=_m(
         "malletrain's cap on any node's predicted idle window: beyond it nothing is "
         "predictable, so an unbounded window counts as this long.",
@@ -252,22 +248,22 @@ class AllocatorSettings:
         "Assumed cost of shrinking a job until measured.",
         min=0, max=3600,
     ))
-    warmup_reports: int = field(default=2, metadata=_m(
-        "Progress reports ignored after each rescale before the throughput at the new size "
-        "counts (warm-up).",
-        min=0, max=1000,
-    ))
-    max_decision_s: float = field(default=1.0, metadata=_m(
-        "Budget for one allocation decision (also the MILP solver's time limit where a "
-        "policy uses one); a slower decision is logged.",
-        gt=0, max=60,
+    warmup_s: float = field(default=30.0, metadata=_m(
+        "Progress reported within this many seconds after a job changed size is warm-up "
+        "(rendezvous, first slow steps): the Profiling Advisor does not learn rates from it.",
+        min=0, max=3600,
     ))
 
     def policy_options(self) -> PolicyOptions:
         """The knobs of :func:`malletrain.core.policies.make_policy` from these settings."""
-        return PolicyOptions(
-            tfwd_s=self.lookahead_s, horizon_s=self.horizon_s,
-            milp_time_limit_s=self.max_decision_s,
+        return PolicyOptions(horizon_s=self.horizon_s)
+
+    def advisor_settings(self) -> AdvisorSettings:
+        """The Profiling Advisor's settings (:class:`malletrain.core.profiler.AdvisorSettings`)."""
+        return AdvisorSettings(
+            default_scale_up_s=self.default_scale_up_s,
+            default_scale_down_s=self.default_scale_down_s,
+            warmup_s=self.warmup_s,
         )
 
 
@@ -376,8 +372,9 @@ class DaemonSettings:
     """Process-level behaviour."""
 
     stop_timeout_s: float = field(default=20.0, metadata=_m(
-        "On SIGTERM: seconds to finish or record in-flight Slurm actions before exiting. Keep "
-        "it below the unit's TimeoutStopSec.",
+        "On SIGTERM the daemon finishes the tick in progress and exits; if that takes longer "
+        "than this, it exits anyway (every Slurm action is recorded before it runs, so the "
+        "next start reconciles it). Keep it below the unit's TimeoutStopSec.",
         gt=0, max=3600,
     ))
 

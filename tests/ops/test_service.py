@@ -6,6 +6,8 @@ import logging
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -103,3 +105,47 @@ def test_reload_keeps_running_config_on_invalid_file(tmp_path, notify, caplog):
     assert sock.recv(100) == b"RELOADING=1"
     assert b"rejected" in sock.recv(200)
     assert metrics.config_reloads.labels(result="rejected")._value.get() == 1
+
+
+def test_stop_deadline_exits_a_stuck_shutdown(tmp_path):
+    """A process whose shutdown hangs is ended at the deadline, with a log line saying why."""
+    script = tmp_path / "stuck.py"
+    script.write_text(
+        "import logging, os, signal, sys, time\n"
+        "from malletrain.ops.service import ControlSignals\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "s = ControlSignals(stop_deadline_s=1.0)\n"
+        "s.install()\n"
+        "print('ready', flush=True)\n"
+        "while not s.stop_requested:\n"
+        "    s.wait(0.1)\n"
+        "time.sleep(60)  # a shutdown that never ends\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(20)
+    assert rc == 1 and 0.9 <= time.monotonic() - t0 < 10
+    assert "stop took longer than 1 s" in proc.stderr.read()
+
+
+def test_clean_stop_cancels_the_deadline(tmp_path):
+    script = tmp_path / "clean.py"
+    script.write_text(
+        "import time\n"
+        "from malletrain.ops.service import ControlSignals\n"
+        "s = ControlSignals(stop_deadline_s=0.5)\n"
+        "s.install()\n"
+        "print('ready', flush=True)\n"
+        "while not s.stop_requested:\n"
+        "    s.wait(0.1)\n"
+        "s.restore()\n"
+        "time.sleep(1.0)  # past the deadline, but the stop already completed\n"
+        "raise SystemExit(0)\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0

@@ -57,8 +57,9 @@ def test_values_are_typed_and_frozen(tmp_path):
         ("allocator:\n  tick_intervals: 3\n", "allocator.tick_intervals", "did you mean"),
         ("allocator:\n  policy: best\n", "allocator.policy", "must be one of"),
         ("allocator:\n  policy: malletrain-known-curves\n", "allocator.policy", "true throughput"),
-        ("allocator:\n  warmup_reports: 1.5\n", "allocator.warmup_reports", "integer"),
-        ("allocator:\n  warmup_reports: true\n", "allocator.warmup_reports", "integer"),
+        ("limits:\n  max_nodes_per_job: 1.5\n", "limits.max_nodes_per_job", "integer"),
+        ("limits:\n  max_nodes_per_job: true\n", "limits.max_nodes_per_job", "integer"),
+        ("allocator:\n  warmup_s: -3\n", "allocator.warmup_s", ">= 0"),
         ("allocator: 5\n", "allocator", "mapping"),
         ("slurm:\n  partitions: batch\n", "slurm.partitions", "must be a list"),
         ("slurm:\n  partitions: []\n", "slurm.partitions", "at least one"),
@@ -175,7 +176,10 @@ def test_every_field_is_documented_and_round_trips():
 def test_policy_options_follow_the_settings(tmp_path):
     from malletrain.core.policies import make_policy
 
-    s = load_settings(write(tmp_path, "allocator:\n  lookahead_s: 30\n  horizon_s: 600\n"))
-    opts = s.allocator.policy_options()
-    assert (opts.tfwd_s, opts.horizon_s) == (30.0, 600.0)
-    assert make_policy(s.allocator.policy, opts).name == "malletrain"
+    s = load_settings(write(tmp_path, (
+        "allocator:\n  horizon_s: 600\n  warmup_s: 12\n  default_scale_up_s: 4\n"
+    )))
+    assert s.allocator.policy_options().horizon_s == 600.0
+    assert make_policy(s.allocator.policy, s.allocator.policy_options()).name == "malletrain"
+    advisor = s.allocator.advisor_settings()
+    assert (advisor.warmup_s, advisor.default_scale_up_s) == (12.0, 4.0)
