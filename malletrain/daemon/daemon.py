@@ -182,6 +182,7 @@ class Daemon:
         self.advisor = ProfilingAdvisor(AdvisorSettings(
             default_scale_up_s=settings.allocator.default_scale_up_s,
             default_scale_down_s=settings.allocator.default_scale_down_s,
+            warmup_s=settings.allocator.warmup_s,
         ))
         for kind, data in self.store.profiles().items():
             try:
@@ -574,7 +575,7 @@ def run_daemon(settings: Settings, config_path: str | None, backend: SlurmBacken
     from malletrain.ops.service import ControlSignals, reload_config
     from malletrain.ops.systemd import Notifier
 
-    signals = ControlSignals()
+    signals = ControlSignals(stop_deadline_s=settings.daemon.stop_timeout_s)
     signals.install()
     notifier = Notifier.from_environment()
     registry = CollectorRegistry()
