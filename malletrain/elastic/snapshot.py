@@ -91,7 +91,7 @@ def load(ref: SnapshotRef, job_id: str) -> dict[str, Any] | None:
     """
     try:
         payload = torch.load(ref.path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, EOFError, ValueError) as exc:  # truncated/corrupt
+    except Exception as exc:  # truncated, corrupt, not a torch file: never use it
         reason = f"unreadable: {exc}"
         payload = None
     else:

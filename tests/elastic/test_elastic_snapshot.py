@@ -1,0 +1,59 @@
+"""The evicted-to-zero snapshot files: atomic, tagged, never picked from another job."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from malletrain.elastic import snapshot
+
+pytestmark = pytest.mark.torch
+
+
+def _payload(x: float) -> dict:
+    return {"model": {"w": torch.full((3,), x)}, "position": {"step": 0, "samples_total": 0}}
+
+
+def test_save_is_atomic_tagged_and_replaces_older(tmp_path):
+    p1 = snapshot.save(tmp_path, "job", 10, _payload(1.0))
+    p2 = snapshot.save(tmp_path, "job", 25, _payload(2.0))
+    assert not p1.exists() and p2.name == "job.step000000000025.mtsnap"
+    assert not list(tmp_path.glob(".*tmp"))  # no temporary left behind
+    ref = snapshot.find_latest(tmp_path, "job")
+    assert ref is not None and ref.step == 25
+    loaded = snapshot.load(ref, "job")
+    assert loaded is not None and loaded["step"] == 25 and loaded["job_id"] == "job"
+    assert torch.equal(loaded["model"]["w"], torch.full((3,), 2.0))
+
+
+def test_other_jobs_and_prefixes_are_never_matched(tmp_path):
+    snapshot.save(tmp_path, "job10", 99, _payload(1.0))
+    snapshot.save(tmp_path, "other", 500, _payload(1.0))
+    (tmp_path / "job1.step000000000777.mtsnap.tmp").write_bytes(b"partial")
+    assert snapshot.find_latest(tmp_path, "job1") is None
+    assert snapshot.find_latest(tmp_path / "missing", "job1") is None
+    assert snapshot.find_latest(None, "job1") is None
+
+
+def test_mismatched_or_corrupt_files_are_rejected_and_set_aside(tmp_path):
+    good = snapshot.save(tmp_path, "job", 5, _payload(1.0))
+    forged = tmp_path / "job.step000000000050.mtsnap"
+    forged.write_bytes(good.read_bytes())  # inner tag says step 5
+    ref = snapshot.find_latest(tmp_path, "job")
+    assert ref is not None and ref.step == 50
+    assert snapshot.load(ref, "job") is None
+    assert (tmp_path / (forged.name + ".rejected")).exists()
+    corrupt = tmp_path / "job.step000000000060.mtsnap"
+    corrupt.write_bytes(b"\x00not a torch file")
+    assert snapshot.load(snapshot.find_latest(tmp_path, "job"), "job") is None
+    # what remains is the genuine one
+    ref = snapshot.find_latest(tmp_path, "job")
+    assert ref is not None and ref.step == 5 and snapshot.load(ref, "job") is not None
+
+
+def test_remove_all_of_a_job(tmp_path):
+    snapshot.save(tmp_path, "job", 5, _payload(1.0))
+    snapshot.save(tmp_path, "keep", 5, _payload(1.0))
+    snapshot.remove_older(tmp_path, "job", keep_step=None)
+    assert snapshot.find_latest(tmp_path, "job") is None
+    assert snapshot.find_latest(tmp_path, "keep") is not None
