@@ -398,15 +398,23 @@ class MalleTrainPolicy:
         grow_g[:, :n_free] = key[free[:n_free]]
         grow_n = np.full(len(inp.jobs), n_free, dtype=np.int64)
         if m_max > free.size:
-            # beyond the free pool: nodes other jobs may release, ranked below the pool
+            # Beyond the free pool a job can only grow onto nodes that others release,
+            # and they release their shortest windows first. Valued pessimistically: all
+            # at the shortest window (and highest reclaim chance) among those nodes,
+            # independent events, ranked below the pool. Valuing them at the others'
+            # best windows made two similar jobs trade nodes back and forth, each
+            # believing it would get the long ones.
             held_idx = np.flatnonzero(held)
-            held_idx = held_idx[np.argsort(-w[held_idx], kind="stable")]
+            held_idx = held_idx[np.argsort(w[held_idx], kind="stable")]
             cap = float(w[free[-1]]) if free.size else math.inf
             for j, idx in enumerate(own_idx):
                 others = held_idx[~np.isin(held_idx, idx)][: m_max - free.size]
-                grow_w[j, free.size : free.size + others.size] = np.minimum(w[others], cap)
-                grow_p[j, free.size : free.size + others.size] = p[others]
-                grow_g[j, free.size : free.size + others.size] = key[others]
+                if not others.size:
+                    continue
+                sl = slice(free.size, free.size + others.size)
+                grow_w[j, sl] = min(float(w[others].min()), cap)
+                grow_p[j, sl] = float(p[others].max())
+                grow_g[j, sl] = np.nan
                 grow_n[j] = free.size + others.size
         own_w = [w[i] for i in own_idx]
         own_p = [p[i] for i in own_idx]
