@@ -307,7 +307,9 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=12, help="regular jobs in the stream")
     ap.add_argument("--span", type=float, default=150.0, help="seconds the stream spans")
     ap.add_argument("--samples", type=int, default=400_000, help="samples per malleable job")
-    ap.add_argument("--policy", default="malletrain")
+    ap.add_argument("--policy", default="equal-share",
+                    help="allocator.policy (malletrain swaps nodes between equal jobs on "
+                         "measurement noise on this toy cluster; see docs/daemon.md)")
     return Bench(ap.parse_args()).main()
 
 

@@ -83,7 +83,7 @@ class Demo:
         config = self.work / "malletrain.yaml"
         config.write_text(yaml.safe_dump({
             "slurm": {"slurm_conf": self.env["SLURM_CONF"], "max_slot_time_s": 900},
-            "allocator": {"tick_interval_s": 1.0},
+            "allocator": {"tick_interval_s": 1.0, "policy": self.args.policy},
             "state": {"database_path": str(self.work / "state" / "state.db"),
                       "snapshot_dir": str(self.work / "state" / "snapshots")},
             "coordinator": {"host": "127.0.0.1", "port": 0},
@@ -214,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-after", type=float, default=45.0,
                     help="seconds before mt-bob submits the regular job")
     ap.add_argument("--max-seconds", type=float, default=420.0, help="stop after this long")
+    # equal-share by default: on this 8-node toy cluster the learned-curve policy swaps nodes
+    # between two identical jobs on measurement noise (docs/daemon.md, known limits)
+    ap.add_argument("--policy", default="equal-share", help="allocator.policy for the daemon")
     args = ap.parse_args(argv)
     demo = Demo(args)
     stop = {"sig": False}

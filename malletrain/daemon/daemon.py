@@ -244,7 +244,7 @@ class Daemon:
                 live = self.coordinator.live_members(jid)
                 prog = self.coordinator.progress(jid)
                 fin = self.coordinator.result(jid)
-                departed = {d.member_id: d.time_s for d in self.coordinator.departures(jid)}
+                gone = self.coordinator.departures(jid)
             except Exception as exc:  # the store may be restarting; keep going
                 log.warning("coordinator read for %s failed: %s", jid, exc)
                 continue
@@ -252,7 +252,8 @@ class Daemon:
                 epoch=m.epoch if m else 0,
                 members=tuple(m.members) if m else (),
                 live={k: Registration(v.node, v.registered_at_s) for k, v in live.items()},
-                departed=departed,
+                departed={d.member_id: d.time_s for d in gone},
+                sigtermed=frozenset(d.member_id for d in gone if d.reason == "sigterm"),
                 samples_total=prog.samples_total if prog else None,
                 samples_per_s=prog.samples_per_s if prog else 0.0,
                 progress_at_s=prog.time_s if prog else None,

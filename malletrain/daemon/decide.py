@@ -85,6 +85,8 @@ class CoordView:
     live: Mapping[str, Registration] = field(default_factory=dict)
     #: member -> time of its latest departure (sigterm, removed, failed...).
     departed: Mapping[str, float] = field(default_factory=dict)
+    #: members whose latest departure was a SIGTERM (Slurm preempting or timing out the slot).
+    sigtermed: frozenset[str] = frozenset()
     samples_total: int | None = None
     samples_per_s: float = 0.0
     progress_at_s: float | None = None
@@ -229,6 +231,16 @@ def slot_member(slot: int, live: Mapping[str, Registration]) -> str | None:
         if best is None or parsed[1] > best[0]:
             best = (parsed[1], m)
     return None if best is None else best[1]
+
+
+def _sigtermed(slot: int, cv: CoordView) -> bool:
+    """Whether the newest incarnation of ``slot`` that ever registered left on SIGTERM."""
+    newest: tuple[int, str] | None = None
+    for m in (*cv.live, *cv.departed):
+        parsed = parse_member(m)
+        if parsed is not None and parsed[0] == slot and (newest is None or parsed[1] > newest[0]):
+            newest = (parsed[1], m)
+    return newest is not None and newest[1] not in cv.live and newest[1] in cv.sigtermed
 
 
 def _yield_s(snapshot: ClusterSnapshot, node: str | None, ended_at: float | None
@@ -432,8 +444,13 @@ def decide(world: World, policy: Policy) -> TickPlan:
                     actions.append(Leave(jid, v.slot))
                     leaving_needed = True
                 else:
-                    actions.append(Park(jid, v.slot, v.slurm_job_id,
-                                        "not in the plan (not yet a member)", node=v.node))
+                    preempted = _sigtermed(v.slot, cv)
+                    actions.append(Park(
+                        jid, v.slot, v.slurm_job_id,
+                        "preempted by Slurm (its member left on SIGTERM)" if preempted
+                        else "not in the plan (not yet a member)", node=v.node,
+                        preempted=preempted,
+                        yield_s=_yield_s(snap, v.node, now) if preempted else None))
             elif v.status is SlotStatus.PLACING:
                 placed_for_us = rec.placed_node is not None and rec.placed_node in target
                 timed_out = (rec.placed_at_s is not None
@@ -453,7 +470,8 @@ def decide(world: World, policy: Policy) -> TickPlan:
                 start_failed = (unasked and rec.placed_at_s is not None
                                 and ended_at - rec.placed_at_s < s.start_failure_s
                                 and slot_member(v.slot, cv.live) is None and not joined)
-                preempted = rec.last_status == "running" and unasked and not start_failed
+                preempted = (rec.last_status == "running" and unasked and not start_failed
+                             ) or _sigtermed(v.slot, cv)
                 node = rec.last_node
                 why = ("failed right after starting" if start_failed else
                        "preempted or ended by Slurm" if preempted else "left the job")
