@@ -161,9 +161,13 @@ def test_frozen_member_is_dropped_after_the_timeout_then_rejoins(cluster):
 
     os.kill(w["m1"].proc.pid, signal.SIGCONT)  # it wakes up, finds itself dropped, re-registers
     cluster.wait_registered("m1")
-    e3 = cluster.coord.publish(cluster.job_id, ["m0", "m1"])
-    cluster.wait_epoch(w["m1"], e3)
-    cluster.wait_epoch(w["m0"], e3)
+    stale_step = w["m1"].last_step()
+    # the stale member becomes rank 0: the state must still come from the freshest (m0)
+    e3 = cluster.coord.publish(cluster.job_id, ["m1", "m0"])
+    rec1 = cluster.wait_epoch(w["m1"], e3)
+    rec0 = cluster.wait_epoch(w["m0"], e3)
+    assert (rec1["rank"], rec0["rank"]) == (0, 1)
+    assert rec1["step"] == rec0["step"] > stepped > stale_step
     _assert_replicas_equal(list(w.values()), e3, 2)
     wait_for(lambda: cluster.coord.is_finished(cluster.job_id), 120, "finish", cluster)
     for m in w.values():
