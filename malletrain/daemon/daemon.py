@@ -208,6 +208,15 @@ class Daemon:
                         ", ".join(f"{a['kind']} {a['detail']}" for a in interrupted[:5]))
             self.store.close_open_actions("interrupted; reconciled from Slurm at restart")
 
+    def apply_settings(self, settings: Settings) -> None:
+        """A reloaded config (between ticks): a changed policy is rebuilt at once."""
+        old = self.settings.allocator
+        self.settings = settings
+        new = settings.allocator
+        if (new.policy, new.policy_options()) != (old.policy, old.policy_options()):
+            self.policy = make_policy(new.policy, new.policy_options())
+            log.info("allocation policy is now %s", new.policy)
+
     def _instance_id(self) -> str:
         path = self.settings.state.database_path.parent / "instance"
         if path.exists():
@@ -593,7 +602,7 @@ def run_daemon(settings: Settings, config_path: str | None, backend: SlurmBacken
             if signals.take_reload():
                 settings = reload_config(config_path, settings, metrics=metrics,
                                          notifier=notifier)
-                daemon.settings = settings
+                daemon.apply_settings(settings)
             try:
                 daemon.tick()
             except Exception:
