@@ -198,3 +198,28 @@ def test_decide_is_pure_and_deterministic():
                slot_job(12, "m1", 1, JobState.PENDING, "JobHeldUser")],
               [SlotRecord("m1", 0, 11), SlotRecord("m1", 1, 12)], [record()])
     assert decide(w, POLICY).actions == decide(w, POLICY).actions
+
+
+def test_a_job_without_progress_reports_is_stalled_then_failed():
+    slots = [SlotRecord("m1", 0, 11, last_status="running", last_node="n1")]
+    jobs = [slot_job(11, "m1", 0, JobState.RUNNING, nodes=["n1"])]
+    nodes = [node("n1", NodeState.ALLOCATED)]
+    quiet = CoordView(epoch=1, members=("s0-r0",), live={"s0-r0": Registration("n1", NOW - 300)},
+                      samples_total=100, progress_at_s=NOW - 45)
+    rec = record(state=JobPhase.RUNNING, max_nodes=1)  # running since NOW - 398
+    plan = decide(world(nodes, jobs, slots, [rec], {"m1": quiet}, heartbeat_timeout_s=30),
+                  POLICY)
+    assert [a.to for a in kinds(plan, Transit)] == [JobPhase.STALLED]
+    stalled = JobRecord(rec.job_id, rec.seq, rec.uid, rec.user, rec.spec,
+                        advance(rec.lifecycle, JobPhase.STALLED, NOW - 100, "quiet"),
+                        rec.created_s)
+    silent = CoordView(epoch=1, members=("s0-r0",), live=quiet.live, samples_total=100,
+                       progress_at_s=NOW - 150)  # nothing since it was declared stalled
+    plan = decide(world(nodes, jobs, slots, [stalled], {"m1": silent}, heartbeat_timeout_s=30),
+                  POLICY)
+    assert [a.to for a in kinds(plan, Transit)] == [JobPhase.FAILED]
+    alive = CoordView(epoch=1, members=("s0-r0",), live=quiet.live, samples_total=200,
+                      progress_at_s=NOW - 1)
+    plan = decide(world(nodes, jobs, slots, [stalled], {"m1": alive}, heartbeat_timeout_s=30),
+                  POLICY)
+    assert [a.to for a in kinds(plan, Transit)] == [JobPhase.RUNNING]
