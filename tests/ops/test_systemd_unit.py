@@ -44,7 +44,7 @@ def local_copy(tmp_path: Path, extra: str = "", unit: Path = UNIT) -> Path:
     assert binary.exists(), f"{binary}: the package's console script is not installed"
     text = unit.read_text()
     assert f"ExecStart={SHIPPED_BINARY} " in text
-    text = text.replace(f"ExecStart={SHIPPED_BINARY} ", f"ExecStart={binary} ")
+    text = text.replace(f"={SHIPPED_BINARY} ", f"={binary} ")
     if extra:
         text = text.replace("[Service]\n", "[Service]\n" + extra + "\n")
     path = tmp_path / unit.name  # the unit name must stay the same
@@ -101,10 +101,14 @@ def test_unit_is_a_notify_service_with_the_required_hardening():
         "Type": "notify", "NotifyAccess": "main", "User": "malletrain", "Group": "malletrain",
         "Restart": "on-failure", "NoNewPrivileges": "yes", "ProtectSystem": "strict",
         "ProtectHome": "yes", "PrivateTmp": "yes", "ProtectKernelTunables": "yes",
-        "ExecReload": "/bin/kill -HUP $MAINPID",
     }
     for key, value in expected.items():
         assert u.get(key) == [value], (key, u.get(key))
+    # reload = validate (fails the reload visibly if the file is bad), then SIGHUP
+    assert u["ExecReload"] == [
+        f"{SHIPPED_BINARY} config check /etc/malletrain/malletrain.yaml",
+        "/bin/kill -HUP $MAINPID",
+    ]
     assert set(u["RestrictAddressFamilies"][0].split()) == {"AF_UNIX", "AF_INET", "AF_INET6"}
     assert "/var/lib/malletrain" in u["ReadWritePaths"][0].split()
     assert u["CapabilityBoundingSet"] == [""]  # no capabilities at all
@@ -125,14 +129,19 @@ def test_unit_agrees_with_the_code():
     argv = shlex.split(u["ExecStart"][0])
     assert argv[0] == SHIPPED_BINARY and argv[1:3] == ["daemon", "--config"]
     assert argv[3] == "/etc/malletrain/malletrain.yaml"
+    assert shlex.split(u["ExecReload"][0])[-1] == argv[3]  # reload checks the same file
 
 
-@pytest.mark.parametrize("unit", [UNIT, COORDINATOR_UNIT], ids=lambda u: u.name)
-def test_exec_start_is_a_real_command_line(unit):
-    """ExecStart's arguments are accepted by the malletrain CLI as built."""
+@pytest.mark.parametrize(
+    ("unit", "key", "index"),
+    [(UNIT, "ExecStart", 0), (UNIT, "ExecReload", 0), (COORDINATOR_UNIT, "ExecStart", 0)],
+    ids=["daemon", "reload-check", "coordinator"],
+)
+def test_exec_lines_are_real_command_lines(unit, key, index):
+    """The malletrain command lines of the units are accepted by the CLI as built."""
     from malletrain.cli import build_parser
 
-    argv = shlex.split(unit_lines(unit)["ExecStart"][0])
+    argv = shlex.split(unit_lines(unit)[key][index])
     assert argv[0] == SHIPPED_BINARY
     args = build_parser().parse_args(argv[1:])
     assert callable(getattr(args, "func", None)), f"{argv[1]} is not registered"
