@@ -66,7 +66,7 @@ def dump(doc: Any) -> str:
     return yaml.safe_dump(doc, allow_unicode=True)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=250, deadline=None)
 @given(field=st.sampled_from(FIELDS), value=values)
 def test_any_value_in_any_field_is_accepted_or_named(field, value):
     section, name = field.split(".")
@@ -165,7 +165,7 @@ def _valid_value(section: str, f: dataclasses.Field[Any]) -> st.SearchStrategy[A
     return st.just(DEFAULTS[section][f.name])
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_valid_configs_round_trip(data):
     doc: dict[str, dict[str, Any]] = {}
