@@ -61,6 +61,12 @@ class AdvisorSettings:
     warmup_s: float = 30.0
     #: Slope of the optimistic extension, as a fraction of the last measured marginal.
     optimism: float = 1.0
+    #: ... but at least this fraction of the average rate per node at the largest size,
+    #: so a curve that looks flat (noise, or a step like 1 -> 2 GPUs gaining nothing)
+    #: is still probed upwards (a sub-linear curve never gains more than the average).
+    explore_fraction: float = 0.5
+    #: Fit the least concave majorant (True) or keep the isotonic points (False).
+    concave: bool = True
     #: Costs assumed until measured (FreeTrain's measurements: 12-19 s).
     default_scale_up_s: float = 20.0
     default_scale_down_s: float = 10.0
@@ -182,14 +188,23 @@ class _JobState:
     last_samples: float = 0.0
     changed_t_s: float = -math.inf
     pending: _Pending | None = None
+    #: Rate of the last clean interval and the size it was measured at.
+    last_rate: float = 0.0
+    last_rate_n: int = 0
 
 
-def fit_curve(rates: dict[int, tuple[float, float]], optimism: float) -> ThroughputModel:
-    """Monotone concave model through measured (size -> (rate, weight)) points.
+def fit_curve(
+    rates: dict[int, tuple[float, float]],
+    optimism: float,
+    explore_fraction: float = 0.0,
+    concave: bool = True,
+) -> ThroughputModel:
+    """Monotone (concave) model through measured (size -> (rate, weight)) points.
 
-    Weighted isotonic regression (pool adjacent violators), then the least
-    concave majorant through the origin; beyond the last size the slope of the
-    last hull segment times ``optimism``.
+    Weighted isotonic regression (pool adjacent violators), then (``concave``)
+    the least concave majorant through the origin; beyond the last size the
+    slope of the last segment times ``optimism``, but at least
+    ``explore_fraction`` x the average rate per node at the last size.
     """
     sizes = sorted(n for n in rates if n > 0)
     if not sizes:
@@ -210,7 +225,7 @@ def fit_curve(rates: dict[int, tuple[float, float]], optimism: float) -> Through
     hull: list[tuple[float, float]] = [(0.0, 0.0)]
     for n, r in zip(sizes, iso, strict=True):
         pt = (float(n), r)
-        while len(hull) >= 2:
+        while concave and len(hull) >= 2:
             (x1, y1), (x2, y2) = hull[-2], hull[-1]
             # drop the middle point if it lies on or below the chord
             if (y2 - y1) * (pt[0] - x1) <= (pt[1] - y1) * (x2 - x1):
@@ -224,7 +239,8 @@ def fit_curve(rates: dict[int, tuple[float, float]], optimism: float) -> Through
     (x0, y0) = hull[-2]
     (x1, y1) = hull[-1]
     slope = (y1 - y0) / (x1 - x0) if x1 > x0 else 0.0
-    return ThroughputModel(pts, optimistic_slope=max(0.0, slope * optimism))
+    floor = explore_fraction * y1 / x1 if x1 > 0 else 0.0
+    return ThroughputModel(pts, optimistic_slope=max(0.0, slope * optimism, floor))
 
 
 class ProfilingAdvisor:
@@ -252,15 +268,22 @@ class ProfilingAdvisor:
         if st.last_t_s is not None and nodes != st.last_n:
             # a size change nobody told us about: it happened at the last report at the latest
             self.rescaled(job_id, st.last_t_s, st.last_n, nodes)
-            # when within (last report, now] it happened is unknown: treat it all as warm-up
-            st.changed_t_s = t_s
+            # when within (last report, now] it happened is unknown: that whole interval
+            # is warm-up, the next one starts after the change
+            st.changed_t_s = math.nextafter(t_s, -math.inf)
         if st.last_t_s is not None and nodes > 0 and t_s > st.last_t_s:
             dt = t_s - st.last_t_s
             ds = samples_total - st.last_samples
-            clean = st.last_t_s >= st.changed_t_s + self.settings.warmup_s
+            # the interval that starts at a change carries that change's loss: never clean
+            clean = (
+                st.last_t_s >= st.changed_t_s + self.settings.warmup_s
+                and st.last_t_s > st.changed_t_s
+            )
             book = st.profile.clean if clean else st.profile.dirty
             if ds >= 0:
                 book.setdefault(nodes, _Sum()).add(ds, dt)
+            if clean and ds >= 0:
+                st.last_rate, st.last_rate_n = ds / dt, nodes
             if clean and st.pending is not None and st.pending.new_n == nodes:
                 self._measure_cost(st, t_s, samples_total, ds / dt)
         st.last_t_s = t_s
@@ -270,14 +293,25 @@ class ProfilingAdvisor:
     def rescaled(self, job_id: str, t_s: float, old_nodes: int, new_nodes: int) -> None:
         """The job changed from ``old_nodes`` to ``new_nodes`` at ``t_s``."""
         st = self._job(job_id)
-        if old_nodes == new_nodes:
-            return
+        # old == new: nodes were swapped; it still costs progress, so it still
+        # starts a warm-up (but there is no direction to attribute a cost to)
         anchor = st.last_samples
-        old_rate = self.model(job_id).rate(old_nodes)
+        # the rate just before the change: the last clean measurement at that size
+        if st.last_rate_n == old_nodes and st.last_rate > 0:
+            old_rate = st.last_rate
+        else:
+            old_rate = self.model(job_id).rate(old_nodes)
         if st.last_t_s is not None and t_s > st.last_t_s and st.last_n == old_nodes:
             anchor += old_rate * (t_s - st.last_t_s)
+        # Two changes with no progress report between them (Slurm took nodes, then the
+        # allocator regrew the job at the same event): their losses cannot be told
+        # apart, so neither is measured.
+        compound = (
+            st.pending is not None and st.last_t_s is not None and st.pending.t_s >= st.last_t_s
+        )
         st.pending = None
-        if old_nodes > 0 and new_nodes > 0 and old_rate > 0:
+        measurable = old_nodes > 0 and new_nodes > 0 and old_nodes != new_nodes and old_rate > 0
+        if measurable and not compound:
             st.pending = _Pending(t_s, anchor, old_nodes, new_nodes, old_rate)
         st.changed_t_s = t_s
         if st.last_t_s is None or t_s >= st.last_t_s:
@@ -325,7 +359,8 @@ class ProfilingAdvisor:
         """What the allocator should believe about this job's throughput."""
         rates = self._combined(job_id).rates()
         if rates:
-            return fit_curve(rates, self.settings.optimism)
+            st = self.settings
+            return fit_curve(rates, st.optimism, st.explore_fraction, st.concave)
         per_node = self._population_rate_per_node()
         return ThroughputModel(((1, per_node),), optimistic_slope=per_node)
 

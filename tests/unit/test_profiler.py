@@ -127,7 +127,7 @@ def test_profiles_round_trip_and_bad_input_names_the_field():
     assert again.model("k") == adv.model("j")
     assert again.scale_costs("k") == adv.scale_costs("j")
     assert stored is not None
-    with pytest.raises(ValueError, match="clean: size .x."):
+    with pytest.raises(ValueError, match=r"clean: size .x."):
         ProfilingAdvisor().load_profile("r", {**stored, "clean": {"x": [1.0, 1.0]}})
     with pytest.raises(ValueError, match="scale_up_s"):
         ProfilingAdvisor().load_profile("r", {**stored, "scale_up_s": [1.0]})
@@ -144,3 +144,21 @@ def test_implicit_rescale_and_out_of_order_reports():
     adv.observe("j", 30.0, 2, 3000.0)
     assert adv.model("j").rate(1) == pytest.approx(100.0)
     assert adv.model("j").rate(2) == pytest.approx(200.0)
+
+
+def test_compound_change_is_not_measured_and_swaps_restart_warmup():
+    adv = ProfilingAdvisor(AdvisorSettings(warmup_s=0.0))
+    f = Feed(adv, n=4)
+    f.run(100)
+    # Slurm takes a node, the allocator regrows at the same instant: losses mixed
+    f.rescale(3, 12.0)
+    f.samples -= 18.0 * TRUE[4]
+    adv.rescaled("j", f.t, 3, 4)
+    f.n = 4
+    f.run(100)
+    assert adv.scale_costs("j") == (20.0, 10.0)  # defaults: nothing measurable
+    # a swap (same count, other nodes) loses progress but is not a rate sample
+    f.samples -= 3.0 * TRUE[4]
+    adv.rescaled("j", f.t, 4, 4)
+    f.run(10)
+    assert adv.model("j").rate(4) == pytest.approx(TRUE[4])
