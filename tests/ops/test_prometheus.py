@@ -4,8 +4,9 @@
 
 * as a dedicated non-root account that has Slurm's **Operator** admin level and nothing
   more (what docs/install.md prescribes), with the unit's NoNewPrivileges, an empty
-  capability bounding set and MemoryDenyWriteExecute applied to the process (setpriv and
-  prctl, since there is no systemd PID 1 here);
+  capability bounding set and MemoryDenyWriteExecute applied to the process (harden_exec.py
+  installs systemd's seccomp filter for it, setpriv drops the capabilities; there is no
+  systemd PID 1 here);
 * with ``$NOTIFY_SOCKET``/``$WATCHDOG_USEC`` pointing at a datagram socket of the test, which
   must receive READY=1, WATCHDOG=1 and, on SIGTERM, STOPPING=1.
 
@@ -47,14 +48,8 @@ DAEMON_USER = "mt-malletrain"
 USER = "mt-alice"
 OTHER_USER = "mt-bob"
 
-# The unit's MemoryDenyWriteExecute=yes, applied with prctl(PR_SET_MDWE) (kept across exec).
-HARDEN = (
-    "import ctypes, os, sys\n"
-    "libc = ctypes.CDLL(None, use_errno=True)\n"
-    "if libc.prctl(65, 1, 0, 0, 0) != 0:\n"  # PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN
-    "    sys.exit('prctl(PR_SET_MDWE) failed: errno %d' % ctypes.get_errno())\n"
-    "os.execvp(sys.argv[1], sys.argv[1:])\n"
-)
+# The unit's NoNewPrivileges + MemoryDenyWriteExecute, applied the way systemd does.
+HARDEN = Path(__file__).with_name("harden_exec.py")
 
 
 def idle_in_slurm(cluster) -> int:
@@ -129,9 +124,9 @@ class HardenedDaemon:
     def start(self) -> None:
         env = dict(self.cluster.env, NOTIFY_SOCKET=str(self.notify_path),
                    WATCHDOG_USEC="4000000", PYTHONUNBUFFERED="1")
-        argv = [sys.executable, "-c", HARDEN,
+        argv = [sys.executable, str(HARDEN),
                 "setpriv", f"--reuid={self.user}", f"--regid={self.user}", "--init-groups",
-                "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all",
+                "--bounding-set=-all", "--inh-caps=-all",
                 sys.executable, "-m", "malletrain.cli", "daemon", "--config", str(self.config)]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
