@@ -7,7 +7,9 @@ import threading
 import urllib.request
 
 import pytest
-from prometheus_client import REGISTRY, CollectorRegistry
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from malletrain.ops.metrics import JobStatus, Metrics, MetricsSnapshot, serve
@@ -178,3 +180,42 @@ def test_serves_on_ipv6_loopback():
         assert scrape(server.url)[("malletrain_idle_nodes", ())] == 3
     finally:
         server.stop()
+
+
+job_ids = st.text(min_size=1, max_size=12)
+jobs_strategy = st.lists(
+    st.builds(
+        JobStatus,
+        job_id=job_ids,
+        user=st.text(max_size=8),
+        state=st.sampled_from(["queued", "running", "evicted", "stalled"]),
+        nodes=st.integers(0, 5000),
+        samples_per_s=st.floats(0, 1e9, allow_nan=False),
+        samples_total=st.integers(0, 2**53),
+        rescales_up=st.integers(0, 10**6),
+        rescales_down=st.integers(0, 10**6),
+    ),
+    max_size=6,
+    unique_by=lambda j: j.job_id,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(jobs=jobs_strategy, idle=st.integers(0, 10**6))
+def test_any_snapshot_renders_parseable_exposition(jobs, idle):
+    """Odd label values (quotes, newlines, unicode) are escaped; every value comes back."""
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    metrics.publish(snapshot(idle=idle, jobs=tuple(jobs)))
+    text = generate_latest(registry).decode()
+    got = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            got[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    assert got[("malletrain_idle_nodes", ())] == idle
+    for j in jobs:
+        key = (("job_id", j.job_id), ("user", j.user))
+        assert got[("malletrain_job_nodes", key)] == j.nodes
+        assert got[("malletrain_job_samples_total", key)] == float(j.samples_total)
+        assert got[("malletrain_job_samples_per_second", key)] == pytest.approx(j.samples_per_s)
+    assert sum(v for (n, _), v in got.items() if n == "malletrain_jobs") == len(jobs)
