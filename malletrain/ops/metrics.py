@@ -42,7 +42,7 @@ Usage (daemon)::
     # when Slurm preempts a slot and the node is free again:
     metrics.count_preemption()
     metrics.observe_yield(seconds_from_slurm_wanting_the_node_to_release)
-    # around every Slurm command:
+    # around every Slurm command (or: with metrics.slurm_call("observe"): ...):
     metrics.observe_slurm_call("squeue", seconds, ok=False)
     ...
     server.stop()
@@ -50,8 +50,10 @@ Usage (daemon)::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
@@ -255,6 +257,20 @@ class Metrics:
         self.slurm_call_seconds.labels(call=call).observe(seconds)
         if not ok:
             self.slurm_call_errors.labels(call=call).inc()
+
+    @contextlib.contextmanager
+    def slurm_call(self, call: str) -> Iterator[None]:
+        """Time a block of Slurm work as one call; an exception counts as an error (re-raised).
+
+        ``with metrics.slurm_call("observe"): snap = cache.refresh()``
+        """
+        t0 = time.monotonic()
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            self.observe_slurm_call(call, time.monotonic() - t0, ok=ok)
 
     def count_reload(self, ok: bool) -> None:
         self.config_reloads.labels(result="ok" if ok else "rejected").inc()

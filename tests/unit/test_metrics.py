@@ -219,3 +219,13 @@ def test_any_snapshot_renders_parseable_exposition(jobs, idle):
         assert got[("malletrain_job_samples_total", key)] == float(j.samples_total)
         assert got[("malletrain_job_samples_per_second", key)] == pytest.approx(j.samples_per_s)
     assert sum(v for (n, _), v in got.items() if n == "malletrain_jobs") == len(jobs)
+
+
+def test_slurm_call_context_manager_times_and_counts_errors():
+    metrics = Metrics(CollectorRegistry())
+    with metrics.slurm_call("observe"):
+        pass
+    with pytest.raises(RuntimeError), metrics.slurm_call("observe"):
+        raise RuntimeError("slurmctld down")
+    assert metrics.slurm_calls.labels(call="observe")._value.get() == 2
+    assert metrics.slurm_call_errors.labels(call="observe")._value.get() == 1
