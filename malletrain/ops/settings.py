@@ -21,7 +21,11 @@ Usage (daemon)::
     settings = load_settings(args.config)          # ConfigError -> exit 78, one message
     interval_s = settings.allocator.tick_interval_s
 
-    # on SIGHUP, between ticks:
+    policy = make_policy(settings.allocator.policy, settings.allocator.policy_options())
+    advisor = ProfilingAdvisor(settings.allocator.advisor_settings())
+
+    # on SIGHUP, between ticks (malletrain.ops.service.reload_config wraps this with logging,
+    # metrics and sd_notify):
     result = reload_settings(args.config, settings)
     if result.error is not None:
         log.error("config reload rejected, keeping the running config: %s", result.error)
@@ -59,11 +63,11 @@ from malletrain.errors import ConfigError
 DEFAULT_CONFIG_PATH = Path("/etc/malletrain/malletrain.yaml")
 
 
-
 def daemon_policy_names() -> tuple[str, ...]:
     """Policies the daemon can run: those of core's registry that do not need the jobs' true
     throughput curves (only the simulator has those, e.g. ``malletrain-known-curves``)."""
     return tuple(name for name, spec in POLICY_REGISTRY.items() if spec.curves != "true")
+
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 LogFormat = Literal["text", "json"]
