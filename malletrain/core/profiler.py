@@ -342,16 +342,29 @@ class ProfilingAdvisor:
 
     # -- answers --------------------------------------------------------------
     def _combined(self, job_id: str) -> Profile:
+        """The job's own measurements, completed by those of its kind.
+
+        Its kind's evidence is the archive of finished jobs plus the other running
+        jobs of that kind (ten copies of one model learn ten times faster together);
+        at sizes the job ran at itself, its own measurements replace the kind's.
+        """
         st = self._jobs.get(job_id)
         prof = Profile()
-        if st is not None and st.kind is not None and st.kind in self._kinds:
-            prof.merge(self._kinds[st.kind])
+        if st is not None and st.kind is not None:
+            if st.kind in self._kinds:
+                prof.merge(self._kinds[st.kind])
+            for other_id, other in self._jobs.items():
+                if other_id != job_id and other.kind == st.kind:
+                    prof.merge(other.profile)
         if st is not None:
-            # the job's own measurements replace its kind's at the sizes it ran
             own = st.profile
             for n in set(own.clean) | set(own.dirty):
                 prof.clean.pop(n, None)
                 prof.dirty.pop(n, None)
+            if own.scale_up_s.weight > 0:
+                prof.scale_up_s = _Sum()
+            if own.scale_down_s.weight > 0:
+                prof.scale_down_s = _Sum()
             prof.merge(own)
         return prof
 

@@ -162,3 +162,20 @@ def test_compound_change_is_not_measured_and_swaps_restart_warmup():
     adv.rescaled("j", f.t, 4, 4)
     f.run(10)
     assert adv.model("j").rate(4) == pytest.approx(TRUE[4])
+
+
+def test_running_jobs_of_one_kind_share_measurements():
+    adv = ProfilingAdvisor()
+    adv.register("a", "resnet")
+    adv.register("b", "resnet")
+    fa = Feed(adv, job="a", n=2)
+    fa.run(100)
+    fa.rescale(8, 18.0)
+    fa.run(100)
+    # b never ran at 8 nodes, but a (same kind, still running) did
+    fb = Feed(adv, job="b", n=4)
+    fb.run(100)
+    model = adv.model("b")
+    assert model.rate(8) == pytest.approx(TRUE[8])
+    assert model.rate(4) == pytest.approx(TRUE[4])
+    assert adv.scale_costs("b")[0] == pytest.approx(18.0)
