@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +197,7 @@ class Daemon:
         self._rows_lock = threading.Lock()
         self._job_nodes: dict[str, tuple[str, ...]] = {}
         self._job_members: dict[str, int] = {}
+        self._profile_points: dict[str, int] = {}
         self._last_profile_save = time.monotonic()
         self.instance = self._instance_id()
         self.state_dir = settings.state.snapshot_dir / self.instance
@@ -323,6 +324,9 @@ class Daemon:
         coord = self._observe_coordinator(jobs)
         with self._rows_lock:
             self._job_members = {jid: len(cv.members) for jid, cv in coord.items()}
+            # read by the channel's threads: never let them touch the advisor itself
+            self._profile_points = {j.job_id: len(self.advisor.measured_sizes(j.job_id))
+                                    for j in jobs if j.state.active}
         jobs = [self.store.job(j.job_id) or j for j in jobs]  # progress just written
         slots = {j.job_id: tuple(self.store.slots(j.job_id)) for j in jobs}
         world = World(
@@ -458,7 +462,7 @@ class Daemon:
         if op == "abort":
             return self._abort(peer, req)
         if op == "jobs":
-            return {"jobs": [row.__dict__ for row in self.rows()]}
+            return {"jobs": [asdict(row) for row in self.rows()]}
         if op == "cancel":
             return self._cancel(peer, req)
         raise PermanentError(f"unknown request {op!r}")
@@ -552,6 +556,7 @@ class Daemon:
         with self._rows_lock:
             job_nodes = dict(self._job_nodes)
             job_members = dict(self._job_members)
+            points = dict(self._profile_points)
         out = []
         for j in self.store.jobs():
             out.append(JobRow(
@@ -561,8 +566,7 @@ class Daemon:
                 min_nodes=j.spec.min_nodes, max_nodes=j.spec.max_nodes,
                 samples_total=j.samples_total,
                 samples_per_s=j.samples_per_s if j.state.active else 0.0,
-                profile_points=len(self.advisor.measured_sizes(j.job_id))
-                if j.state.active else 0,
+                profile_points=points.get(j.job_id, 0) if j.state.active else 0,
                 rescales_up=j.rescales_up, rescales_down=j.rescales_down,
                 preemptions=j.preemptions, message=j.lifecycle.history[-1].reason,
             ))

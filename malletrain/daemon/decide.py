@@ -3,7 +3,7 @@
 Level-triggered: the plan is recomputed from the WHOLE current view every tick (Slurm
 snapshot, store records, coordinator membership/registrations/progress). Nothing depends on
 having seen an earlier event, so a restarted daemon, a lost event or a half-applied tick is
-repaired by the next tick. Events (a submission, a departure) only make the next tick come
+repaired by the next tick. A submission or a cancellation only makes the next tick come
 sooner.
 
 The steps:
@@ -431,8 +431,6 @@ def decide(world: World, policy: Policy) -> TickPlan:
                         survivors.append(member)
                     else:
                         ready.append((cv.live[member].registered_at_s, member))
-                    if rec.placed_node is not None and rec.last_status != "running":
-                        pass
                     continue
                 if rec.leaving_since_s is not None:
                     if now - rec.leaving_since_s > s.leave_timeout_s:
