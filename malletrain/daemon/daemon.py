@@ -622,3 +622,4 @@ def run_daemon(settings: Settings, config_path: str | None, backend: SlurmBacken
         daemon.close()
         signals.restore()
     return 0
+
