@@ -37,7 +37,7 @@ from malletrain.core.cluster import ClusterSnapshot, JobState
 from malletrain.core.lifecycle import JobPhase
 from malletrain.core.model import ThroughputModel
 from malletrain.core.policies import make_policy
-from malletrain.core.profiler import AdvisorSettings, ProfilingAdvisor
+from malletrain.core.profiler import ProfilingAdvisor
 from malletrain.daemon.actuator import Actuator
 from malletrain.daemon.channel import ChannelServer, Peer
 from malletrain.daemon.decide import (
@@ -179,11 +179,7 @@ class Daemon:
         self._decide_overrides = dict(decide_overrides or {})
         self.policy = make_policy(settings.allocator.policy,
                                   settings.allocator.policy_options())
-        self.advisor = ProfilingAdvisor(AdvisorSettings(
-            default_scale_up_s=settings.allocator.default_scale_up_s,
-            default_scale_down_s=settings.allocator.default_scale_down_s,
-            warmup_s=settings.allocator.warmup_s,
-        ))
+        self.advisor = ProfilingAdvisor(settings.allocator.advisor_settings())
         for kind, data in self.store.profiles().items():
             try:
                 self.advisor.load_profile(kind, data)
