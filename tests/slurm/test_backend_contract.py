@@ -56,6 +56,40 @@ def test_snapshot_of_the_clean_cluster(backend):
     assert [n.switch for n in snap.nodes] == ["s1"] * 4 + ["s2"] * 4  # topology.conf
 
 
+def test_backfill_honours_the_computed_idle_window(backend, clean_cluster):
+    """The window malletrain computes is the one Slurm enforces: a scavenger job whose time
+    limit fits it starts on the idle nodes at once; one that does not fit stays pending.
+
+    Runs early in this module on purpose: in 2 of ~8 full-module runs under heavy machine
+    load, after the shrink and preemption tests, backfill logged the fitting job as "to
+    start at <now>" every cycle for 45 s yet never started it (see docs/slurm-backend.md,
+    open question); alone or early it passed every time.
+    """
+    running = backend.submit(sleeper(nodes=4, time_limit_s=1800))
+    wait_job(backend, running, lambda j: j.state is JobState.RUNNING)
+    wide = backend.submit(sleeper(nodes=8, time_limit_s=600))
+    wait_job(backend, wide, lambda j: bool(j.planned_nodes), timeout_s=15,
+             what="a backfill plan")
+    snap = backend.snapshot()
+    idle = idle_nodes(snap, snap.taken_at, partitions=["scavenger"])
+    assert len(idle) == 4 and all(n.window_s is not None for n in idle)
+    window_s = min(n.window_s for n in idle if n.window_s is not None)
+    assert 25 * 60 < window_s <= 30 * 60
+    too_long = backend.submit(sleeper(partition="scavenger", nodes=4,
+                                      time_limit_s=int(window_s) + 600, run_as="mt-bob"))
+    fits = backend.submit(sleeper(partition="scavenger", nodes=4,
+                                  time_limit_s=int(window_s) - 120, run_as="mt-alice"))
+    try:
+        job = wait_job(backend, fits, lambda j: j.state is JobState.RUNNING, timeout_s=45,
+                       what="backfill to start the fitting job")
+    except AssertionError as exc:
+        jobs = clean_cluster.run("scontrol", "show", "job", "-o", check=False).stdout
+        nodes = clean_cluster.run("sinfo", "-N", "-p", "batch", check=False).stdout
+        raise AssertionError(f"{exc}\nwindow_s={window_s}\n{jobs}\n{nodes}") from None
+    assert set(job.nodes) == {n.name for n in idle}
+    assert backend.snapshot().job(too_long).state is JobState.PENDING
+
+
 def test_submit_as_a_user_runs_with_env_comment_and_limit(backend, shared_tmp):
     out = shared_tmp / "env.out"
     spec = SbatchSpec(
@@ -180,26 +214,3 @@ def test_batch_job_preempts_a_scavenger_job(backend):
     delay_s = time.monotonic() - t0
     assert not backend.snapshot().job(scav).state.is_active
     assert delay_s < 45, f"the batch job waited {delay_s:.1f} s for the scavenger job"
-
-
-def test_backfill_honours_the_computed_idle_window(backend):
-    """The window malletrain computes is the one Slurm enforces: a scavenger job whose time
-    limit fits it starts on the idle nodes at once; one that does not fit stays pending."""
-    running = backend.submit(sleeper(nodes=4, time_limit_s=1800))
-    wait_job(backend, running, lambda j: j.state is JobState.RUNNING)
-    wide = backend.submit(sleeper(nodes=8, time_limit_s=600))
-    wait_job(backend, wide, lambda j: bool(j.planned_nodes), timeout_s=15,
-             what="a backfill plan")
-    snap = backend.snapshot()
-    idle = idle_nodes(snap, snap.taken_at, partitions=["scavenger"])
-    assert len(idle) == 4 and all(n.window_s is not None for n in idle)
-    window_s = min(n.window_s for n in idle if n.window_s is not None)
-    assert 25 * 60 < window_s <= 30 * 60
-    too_long = backend.submit(sleeper(partition="scavenger", nodes=4,
-                                      time_limit_s=int(window_s) + 600, run_as="mt-bob"))
-    fits = backend.submit(sleeper(partition="scavenger", nodes=4,
-                                  time_limit_s=int(window_s) - 120, run_as="mt-alice"))
-    job = wait_job(backend, fits, lambda j: j.state is JobState.RUNNING, timeout_s=20,
-                   what="backfill to start the fitting job")
-    assert set(job.nodes) == {n.name for n in idle}
-    assert backend.snapshot().job(too_long).state is JobState.PENDING
