@@ -217,6 +217,7 @@ class Bench:
         stream = load_stream(TRACE, self.args.first, self.args.jobs, self.args.span)
         self.setup()
         try:
+            print(f"# policy {self.args.policy}, launcher {self.args.launcher}", flush=True)
             print(f"# stream: {len(stream)} Theta 2022 jobs from #{self.args.first}, nodes "
                   f"{[j.nodes for j in stream]}, run s {[j.run_s for j in stream]}", flush=True)
             base = self.run_stream(stream, "base")
@@ -226,7 +227,8 @@ class Bench:
             for tag in ("ma", "mb"):
                 res = self.sh(as_user("mt-alice", [
                     PY, "-m", "malletrain.cli", "submit", "--socket", str(sock), "--parsable",
-                    "-N", "1-4", "-J", tag, "-o", str(self.work / "out" / f"{tag}-%j.out"),
+                    "-N", "1-4", "-J", tag, "--launcher", self.args.launcher,
+                    "-o", str(self.work / "out" / f"{tag}-%j.out"),
                     "-D", str(self.work / "out"), str(EXAMPLE), "--total-samples",
                     str(self.args.samples), "--step-sleep", "0.05",
                     "--jsonl", str(self.work / "out" / f"{tag}.log"),
@@ -307,6 +309,8 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=12, help="regular jobs in the stream")
     ap.add_argument("--span", type=float, default=150.0, help="seconds the stream spans")
     ap.add_argument("--samples", type=int, default=400_000, help="samples per malleable job")
+    ap.add_argument("--launcher", default="torchrun", choices=("torchrun", "srun"),
+                    help="how node slots start their workers (malletrain submit --launcher)")
     ap.add_argument("--policy", default="equal-share",
                     help="allocator.policy (malletrain swaps nodes between equal jobs on "
                          "measurement noise on this toy cluster; see docs/daemon.md)")

@@ -70,6 +70,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument("--export")
     sub.add_argument("-A", "--account")
     sub.add_argument("--kind", help="profile key: jobs of one kind share a learned profile")
+    sub.add_argument("--launcher", choices=("torchrun", "srun"),
+                     help="start the K workers of a node with torchrun (default) or srun")
     sub.add_argument("--python", default=sys.executable,
                      help="Python on the nodes that runs torchrun (default: this one)")
     sub.add_argument("--parsable", action="store_true", help="print only the job id")
@@ -92,6 +94,7 @@ _FLAG_OPTS = (
     ("max_nodes", "--max-nodes"), ("time", "--time"), ("gpus_per_node", "--gpus-per-node"),
     ("ntasks_per_node", "--ntasks-per-node"), ("output", "--output"), ("error", "--error"),
     ("chdir", "--chdir"), ("export", "--export"), ("account", "--account"), ("kind", "--kind"),
+    ("launcher", "--launcher"),
 )
 
 

@@ -66,6 +66,17 @@ def slot_job_name(job_id: str, slot: int) -> str:
     return f"mt.{job_id}.s{slot}"[:128]
 
 
+#: The per-task bootstrap of ``launcher=srun`` (argv: K, script, args...): torchrun's
+#: LOCAL_RANK/LOCAL_WORLD_SIZE from Slurm's task ids, then the script as ``__main__``.
+_SRUN_TASK = (
+    "import os, runpy, sys; "
+    "os.environ['LOCAL_RANK'] = os.environ.get('SLURM_LOCALID', '0'); "
+    "os.environ['LOCAL_WORLD_SIZE'] = sys.argv[1]; "
+    "sys.argv = sys.argv[2:]; "
+    "runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+
+
 def render_launcher(spec: JobSpec, job_id: str, slot: int, coordinator: str,
                     state_dir: str) -> str:
     """The slot's batch script: a few lines of Python that ``exec`` an argument list.
@@ -75,9 +86,16 @@ def render_launcher(spec: JobSpec, job_id: str, slot: int, coordinator: str,
     runs under ``srun`` so that Slurm's preemption SIGTERM reaches it at once (the batch
     shell alone is only signalled at kill time, SLURM-NOTES section 5a).
     """
-    torchrun = [spec.python, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-                f"--nproc-per-node={spec.nproc_per_node}", spec.script, *spec.args]
-    srun = ["srun", "--nodes=1", "--ntasks=1", "--kill-on-bad-exit=1", *torchrun]
+    if spec.launcher == "srun":
+        # srun starts the K workers itself; each maps its SLURM_LOCALID to LOCAL_RANK
+        task = [spec.python, "-c", _SRUN_TASK, str(spec.nproc_per_node), spec.script,
+                *spec.args]
+        srun = ["srun", "--nodes=1", f"--ntasks={spec.nproc_per_node}",
+                "--kill-on-bad-exit=1", *task]
+    else:
+        torchrun = [spec.python, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+                    f"--nproc-per-node={spec.nproc_per_node}", spec.script, *spec.args]
+        srun = ["srun", "--nodes=1", "--ntasks=1", "--kill-on-bad-exit=1", *torchrun]
     env = {
         "MALLETRAIN_COORDINATOR": coordinator,
         "MALLETRAIN_JOB_ID": job_id,

@@ -38,6 +38,7 @@ MAX_ARGS = 256
 MAX_ARG_BYTES = 4096
 MAX_PATH_BYTES = 4096
 MAX_SCRIPT_BYTES = 1 << 20
+LAUNCHERS = ("torchrun", "srun")
 
 
 class SpecError(PermanentError):
@@ -149,6 +150,10 @@ class JobSpec:
     kind: str = "default"
     #: The Python interpreter that runs torchrun on the nodes (the submitter's by default).
     python: str = "/usr/bin/python3"
+    #: How a node slot starts its K worker processes: ``torchrun`` (torch.distributed.run,
+    #: what users expect) or ``srun`` (``srun --ntasks=K`` starts them directly, LOCAL_RANK from
+    #: SLURM_LOCALID: one process layer less between Slurm's SIGTERM and the workers).
+    launcher: str = "torchrun"
 
     def __post_init__(self) -> None:
         _check_spec(self)
@@ -239,6 +244,8 @@ def _check_spec(s: JobSpec) -> None:
     _line(s.python, "python")
     if not s.python.startswith("/"):
         raise SpecError(f"python: {s.python!r} must be an absolute path")
+    if s.launcher not in LAUNCHERS:
+        raise SpecError(f"launcher: {s.launcher!r} must be one of {', '.join(LAUNCHERS)}")
     if s.export not in ("ALL", "NONE"):
         raise SpecError(f"export: {s.export!r} must be ALL or NONE")
     if len(s.environment) > 256:
@@ -270,6 +277,7 @@ _ALIASES = {
     "-p": "partition", "--partition": "partition",
     "--exclusive": "exclusive",
     "--kind": "kind",
+    "--launcher": "launcher",
 }
 #: options accepted for compatibility and ignored (with a warning saying why).
 IGNORED = {
@@ -473,7 +481,7 @@ def build_spec(
             max_nodes=max_nodes, time_limit_s=time_s, gpus_per_node=gpus, nproc_per_node=nproc,
             output=v.get("output"), error=v.get("error"), chdir=chdir, export=export,
             environment=env, account=v.get("account"), kind=v.get("kind", _kind_of(script)),
-            python=python,
+            python=python, launcher=v.get("launcher", "torchrun"),
         )
     except SpecError as exc:
         raise SpecError(str(exc)) from None

@@ -87,3 +87,24 @@ def test_classification():
         assert classify(job(s)) is SlotStatus.ENDED
     assert classify(job(JobState.CANCELLED)) is SlotStatus.CANCELLED
     assert classify(job(JobState.UNKNOWN)) is SlotStatus.ENDING
+
+
+def test_srun_launcher_maps_slurm_task_ids_to_torchrun_variables(tmp_path):
+    import dataclasses
+    import json
+
+    script = tmp_path / "train.py"
+    script.write_text("import json, os, sys\nprint(json.dumps([os.environ['LOCAL_RANK'], "
+                      "os.environ['LOCAL_WORLD_SIZE'], sys.argv, __name__]))\n")
+    spec = dataclasses.replace(SPEC, launcher="srun", script=str(script), python=sys.executable,
+                               nproc_per_node=3)
+    text = render_slot(spec, "m7", 0, coordinator="c:1", state_dir="/s",
+                       partition="scavenger").script
+    argv = json.loads(text.split("argv = ", 1)[1].split("\n", 1)[0])
+    assert argv[:4] == ["srun", "--nodes=1", "--ntasks=3", "--kill-on-bad-exit=1"]
+    task = argv[4:]
+    out = subprocess.run(task, env={"SLURM_LOCALID": "2", "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, check=True).stdout
+    rank, size, args, name = json.loads(out)
+    assert (rank, size, name) == ("2", "3", "__main__")
+    assert args == [str(script), "--lr", "0.1; rm -rf / $(x)"]
