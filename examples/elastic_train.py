@@ -23,6 +23,7 @@ The dataset is synthetic (no downloads): ``y = tanh(x @ W)`` plus noise, for a f
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import hashlib
 import json
 import logging
@@ -143,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             out.write(event="failed_step", step=step.index, epoch=step.epoch,
                       error=str(step.error)[:200])
+    # diagnostics: if this process is still alive 10 s from now, print every thread's stack
+    faulthandler.dump_traceback_later(10, exit=False)
     out.write(event="exit", reason=str(job.exit_reason), step=job.step,
               samples_total=job.samples_total, checksum=checksum(model), rank=job.rank,
               reconfig=job.last_reconfig)

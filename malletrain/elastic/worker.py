@@ -27,12 +27,15 @@ and write the next epoch without the missing members; the failed step is not com
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import logging
+import math
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -332,6 +335,8 @@ class ElasticJob:
                     continue
                 self._commit(step)
         except _Leave:
+            if self.exit_reason in (ExitReason.SIGTERM, ExitReason.EVICTED):
+                atexit.register(_exit_now)
             return
         except GeneratorExit:
             self._announce("crashed")
@@ -341,7 +346,9 @@ class ElasticJob:
             raise
         finally:
             self._teardown()
-            self._watcher.stop()
+            # join the watcher: a thread inside a store call while the interpreter shuts
+            # down is one way for a process never to exit
+            self._watcher.stop(join_timeout_s=3.0)
             self._exited.set()
 
     # ------------------------------------------------------------------ coordinator link
@@ -467,11 +474,35 @@ class ElasticJob:
                 break
         if self._sigterm_at is None:
             self._sigterm_at = time.monotonic()
-        if self._exited.wait(self.config.sigterm_deadline_s):
-            return
-        log.error("SIGTERM deadline (%.1f s) passed; forcing exit", self.config.sigterm_deadline_s)
-        self._announce("sigterm")
+        # Kernel-level backstop: if even the forced exit below cannot run (the interpreter
+        # is finalizing, daemon threads are frozen), SIGALRM's default action ends us.
+        signal.alarm(math.ceil(self.config.sigterm_deadline_s) + 1)
+        deadline = self._sigterm_at + self.config.sigterm_deadline_s
+        if not self._exited.wait(max(0.0, deadline - time.monotonic())):
+            log.error("still training %.1f s after SIGTERM; forcing exit",
+                      self.config.sigterm_deadline_s)
+            self._announce_on_fresh_client("sigterm")
+        else:
+            # The loop has ended; the script may still finish up, but the process must be
+            # gone before Slurm's GraceTime whatever happens at interpreter shutdown.
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            log.error("process still alive %.1f s after SIGTERM; forcing exit",
+                      self.config.sigterm_deadline_s)
         os._exit(0)
+
+    def _announce_on_fresh_client(self, reason: p.DepartureReason) -> None:
+        """Announce from a helper thread: never share the main thread's store client."""
+        if self.config.local_rank != 0:
+            return
+        host, port_text = self.config.coordinator.rsplit(":", 1)
+        try:
+            store = dist.TCPStore(host, int(port_text), is_master=False,
+                                  timeout=timedelta(seconds=1))
+            JobStore(store, self.config.job_id).depart(
+                self.member_id, reason, self.epoch or None, self.step
+            )
+        except (RuntimeError, ValueError, OSError) as exc:
+            log.warning("could not announce departure (%s): %s", reason, exc)
 
     # ------------------------------------------------------------------ the step loop
 
@@ -953,6 +984,22 @@ class ElasticJob:
         self.exit_reason = ExitReason.FINISHED
 
 
+def _exit_now() -> None:
+    """Leave at interpreter exit without running C++ static destructors.
+
+    Registered after a SIGTERM / eviction leave, when the process must be gone within
+    GraceTime: in torch 2.13 the exit of such a worker hung in
+    ``TorchLibraryInit::~TorchLibraryInit`` (a dispatcher table walk that never ended) in 3 of
+    5 runs of the eviction test, after the Python code had finished. Being registered late,
+    this runs before torch's own atexit handlers; stdio and logging are flushed first.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
+
+
 class _Watcher:
     """Background link to the coordinator: polls the newest epoch, sends progress.
 
@@ -973,8 +1020,10 @@ class _Watcher:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, join_timeout_s: float = 0.0) -> None:
         self._stop.set()
+        if join_timeout_s > 0 and self._thread.is_alive():
+            self._thread.join(join_timeout_s)
 
     def _run(self) -> None:
         cfg = self.job.config
