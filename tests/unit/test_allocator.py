@@ -85,7 +85,7 @@ def job_case(draw):
     return job, own, pool
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(st.lists(job_case(), min_size=1, max_size=4))
 def test_value_table_matches_definition(cases):
     jobs = [c[0] for c in cases]
@@ -161,7 +161,7 @@ value_tables = st.integers(1, 6).flatmap(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(value_tables, st.integers(0, 30), st.lists(st.floats(-20, 0), min_size=6, max_size=6))
 def test_dp_matches_milp(rows, capacity, zero_values):
     values = np.array(rows, dtype=float)

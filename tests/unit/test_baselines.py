@@ -94,7 +94,7 @@ def random_instance(seed, max_nodes=12, max_jobs=4, window=None):
     return AllocationInput(0.0, nodes, tuple(jobs))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(st.integers(0, 2**31 - 1), st.sampled_from([10.0, 60.0, 300.0]))
 def test_malletrain_dp_with_uniform_windows_equals_freetrain_milp(seed, tfwd):
     """With every window beyond the horizon, malletrain's count problem is FreeTrain's.
