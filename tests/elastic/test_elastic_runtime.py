@@ -75,6 +75,10 @@ def test_grow_and_shrink_1_2_3_2_1_identical_replicas_gapless_exact(cluster):
             cluster.wait_epoch(w[m], epoch)
         _assert_replicas_equal(list(w.values()), epoch, size)
         assert not cluster.coord.is_finished(cluster.job_id), "target too small for the plan"
+        # rank 0's progress report (~1/s, and at every re-formation) follows the world size
+        wait_for(lambda size=size, epoch=epoch: (p := cluster.coord.progress(cluster.job_id))
+                 is not None and (p.epoch, p.world_size) == (epoch, size), 5,
+                 f"a progress report at world size {size}", cluster)
         cluster.wait_step(w[members[0]], w[members[0]].last_step() + 8)
     wait_for(lambda: cluster.coord.is_finished(cluster.job_id), 120, "the job to finish",
              cluster)
@@ -106,6 +110,7 @@ def test_sigterm_then_sigkill_of_members(cluster):
     assert w["m2"].proc.wait(5) == 0
     exit_s = time.monotonic() - t_term
     assert exit_s < 3.0, f"SIGTERM exit took {exit_s:.2f} s"
+    print(f"SIGTERM: member gone after {exit_s:.2f} s")
     assert w["m2"].exit_record()["reason"] == "sigterm"
     wait_for(lambda: cluster.coord.membership(cluster.job_id).members == ("m0", "m1"), 10,
              "survivors to form the next epoch", cluster)
@@ -124,6 +129,7 @@ def test_sigterm_then_sigkill_of_members(cluster):
     cluster.wait_epoch(w["m0"], healed.epoch)
     heal_s = time.monotonic() - t_kill
     assert heal_s < 8.0, f"healing after SIGKILL took {heal_s:.2f} s"
+    print(f"SIGKILL: survivor re-formed after {heal_s:.2f} s")
     assert healed.source == "heal" and healed.dropped == ("m1",)
     failed = [r for r in w["m0"].records() if r["event"] == "failed_step"]
     assert len(failed) <= 1, "more than the step in flight was lost"
@@ -152,6 +158,7 @@ def test_frozen_member_is_dropped_after_the_timeout_then_rejoins(cluster):
     wait_for(lambda: cluster.coord.membership(cluster.job_id).members == ("m0",), 30,
              "the frozen member to be dropped", cluster)
     dropped_s = time.monotonic() - t_stop
+    print(f"SIGSTOP: frozen member dropped after {dropped_s:.2f} s")
     healed = cluster.coord.membership(cluster.job_id)
     cluster.wait_epoch(w["m0"], healed.epoch)
     # bounded by the configured step timeout (+ heal wait + one step), never the default
