@@ -125,25 +125,29 @@ def main(argv: list[str] | None = None) -> int:
         log_path = Path(args.jsonl.replace("{local_rank}", os.environ.get("LOCAL_RANK", "0")))
     out = JsonLog(log_path)
     out.write(event="start", pid=os.getpid(), member=job.member_id)
-    for step in job.steps():
-        if step.first_of_epoch:
-            out.write(event="epoch", epoch=step.epoch, rank=step.rank, ws=step.world_size,
-                      step=step.index, samples_total=job.samples_total,
-                      checksum=checksum(model), reconfig=job.last_reconfig)
-        with step:
-            loss = train_step(job, step, x, y, opt)
-            if args.step_sleep:
-                time.sleep(args.step_sleep)
-        if not step.failed:
-            record: dict[str, object] = dict(
-                event="step", step=step.index, epoch=step.epoch, rank=step.rank,
-                ws=step.world_size, n=step.global_count, loss=loss, t0=step.started_at_s)
-            if args.log_indices:
-                record["indices"] = step.indices.tolist()
-            out.write(**record)
-        else:
-            out.write(event="failed_step", step=step.index, epoch=step.epoch,
-                      error=str(step.error)[:200])
+    try:
+        for step in job.steps():
+            if step.first_of_epoch:
+                out.write(event="epoch", epoch=step.epoch, rank=step.rank, ws=step.world_size,
+                          step=step.index, samples_total=job.samples_total,
+                          checksum=checksum(model), reconfig=job.last_reconfig)
+            with step:
+                loss = train_step(job, step, x, y, opt)
+                if args.step_sleep:
+                    time.sleep(args.step_sleep)
+            if not step.failed:
+                record: dict[str, object] = dict(
+                    event="step", step=step.index, epoch=step.epoch, rank=step.rank,
+                    ws=step.world_size, n=step.global_count, loss=loss, t0=step.started_at_s)
+                if args.log_indices:
+                    record["indices"] = step.indices.tolist()
+                out.write(**record)
+            else:
+                out.write(event="failed_step", step=step.index, epoch=step.epoch,
+                          error=str(step.error)[:200])
+    except UserError as exc:  # e.g. the coordinator cannot be reached: one line
+        print(f"elastic_train: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     # diagnostics: if this process is still alive 10 s from now, print every thread's stack
     faulthandler.dump_traceback_later(10, exit=False)
     out.write(event="exit", reason=str(job.exit_reason), step=job.step,

@@ -53,6 +53,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from malletrain.elastic import protocol as p
 from malletrain.elastic import snapshot
+from malletrain.elastic.coordinator import parse_address
 from malletrain.elastic.jobstore import JobStore
 from malletrain.elastic.rules import ScalingRule
 from malletrain.elastic.sampler import DataStream, split_step, step_count
@@ -153,6 +154,7 @@ class ElasticConfig:
                 f"missing environment variable(s) {', '.join(missing)}: an elastic worker is "
                 "started by the malletrain daemon, or by hand next to `malletrain coordinator`"
             )
+        parse_address(env["MALLETRAIN_COORDINATOR"])  # host:port, or a one-line error
         p.check_id("job id", env["MALLETRAIN_JOB_ID"])
         p.check_id("member id", env["MALLETRAIN_MEMBER_ID"])
         state_dir = env.get("MALLETRAIN_STATE_DIR") or None

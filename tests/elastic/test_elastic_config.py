@@ -35,10 +35,11 @@ def test_from_env_reads_the_contract():
         ({**BASE, "MALLETRAIN_STEP_TIMEOUT_S": "soon"}, "MALLETRAIN_STEP_TIMEOUT_S='soon'"),
         ({**BASE, "MALLETRAIN_HEAL_WAIT_S": "-1"}, "must be > 0"),
         ({**BASE, "LOCAL_RANK": "x"}, "LOCAL_RANK"),
+        ({**BASE, "MALLETRAIN_COORDINATOR": "nohost"}, "invalid coordinator address"),
     ],
 )
 def test_from_env_errors_name_the_variable(env, match):
-    with pytest.raises(ConfigError, match=match):
+    with pytest.raises(PermanentError, match=match):
         ElasticConfig.from_env(env)
 
 
