@@ -179,3 +179,17 @@ def test_running_jobs_of_one_kind_share_measurements():
     assert model.rate(8) == pytest.approx(TRUE[8])
     assert model.rate(4) == pytest.approx(TRUE[4])
     assert adv.scale_costs("b")[0] == pytest.approx(18.0)
+
+
+def test_optimistic_below_the_smallest_measured_size():
+    adv = ProfilingAdvisor()
+    adv.observe("j", 0.0, 8, 0.0)
+    adv.observe("j", 100.0, 8, 100 * 317.0)
+    model = adv.model("j")
+    # between the linear lower bound 317/8 and the flat upper bound 317
+    assert 317.0 / 8 < model.rate(1) < 317.0
+    assert model.rate(1) == pytest.approx(317.0 / 8**0.5)
+    plain = ProfilingAdvisor(AdvisorSettings(optimistic_below=False))
+    plain.observe("j", 0.0, 8, 0.0)
+    plain.observe("j", 100.0, 8, 100 * 317.0)
+    assert plain.model("j").rate(1) == pytest.approx(317.0 / 8)
