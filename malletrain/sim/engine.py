@@ -9,7 +9,8 @@ Semantics follow FreeTrain's replayer so that results compare (issue 4 §3):
    such job loses ``scale_down_s`` x its rate (before the loss) once for the event.
    A job left below ``min_nodes`` stops and releases the rest.
 3. Finished jobs leave; jobs are admitted in submit order up to the concurrency
-   limit (an admitted job stays admitted until it finishes).
+   limit (an admitted job stays admitted until it finishes). ``submit_s`` counts
+   from the start of the replay, so one jobs file fits any slice of a trace.
 4. The policy decides on every idle node (free or held) and every admitted job.
    A job that changes size loses ``scale_up_s`` (growing) or ``scale_down_s``
    (shrinking or stopping) x its current rate; one that both gains and loses nodes
@@ -109,9 +110,14 @@ class Result:
 
     def summary(self) -> dict[str, object]:
         finished = [r for r in self.jobs if r.finished_s is not None]
-        jct = [r.finished_s - r.job.submit_s for r in finished if r.finished_s is not None]
+        # Job submit times count from the start of the replay (a jobs file fits any slice).
+        jct = [
+            r.finished_s - (self.start_s + r.job.submit_s)
+            for r in finished
+            if r.finished_s is not None
+        ]
         dec_ms = np.array(self.decision_s) * 1000.0 if self.decision_s else np.zeros(1)
-        first_submit = min((r.job.submit_s for r in self.jobs), default=0.0)
+        first_submit = self.start_s + min((r.job.submit_s for r in self.jobs), default=0.0)
         makespan = (
             max(r.finished_s for r in finished if r.finished_s is not None) - first_submit
             if finished and len(finished) == len(self.jobs)
@@ -265,7 +271,7 @@ class Simulator:
         while (
             len(self._active) < self.max_concurrent
             and self._next_submit < len(self.runs)
-            and self.runs[self._next_submit].job.submit_s <= t
+            and self.trace.start_s + self.runs[self._next_submit].job.submit_s <= t
         ):
             run = self.runs[self._next_submit]
             run.admitted_s = t

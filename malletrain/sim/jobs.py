@@ -12,7 +12,8 @@ Format (``jobs:`` list)::
         scale_down_s: 12
         curve: [[1, 217.0], [2, 424.0], [4, 849.0]]   # [nodes, samples_per_s] of the whole job
 
-``curve`` is the job's true throughput, linear between points. Only the simulator
+``submit_s`` counts from the start of the replay (``--start-s``). ``curve`` is the
+job's true throughput, linear between points. Only the simulator
 and the ``*-known-curves``/``freetrain`` policies see it; the ``malletrain`` policy
 learns it from progress reports. Errors name the file, line and field.
 """

@@ -163,3 +163,14 @@ def test_backfill_plan_reaches_the_policy_as_node_windows(tmp_path):
     assert at[0.0] == {"n2": (100.0, 0.0), "n3": (100.0, 0.0)}
     assert at[60.0] == {"n2": (40.0, 0.0), "n3": (40.0, 0.0)}
     assert at[100.0] == {}
+
+
+def test_submit_times_count_from_the_start_of_the_slice():
+    tr = trace((1000, [0], []), (1010, [], []), (1030, [], []), (1040, [], []))
+    res, pol = run(tr, [job("j", total=25), job("k", submit=20, total=1e9)], {1000: {"j": ("a",)}})
+    assert [j.job_id for j in pol.seen[0].jobs] == ["j"]  # k is submitted at 1000 + 20
+    assert [j.job_id for j in pol.seen[1].jobs] == ["j"]
+    # j finished at 1025 and left; k (submitted at 1020) is admitted at the next event.
+    assert [j.job_id for j in pol.seen[2].jobs] == ["k"]
+    s = res.summary()
+    assert s["mean_jct_s"] == pytest.approx(25.0) and s["makespan_s"] is None
