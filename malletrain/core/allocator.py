@@ -14,8 +14,10 @@ window ``w_(1) >= ... >= w_(n)`` its work over the horizon is::
 
     work_j(A) = r_j(m) * w_(m) + sum_{k=m+1..n} (r_j(k) - r_j(k-1)) * w_(k)
 
-(``m`` = min_nodes: below it the job stops), each reclaim costs a scale-down at
-the rate it had then (``sum_{k>=m} d_j * r_j(k) * p_(k)``), and changing the
+(``m`` = min_nodes: below it the job stops), each reclaim event costs a
+scale-down at the rate it had then (``d_j * r_j(k) * p_(k)`` for the last node
+``k`` of each event; nodes with the same planned window are one event: a pending
+job starts on all of them at once), and changing the
 size now costs ``u_j * r_j(c_j)`` (grow) or ``d_j * r_j(c_j)`` (shrink), as in
 FreeTrain; starting from zero is free. With ``w_i = Tfwd`` for all nodes and no
 reclaims this is exactly FreeTrain's objective; per-node windows make a node that
@@ -26,8 +28,9 @@ Which nodes a count means is fixed per job, so that the count problem stays a
 multiple-choice knapsack that dynamic programming solves *exactly*: a job of
 ``n <= c`` keeps its ``n`` longest-window nodes (releases those about to be
 reclaimed first); a job of ``n > c`` keeps all its nodes and grows onto the
-longest windows of the free pool (then, clipped below the pool, nodes others may
-release), with the windows merged into one ranking. Every job is valued against
+longest windows of the free pool (then nodes others may release, valued at the
+shortest window among them, since others release their shortest first), with the
+windows merged into one ranking. Every job is valued against
 the pool's best windows; the node-choice step then hands the pool out longest
 window first in order of the value each job gains per new node, so jobs growing
 at the same decision share the top of the pool.
