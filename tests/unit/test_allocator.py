@@ -315,3 +315,44 @@ def test_random_plans_are_feasible(seed):
     check_plan(inp, plan)
     counts, _objective, _, _ = policy.solve(inp)
     assert {j.job_id: plan.count(j.job_id) for j in jobs} == counts
+
+
+def test_similar_jobs_do_not_trade_nodes_back_and_forth():
+    """Growth beyond the free pool is valued at what others would release (their shortest).
+
+    Two identical jobs hold every node; one holds a node about to be reclaimed. Before,
+    the other job valued taking nodes at the holders' best windows and the two swapped
+    nodes at every decision.
+    """
+    tm = ThroughputModel(((1, 1000.0), (48, 48_000.0)))
+    nodes = [IdleNode(f"a{i}", None, 3000.0) for i in range(20)]
+    nodes += [IdleNode(f"b{i}", None, 3000.0) for i in range(19)]
+    nodes += [IdleNode("b_short", 20.0)]
+    jobs = (
+        make_job("a", hi=48, nodes=[n.name for n in nodes[:20]], up=18.0, down=12.0, tm=tm),
+        make_job(
+            "b", hi=48, nodes=[n.name for n in nodes[20:]], up=18.0, down=12.0, tm=tm, order=1
+        ),
+    )
+    inp = AllocationInput(0.0, tuple(nodes), jobs)
+    policy = MalleTrainPolicy(horizon_s=1800.0)
+    plan = policy.decide(inp)
+    check_plan(inp, plan)
+    assert plan.count("a") == 20
+    # b may drop the node about to be reclaimed, but a does not grow onto it
+    assert "b_short" not in plan.assignments["a"]
+
+
+def test_registry_curve_sources():
+    from malletrain.core.policies import POLICIES, PolicyOptions, make_policy
+
+    assert {n: s.curves for n, s in POLICIES.items()} == {
+        "malletrain": "learned",
+        "malletrain-known-curves": "true",
+        "freetrain": "true",
+        "equal-share": "none",
+    }
+    policy = make_policy("malletrain", PolicyOptions(horizon_s=600.0))
+    assert isinstance(policy, MalleTrainPolicy) and policy.horizon_s == 600.0
+    with pytest.raises(ValueError, match="unknown policy"):
+        make_policy("nope")
