@@ -136,9 +136,10 @@ class Daemon:
         return self.cli(user, "submit", "--socket", str(self.socket), *args, check=check)
 
     def submit_example(self, user: str, tag: str, nodes: str, samples: int,
-                       step_sleep: float = 0.05) -> str:
+                       step_sleep: float = 0.05, launcher: str = "torchrun") -> str:
         res = self.submit(
-            user, "--parsable", "-N", nodes, "-J", tag, "-o", str(self.out / f"{tag}-%j.out"),
+            user, "--parsable", "-N", nodes, "-J", tag, "--launcher", launcher,
+            "-o", str(self.out / f"{tag}-%j.out"),
             "-D", str(self.out), str(EXAMPLE), "--total-samples", str(samples),
             "--step-sleep", str(step_sleep), "--results", str(self.out / f"{tag}.json"),
         )
