@@ -20,6 +20,7 @@ from malletrain.daemon.decide import (
     Action,
     Cancel,
     ClearMarks,
+    Extend,
     Hold,
     Leave,
     Park,
@@ -144,6 +145,11 @@ class Actuator:
                     self.store.update_job(a.job_id, preemptions=rec.preemptions + 1)
                 if a.yield_s is not None:
                     out.yields_s.append(a.yield_s)
+        elif isinstance(a, Extend):
+            self._slurm("extend",
+                        lambda: self.backend.update(a.slurm_job_id, TimeLimit=a.time_limit_min),
+                        a.job_id, a.slurm_job_id, f"slot {a.slot}: {a.time_limit_min} min")
+            log.info("slot %d time limit raised to %d min", a.slot, a.time_limit_min)
         elif isinstance(a, Hold):
             self._slurm("hold", lambda: self.backend.hold(a.slurm_job_id), a.job_id,
                         a.slurm_job_id, f"slot {a.slot}: {a.why}")

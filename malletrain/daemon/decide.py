@@ -67,6 +67,9 @@ class DecideSettings:
     start_failure_s: float = 30.0
     #: this many start failures and the job fails (its script or environment is broken).
     max_start_failures: int = 5
+    #: a running slot whose time limit ends within this is extended, if its node's window
+    #: allows (otherwise it ends at its limit and the node goes back to Slurm).
+    extend_margin_s: float = 180.0
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,16 @@ class Park:
 
 
 @dataclass(frozen=True)
+class Extend:
+    """Raise a running slot's time limit (total minutes) as its node's window allows."""
+
+    job_id: str
+    slot: int
+    slurm_job_id: int
+    time_limit_min: int
+
+
+@dataclass(frozen=True)
 class Hold:
     """``scontrol hold`` a released slot that should not start (any more)."""
 
@@ -186,7 +199,7 @@ class Transit:
     reason: str
 
 
-Action = Place | Park | Hold | Leave | ClearMarks | Publish | Cancel | Transit
+Action = Place | Park | Extend | Hold | Leave | ClearMarks | Publish | Cancel | Transit
 
 
 @dataclass(frozen=True)
@@ -258,6 +271,23 @@ def _yield_s(snapshot: ClusterSnapshot, node: str | None, ended_at: float | None
             delay = max(0.0, ended_at - j.submit_time)
             best = delay if best is None else min(best, delay)
     return best
+
+
+def _extension_min(v: SlotView, window_s: float | None, s: DecideSettings, job: JobRecord,
+                   now_s: float) -> int | None:
+    """The new total time limit (minutes) of a running slot close to its limit, or None."""
+    if v.time_limit_s is None or v.start_time is None:
+        return None
+    remaining = v.start_time + v.time_limit_s - now_s
+    if remaining > s.extend_margin_s:
+        return None
+    more_s = s.max_slot_time_s if window_s is None else min(window_s, s.max_slot_time_s)
+    if job.spec.time_limit_s is not None:
+        more_s = min(more_s, job.created_s + job.spec.time_limit_s - now_s)
+    total_min = math.floor((now_s - v.start_time + more_s) / 60.0)
+    if total_min * 60 < v.time_limit_s + s.extend_margin_s:
+        return None  # not worth an update: the window ends about when the limit does
+    return total_min
 
 
 def _time_limit_min(window_s: float | None, s: DecideSettings, job: JobRecord, now_s: float
@@ -431,6 +461,9 @@ def decide(world: World, policy: Policy) -> TickPlan:
                         survivors.append(member)
                     else:
                         ready.append((cv.live[member].registered_at_s, member))
+                    extend = _extension_min(v, windows.get(v.node or ""), s, job, now)
+                    if extend is not None:
+                        actions.append(Extend(jid, v.slot, v.slurm_job_id, extend))
                     continue
                 if rec.leaving_since_s is not None:
                     if now - rec.leaving_since_s > s.leave_timeout_s:

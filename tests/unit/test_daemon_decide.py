@@ -223,3 +223,26 @@ def test_a_job_without_progress_reports_is_stalled_then_failed():
     plan = decide(world(nodes, jobs, slots, [stalled], {"m1": alive}, heartbeat_timeout_s=30),
                   POLICY)
     assert [a.to for a in kinds(plan, Transit)] == [JobPhase.RUNNING]
+
+
+def test_a_slot_near_its_time_limit_is_extended_only_as_far_as_the_window_allows():
+    from malletrain.daemon.decide import Extend
+
+    def running_slot(claim_in_s):
+        sj = Job(job_id=11, name="mt.m1.s0", user="alice", partition="scavenger",
+                 state=JobState.RUNNING, node_count=1, nodes=("n1",), time_limit_s=3600,
+                 start_time=NOW - 3500, comment=slot_tag("m1", 0))
+        jobs = [sj]
+        if claim_in_s is not None:
+            jobs.append(Job(job_id=99, name="big", user="bob", partition="batch",
+                            state=JobState.PENDING, node_count=1, planned_nodes=("n1",),
+                            start_time=NOW + claim_in_s))
+        cv = CoordView(epoch=1, members=("s0-r0",), live={"s0-r0": Registration("n1", NOW)},
+                       samples_total=10, progress_at_s=NOW)
+        return world([node("n1", NodeState.ALLOCATED)], jobs,
+                     [SlotRecord("m1", 0, 11, last_status="running", last_node="n1")],
+                     [record(state=JobPhase.RUNNING, max_nodes=1)], {"m1": cv},
+                     max_slot_time_s=3600)
+
+    assert kinds(decide(running_slot(None), POLICY), Extend) == [Extend("m1", 0, 11, 118)]
+    assert kinds(decide(running_slot(60), POLICY), Extend) == []  # a job is planned there
