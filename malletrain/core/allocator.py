@@ -48,6 +48,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -332,6 +333,16 @@ class MalleTrainPolicy:
     name: str = "malletrain"
     horizon_s: float = 1800.0
     holes: HoleTracker = field(default_factory=HoleTracker)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the policy learned (the hole-length distribution), for the daemon's store."""
+        return {"holes": self.holes.model.to_dict()}
+
+    def load_state(self, data: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (ValueError if malformed)."""
+        if not isinstance(data, dict) or not isinstance(data.get("holes"), dict):
+            raise ValueError("malletrain policy state: expected a mapping with 'holes'")
+        self.holes.model = HoleLengthModel.from_dict(data["holes"])
 
     def effective_windows(self, inp: AllocationInput) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(w_i, p_i, key_i) per node of ``inp.nodes``.

@@ -139,9 +139,13 @@ class HoleLengthModel:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HoleLengthModel:
-        model = cls(
-            n_bins=int(data["n_bins"]), min_s=float(data["min_s"]), max_s=float(data["max_s"])
-        )
+        """Parse :meth:`to_dict` output; ValueError naming the bad field."""
+        try:
+            model = cls(
+                n_bins=int(data["n_bins"]), min_s=float(data["min_s"]), max_s=float(data["max_s"])
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"hole model: bad or missing n_bins/min_s/max_s ({exc})") from None
         events = np.asarray(data["events"], dtype=float)
         if events.shape != model.events.shape or (events < 0).any():
             raise ValueError("hole model: 'events' does not match 'n_bins' or is negative")

@@ -356,3 +356,17 @@ def test_registry_curve_sources():
     assert isinstance(policy, MalleTrainPolicy) and policy.horizon_s == 600.0
     with pytest.raises(ValueError, match="unknown policy"):
         make_policy("nope")
+
+
+def test_policy_state_round_trip():
+    policy = MalleTrainPolicy(horizon_s=600.0)
+    nodes = (IdleNode("n0", None, 10.0), IdleNode("n1", None, 500.0))
+    policy.decide(AllocationInput(0.0, nodes, ()))
+    policy.decide(AllocationInput(60.0, nodes[1:], ()))  # n0's hole ended after 70 s
+    again = MalleTrainPolicy(horizon_s=600.0)
+    again.load_state(policy.state_dict())
+    assert again.holes.model.observed == policy.holes.model.observed == 1.0
+    with pytest.raises(ValueError, match="holes"):
+        again.load_state({"nope": 1})
+    with pytest.raises(ValueError, match="n_bins"):
+        again.load_state({"holes": {}})
