@@ -174,7 +174,9 @@ def test_frozen_member_is_dropped_after_the_timeout_then_rejoins(cluster):
     rec1 = cluster.wait_epoch(w["m1"], e3)
     rec0 = cluster.wait_epoch(w["m0"], e3)
     assert (rec1["rank"], rec0["rank"]) == (0, 1)
-    assert rec1["step"] == rec0["step"] > stepped > stale_step
+    # m0 trained at least 5 steps alone after the drop; m1 may have finished the step it was
+    # frozen in (the same one m0 committed last in the 2-member epoch), nothing more
+    assert rec1["step"] == rec0["step"] >= stepped + 5 > stale_step
     _assert_replicas_equal(list(w.values()), e3, 2)
     wait_for(lambda: cluster.coord.is_finished(cluster.job_id), 120, "finish", cluster)
     for m in w.values():
