@@ -7,6 +7,7 @@ pure function ``AllocationInput -> Plan``; the caller applies the difference.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -17,7 +18,8 @@ class IdleNode:
     """A node malletrain may use right now (idle in Slurm, or already held by a malleable job)."""
 
     name: str
-    #: Predicted remaining idle time in seconds from ``now``; ``None`` = nothing planned (unbounded).
+    #: Predicted remaining idle time in seconds from ``now``;
+    #: ``None`` = nothing planned (unbounded).
     window_s: float | None
     #: How long the node has been idle (seconds), for the hole-length estimate.
     idle_age_s: float = 0.0
@@ -45,7 +47,7 @@ class ThroughputModel:
         if n <= pts[0][0]:
             # below the first measured size: scale proportionally from it
             return pts[0][1] * n / pts[0][0]
-        for (n0, r0), (n1, r1) in zip(pts, pts[1:], strict=False):
+        for (n0, r0), (n1, r1) in itertools.pairwise(pts):
             if n <= n1:
                 return r0 + (r1 - r0) * (n - n0) / (n1 - n0)
         last_n, last_r = pts[-1]
