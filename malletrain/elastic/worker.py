@@ -900,26 +900,42 @@ class ElasticJob:
         if self.rank != src and self.rank not in needy:
             return
         if self.rank == src:
-            buf = io.BytesIO()
-            torch.save(self._payload(), buf)
-            data = torch.frombuffer(buf.getbuffer(), dtype=torch.uint8)
-            size = torch.tensor([data.numel()], dtype=torch.int64)
+            skeleton, tensors = split_tensors(self._payload())
+            head = _to_bytes(skeleton)
+            flats = _flatten_by_dtype(tensors)
         else:
-            size = torch.zeros(1, dtype=torch.int64)
-        size = size.to(self.device)
+            head = torch.empty(0, dtype=torch.uint8)
+        head = self._broadcast_bytes(head, src, group)
+        if self.rank == src:
+            for flat in flats:
+                dist.broadcast(flat.to(self.device), src=src, group=group)
+        else:
+            skeleton = torch.load(io.BytesIO(head.numpy().tobytes()), weights_only=True)
+            tensors = []
+            for dtype_name, shapes in skeleton["groups"]:
+                dtype = getattr(torch, dtype_name)
+                total = sum(math.prod(shape) for shape in shapes)
+                wire = torch.empty(total, dtype=dtype, device=self.device)
+                dist.broadcast(wire, src=src, group=group)
+                flat = wire.cpu()
+                offset = 0
+                for shape in shapes:
+                    n = math.prod(shape)
+                    tensors.append(flat[offset : offset + n].view(shape))
+                    offset += n
+            self._apply(join_tensors(skeleton, tensors))
+        if group is not None:
+            dist.destroy_process_group(group)
+
+    def _broadcast_bytes(self, data: torch.Tensor, src: int, group: Any) -> torch.Tensor:
+        """Broadcast a uint8 tensor of unknown length from ``src`` (length first)."""
+        size = torch.tensor([data.numel()], dtype=torch.int64, device=self.device)
         dist.broadcast(size, src=src, group=group)
         if self.rank != src:
             data = torch.empty(int(size.item()), dtype=torch.uint8)
         wire = data.to(self.device)  # NCCL sends device tensors only; gloo: the same tensor
         dist.broadcast(wire, src=src, group=group)
-        if self.rank != src:
-            data = wire.cpu()
-            payload = torch.load(
-                io.BytesIO(data.numpy().tobytes()), map_location="cpu", weights_only=True
-            )
-            self._apply(payload)
-        if group is not None:
-            dist.destroy_process_group(group)
+        return wire.cpu()
 
     def _refuse_if_state_lost(self) -> None:
         """No replica and no snapshot has state: fine for a new job, fatal for a running one.
@@ -1000,6 +1016,83 @@ def _exit_now() -> None:
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(0)
+
+
+_TENSOR = "__malletrain_tensor__"
+
+
+def split_tensors(payload: Any) -> tuple[dict[str, Any], list[torch.Tensor]]:
+    """Separate a nested state into a small skeleton and its tensors (in a fixed order).
+
+    The state travels as the skeleton (a few KB, pickled with torch.save) plus one flat
+    buffer per dtype, so that 192 MiB of parameters and optimizer state are sent and
+    received with memory copies instead of a pickle round trip (which cost the newcomer
+    0.9-2.3 s for that size). Tensors are regrouped by dtype; the skeleton records the order.
+    """
+    tensors: list[torch.Tensor] = []
+
+    def walk(obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            tensors.append(obj.detach().cpu())
+            return (_TENSOR, len(tensors) - 1)
+        if isinstance(obj, dict):
+            return {k: walk(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [walk(v) for v in obj]
+        if isinstance(obj, tuple):
+            return tuple(walk(v) for v in obj)
+        return obj
+
+    tree = walk(payload)
+    order = sorted(range(len(tensors)), key=lambda i: str(tensors[i].dtype))
+    groups: list[list[Any]] = []
+    slot_of = {}
+    for i in order:
+        name = str(tensors[i].dtype).removeprefix("torch.")
+        if not groups or groups[-1][0] != name:
+            groups.append([name, []])
+        slot_of[i] = sum(len(g[1]) for g in groups)
+        groups[-1][1].append(list(tensors[i].shape))
+    ordered = [tensors[i] for i in order]
+    return {"tree": tree, "groups": groups, "slots": slot_of}, ordered
+
+
+def join_tensors(skeleton: dict[str, Any], tensors: list[torch.Tensor]) -> Any:
+    """Inverse of :func:`split_tensors` (``tensors`` in the skeleton's group order)."""
+    slots = skeleton["slots"]
+
+    def walk(obj: Any) -> Any:
+        if isinstance(obj, tuple) and len(obj) == 2 and obj[0] == _TENSOR:
+            return tensors[slots[obj[1]]]
+        if isinstance(obj, dict):
+            return {k: walk(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [walk(v) for v in obj]
+        if isinstance(obj, tuple):
+            return tuple(walk(v) for v in obj)
+        return obj
+
+    return walk(skeleton["tree"])
+
+
+def _to_bytes(obj: Any) -> torch.Tensor:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return torch.frombuffer(bytearray(buf.getbuffer()), dtype=torch.uint8)
+
+
+def _flatten_by_dtype(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """One contiguous buffer per dtype (``tensors`` already grouped by dtype)."""
+    flats: list[torch.Tensor] = []
+    group: list[torch.Tensor] = []
+    for t in tensors:
+        if group and t.dtype != group[0].dtype:
+            flats.append(torch.cat([g.reshape(-1) for g in group]))
+            group = []
+        group.append(t)
+    if group:
+        flats.append(torch.cat([g.reshape(-1) for g in group]))
+    return flats
 
 
 class _Watcher:
