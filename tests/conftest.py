@@ -166,8 +166,26 @@ class DevCluster:
         res = self.run("scontrol", "ping", check=False, timeout_s=15)
         return res.returncode == 0 and "UP" in res.stdout
 
-    def scancel_all(self, wait: bool = True, timeout_s: float = 30) -> None:
-        """Cancel every job, delete reservations, resume nodes; wait until all nodes idle."""
+    def wait_step_running(self, job_id: int, step: int = 0, timeout_s: float = 20) -> None:
+        """Wait until step ``job_id.step`` is launched (listed by ``squeue -s``), plus 1 s.
+
+        Cancelling a job while its srun step is being launched leaves that step's node
+        COMPLETING for ~65 s in Slurm 22.05 (measured); wait for this before cancelling a
+        job that just started.
+        """
+        def launched() -> bool:
+            res = self.run("squeue", "-h", "-s", "-j", str(job_id), "-o", "%i", check=False)
+            return f"{job_id}.{step}" in res.stdout.split()
+
+        self.wait_until(launched, timeout_s=timeout_s, what=f"step {job_id}.{step}")
+        time.sleep(1.0)
+
+    def scancel_all(self, wait: bool = True, timeout_s: float = 90) -> None:
+        """Cancel every job, delete reservations, resume nodes; wait until all nodes idle.
+
+        The 90 s allow for Slurm 22.05's ~65 s COMPLETING when a job was cancelled during
+        its step launch (see :meth:`wait_step_running`).
+        """
         if not self.ctld_up():
             self.dev_cluster("start-controller")
         self.run("scancel", "--full", "--quiet", "-u", "root", check=False)

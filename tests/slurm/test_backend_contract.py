@@ -110,9 +110,10 @@ def test_submit_as_a_user_runs_with_env_comment_and_limit(backend, shared_tmp):
     assert out.read_text().split() == ["mt-alice", "tok-123", "2"]
 
 
-def test_cancel_is_idempotent(backend):
+def test_cancel_is_idempotent(backend, clean_cluster):
     job_id = backend.submit(sleeper(nodes=1))
     wait_job(backend, job_id, lambda j: j.state is JobState.RUNNING)
+    clean_cluster.wait_step_running(job_id)
     backend.cancel(job_id)
     wait_job(backend, job_id, lambda j: j.state is JobState.CANCELLED)
     backend.cancel(job_id)  # already done: fine
@@ -139,9 +140,10 @@ def test_hold_release_and_planned_start_of_a_pending_job(backend, clean_cluster)
     wait_job(backend, wide, lambda j: not j.state_reason.startswith("JobHeld"))
 
 
-def test_requeue_hold_puts_a_running_job_back_held(backend):
+def test_requeue_hold_puts_a_running_job_back_held(backend, clean_cluster):
     job_id = backend.submit(sleeper(nodes=2))
     wait_job(backend, job_id, lambda j: j.state is JobState.RUNNING)
+    clean_cluster.wait_step_running(job_id)
     backend.requeue_hold(job_id)
     job = wait_job(backend, job_id, lambda j: j.state is JobState.PENDING)
     assert job.state_reason.startswith("JobHeld")
@@ -198,7 +200,7 @@ def test_signal_reaches_the_steps_not_the_batch_shell(backend, shared_tmp):
         time.sleep(0.2)
 
 
-def test_batch_job_preempts_a_scavenger_job(backend):
+def test_batch_job_preempts_a_scavenger_job(backend, clean_cluster):
     """The dev cluster's partitions do what the design relies on (partition_prio, CANCEL).
 
     The scavenger job's steps get SIGTERM; ``srun sleep`` dies of it, so the job ends by
@@ -214,3 +216,4 @@ def test_batch_job_preempts_a_scavenger_job(backend):
     delay_s = time.monotonic() - t0
     assert not backend.snapshot().job(scav).state.is_active
     assert delay_s < 45, f"the batch job waited {delay_s:.1f} s for the scavenger job"
+    clean_cluster.wait_step_running(regular)  # so the clean-up does not race the launch
