@@ -60,10 +60,9 @@ def test_backfill_honours_the_computed_idle_window(backend, clean_cluster):
     """The window malletrain computes is the one Slurm enforces: a scavenger job whose time
     limit fits it starts on the idle nodes at once; one that does not fit stays pending.
 
-    Runs early in this module on purpose: in 2 of ~8 full-module runs under heavy machine
-    load, after the shrink and preemption tests, backfill logged the fitting job as "to
-    start at <now>" every cycle for 45 s yet never started it (see docs/slurm-backend.md,
-    open question); alone or early it passed every time.
+    Runs early in this module: it once failed when an earlier test had cancelled a job
+    during its step launch, which keeps a node COMPLETING ~65 s (docs/slurm-backend.md,
+    trap 12); the earlier tests now wait for their steps, and the order is kept as a margin.
     """
     running = backend.submit(sleeper(nodes=4, time_limit_s=1800))
     wait_job(backend, running, lambda j: j.state is JobState.RUNNING)
