@@ -6,9 +6,24 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := slurmctld slurmd slurm-client munge slurmdbd mariadb-server prometheus systemd
 
-.PHONY: setup system-deps venv lint test test-unit demo clean
+.PHONY: setup system-deps venv user-access lint test test-unit demo clean
 
-setup: system-deps venv
+setup: system-deps venv user-access
+
+# The dev cluster runs jobs as the test users mt-alice and mt-bob (and the daemon as an
+# unprivileged account): they must be able to reach this checkout and the venv's Python.
+# Grant search (x, never read) permission on the parent directories that lack it.
+user-access: venv
+	@if [ "$$(id -u)" = 0 ]; then \
+	  for target in "$$(pwd)" "$$(readlink -f $(PY))"; do \
+	    d=$$(dirname "$$target"); \
+	    while [ "$$d" != / ]; do \
+	      if [ "$$(( $$(stat -c '%a' "$$d" | tail -c 2) & 1 ))" = 0 ]; then \
+	        echo "chmod o+x $$d (so the test users can reach $$target)"; chmod o+x "$$d"; fi; \
+	      d=$$(dirname "$$d"); \
+	    done; \
+	  done; \
+	fi
 
 # Debian packages: Slurm 22.05 + munge for the dev cluster, MariaDB for its accounting
 # mode, Prometheus for the metrics integration test, systemd for `systemd-analyze verify`.
