@@ -19,8 +19,11 @@ scale-down at the rate it had then (``d_j * r_j(k) * p_(k)`` for the last node
 ``k`` of each event; nodes with the same planned window are one event: a pending
 job starts on all of them at once), and changing the
 size now costs ``u_j * r_j(c_j)`` (grow) or ``d_j * r_j(c_j)`` (shrink), as in
-FreeTrain; starting from zero is free. With ``w_i = Tfwd`` for all nodes and no
-reclaims this is exactly FreeTrain's objective; per-node windows make a node that
+FreeTrain; starting from zero costs ``s_j * r_j(n)`` (the start-up, where FreeTrain
+starts for free), and shrinking a running job counts its forgone work ``1 + margin``
+times (hysteresis against trading nodes on measurement noise). With ``w_i = Tfwd``
+for all nodes, no reclaims, no start cost and no margin this is exactly FreeTrain's
+objective; per-node windows make a node that
 will be reclaimed in 40 s worth 40 s of its marginal throughput minus a
 scale-down, so a 20 s scale-up onto it does not pay, while a long hole does.
 
@@ -90,6 +93,9 @@ def job_value_table(
     grow_p: np.ndarray,
     grow_g: np.ndarray,
     grow_n: np.ndarray | None = None,
+    *,
+    start_s: np.ndarray | None = None,
+    keep_margin: float = 0.0,
 ) -> np.ndarray:
     """V[j, n] for every job j and count n = 0..K (``-inf`` where n is not allowed).
 
@@ -99,6 +105,11 @@ def job_value_table(
     ``grow_*`` (jobs x M): the nodes each job would grow onto, sorted by
     descending window; ``grow_n[j]``: how many of job j's row are real nodes
     (default: all). All jobs at once, vectorised over jobs, counts and nodes.
+
+    ``start_s[j]``: seconds of the new rate a job at zero nodes loses when it starts
+    (default 0: FreeTrain's free start). ``keep_margin``: a running job's work lost by
+    shrinking counts ``1 + keep_margin`` times (hysteresis: another job must gain that
+    much more before a node moves away from a running one).
     """
     n_jobs = len(jobs)
     c = np.array([w.size for w in own_w], dtype=np.int64)
@@ -147,13 +158,20 @@ def job_value_table(
     bound_o = ~(og == nxt)
     pay_o = b[:, :width_c] * op
     keep = np.cumsum(a[:, :width_c] * ow - pay_o * bound_o, axis=1)
+    # work of the n longest-window own nodes; shrinking from c to n forgoes W_c - W_n
+    work_o = np.cumsum(a[:, :width_c] * ow, axis=1)
+    work_c = np.where(c > 0, work_o[rows, np.maximum(c - 1, 0)], 0.0)
+    values[:, 0] -= keep_margin * np.maximum(work_c, 0.0)
     if big_c:
         # n <= c: keep the n longest-window own nodes
         kk = k[:, :big_c]
         ok = (kk <= c[:, None]) & (kk >= lo[:, None]) & (kk <= hi[:, None])
         shrink_cost = np.where(kk < c[:, None], (down * rate_now)[:, None], 0.0)
         last_pays = (pay_o * ~bound_o)[:, :big_c]
-        values[:, 1 : big_c + 1] = np.where(ok, keep[:, :big_c] - last_pays - shrink_cost, -np.inf)
+        forgone = keep_margin * np.maximum(work_c[:, None] - work_o[:, :big_c], 0.0)
+        values[:, 1 : big_c + 1] = np.where(
+            ok, keep[:, :big_c] - last_pays - shrink_cost - forgone, -np.inf
+        )
     if not m_max:
         return values
     # n = c + m: ranking own ++ growth, exact unless a growth node outranks an own node
@@ -180,6 +198,10 @@ def job_value_table(
             grp, c, span, ow, op, og, owm, g, gp, gg, a_pad, b_pad
         )
     grow_val -= np.where(c > 0, up * rate_now, 0.0)[:, None]
+    if start_s is not None:
+        # a job at zero nodes loses start_s seconds of the rate it starts at
+        starting = c == 0
+        grow_val[starting] -= start_s[starting, None] * rates[starting, 1 : m_max + 1]
     n_grid = np.arange(1, big_k + 1)[None, :]
     m_idx = np.clip(n_grid - c[:, None] - 1, 0, m_max - 1)
     ok = (n_grid > c[:, None]) & (n_grid >= lo[:, None]) & (n_grid <= hi[:, None])
@@ -328,11 +350,23 @@ class MalleTrainPolicy:
 
     Keeps one piece of learned state: the hole-length distribution, fed from the
     idle-node lists it is given (a node that disappears was reclaimed).
+
+    Two terms keep it from moving nodes on noise (measured live on the dev cluster,
+    where every move is a real 15-25 s start-up): a job at zero nodes pays its start-up
+    (``charge_start``; ``MalleableJob.start_s``, default its scale-up cost) instead of
+    starting for free, and a running job's forgone work counts ``1 + keep_margin``
+    times, so a node moves away from a running job only if the receiver gains
+    ``keep_margin`` (relative) more than the giver loses. Learned curves of two copies
+    of one model differ by a few percent of measurement noise; without these two terms
+    the policy swapped whole allocations between them at every decision. With both
+    off (``keep_margin=0``, ``charge_start=False``) the objective is FreeTrain's.
     """
 
     name: str = "malletrain"
     horizon_s: float = 1800.0
     holes: HoleTracker = field(default_factory=HoleTracker)
+    keep_margin: float = 0.1
+    charge_start: bool = True
 
     def state_dict(self) -> dict[str, Any]:
         """What the policy learned (the hole-length distribution), for the daemon's store."""
@@ -433,7 +467,23 @@ class MalleTrainPolicy:
         own_w = [w[i] for i in own_idx]
         own_p = [p[i] for i in own_idx]
         own_g = [key[i] for i in own_idx]
-        values = job_value_table(inp.jobs, own_w, own_p, own_g, grow_w, grow_p, grow_g, grow_n)
+        start = None
+        if self.charge_start:
+            start = np.array(
+                [j.scale_up_s if j.start_s is None else j.start_s for j in inp.jobs], dtype=float
+            )
+        values = job_value_table(
+            inp.jobs,
+            own_w,
+            own_p,
+            own_g,
+            grow_w,
+            grow_p,
+            grow_g,
+            grow_n,
+            start_s=start,
+            keep_margin=self.keep_margin,
+        )
         count_arr, objective = solve_counts(values, len(inp.nodes))
         counts = {job.job_id: int(n) for job, n in zip(inp.jobs, count_arr, strict=True)}
         # growth order: the largest value per new node picks from the pool first

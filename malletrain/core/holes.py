@@ -52,6 +52,13 @@ class HoleLengthModel:
 
     #: Weight of the prior, in pseudo-holes.
     prior_weight: float = 20.0
+    #: Share of the prior that no amount of data outweighs: the survival curve used is
+    #: ``(1 - f) S_learned + f S_prior``. Without it a run of short holes (a few
+    #: preemptions on a small cluster, a burst of short jobs) drove every young unplanned
+    #: node to an expected remaining time below a start-up plus a scale-down with reclaim
+    #: almost sure, and the policy stopped using idle nodes at all. With it, at least a
+    #: fraction ``f`` of young holes is believed to be as long as the population's.
+    prior_floor: float = 0.1
     #: Past this many counted holes, old counts are halved (the workload drifts).
     max_count: float = 20_000.0
     n_bins: int = 96
@@ -99,6 +106,10 @@ class HoleLengthModel:
         at_risk = np.cumsum((events + censored)[::-1])[::-1]
         hazard = np.divide(events, at_risk, out=np.zeros_like(events), where=at_risk > 0)
         surv = np.concatenate(([1.0], np.cumprod(1.0 - np.clip(hazard, 0.0, 1.0))))
+        f = min(max(self.prior_floor, 0.0), 1.0)
+        if f > 0:
+            prior_surv = np.clip(np.concatenate(([1.0], 1.0 - np.cumsum(self._prior))), 0.0, 1.0)
+            surv = (1.0 - f) * surv + f * prior_surv
         return np.maximum(surv, 1e-12)
 
     def expected_remaining_s(

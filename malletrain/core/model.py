@@ -67,6 +67,10 @@ class MalleableJob:
     scale_down_s: float
     #: Submit order, for first-come-first-served tie breaks.
     submit_order: int = 0
+    #: Seconds of progress (at the new rate) lost when the job starts from zero nodes:
+    #: rendezvous, process start-up, first slow steps. ``None``: same as ``scale_up_s``
+    #: (a start is a scale-up from nothing; the newcomers' start-up dominates both).
+    start_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -72,8 +72,14 @@ class AdvisorSettings:
     #: Costs assumed until measured (FreeTrain's measurements: 12-19 s).
     default_scale_up_s: float = 20.0
     default_scale_down_s: float = 10.0
-    #: Measured costs are clipped to this (a stuck job is not a rescale cost).
-    max_cost_s: float = 600.0
+    #: Measured costs are clipped to this (a stuck job, or a co-located job slowing the
+    #: first clean interval, is not a rescale cost). Measured on the 2-core dev cluster:
+    #: one preemption measured at several hundred seconds made every node whose hole may
+    #: end look worthless (the reclaim term is scale_down_s x the whole job's rate).
+    max_cost_s: float = 120.0
+    #: The default cost counts as this many measurements in the mean, so that one noisy
+    #: measurement cannot swing the costs on its own.
+    cost_prior_weight: float = 1.0
     #: Rate assumed per node for a job nobody knows anything about.
     prior_rate_per_node: float = 1.0
 
@@ -101,6 +107,8 @@ class Profile:
     dirty: dict[int, _Sum] = field(default_factory=dict)
     scale_up_s: _Sum = field(default_factory=_Sum)
     scale_down_s: _Sum = field(default_factory=_Sum)
+    #: seconds of the new rate lost when the job started from zero nodes
+    start_s: _Sum = field(default_factory=_Sum)
 
     def rates(self) -> dict[int, tuple[float, float]]:
         """size -> (samples/s, seconds of evidence)."""
@@ -119,6 +127,7 @@ class Profile:
                 mine.setdefault(n, _Sum()).add(s.total, s.weight)
         self.scale_up_s.add(other.scale_up_s.total, other.scale_up_s.weight)
         self.scale_down_s.add(other.scale_down_s.total, other.scale_down_s.weight)
+        self.start_s.add(other.start_s.total, other.start_s.weight)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -127,6 +136,7 @@ class Profile:
             "dirty": {str(n): [s.total, s.weight] for n, s in sorted(self.dirty.items())},
             "scale_up_s": [self.scale_up_s.total, self.scale_up_s.weight],
             "scale_down_s": [self.scale_down_s.total, self.scale_down_s.weight],
+            "start_s": [self.start_s.total, self.start_s.weight],
         }
 
     @classmethod
@@ -145,6 +155,7 @@ class Profile:
                 target[_size(n_str, key)] = _pair(pair, f"{key}[{n_str}]")
         prof.scale_up_s = _pair(data.get("scale_up_s", [0.0, 0.0]), "scale_up_s")
         prof.scale_down_s = _pair(data.get("scale_down_s", [0.0, 0.0]), "scale_down_s")
+        prof.start_s = _pair(data.get("start_s", [0.0, 0.0]), "start_s")
         return prof
 
 
@@ -322,7 +333,9 @@ class ProfilingAdvisor:
         )
         st.pending = None
         measurable = old_nodes > 0 and new_nodes > 0 and old_nodes != new_nodes and old_rate > 0
-        if measurable and not compound:
+        # a start from zero: its cost is measured in seconds of the rate it starts at
+        starting = old_nodes == 0 and new_nodes > 0
+        if (measurable or starting) and not compound:
             st.pending = _Pending(t_s, anchor, old_nodes, new_nodes, old_rate)
         st.changed_t_s = t_s
         if st.last_t_s is None or t_s >= st.last_t_s:
@@ -341,9 +354,16 @@ class ProfilingAdvisor:
         assert pend is not None
         st.pending = None
         lost = new_rate * (t_s - pend.t_s) - (samples - pend.samples)
-        cost_s = min(max(0.0, lost / pend.old_rate), self.settings.max_cost_s)
-        target = st.profile.scale_up_s if pend.new_n > pend.old_n else st.profile.scale_down_s
-        target.add(cost_s)
+        per = new_rate if pend.old_n == 0 else pend.old_rate
+        if per <= 0:
+            return
+        cost_s = min(max(0.0, lost / per), self.settings.max_cost_s)
+        if pend.old_n == 0:
+            st.profile.start_s.add(cost_s)
+        elif pend.new_n > pend.old_n:
+            st.profile.scale_up_s.add(cost_s)
+        else:
+            st.profile.scale_down_s.add(cost_s)
 
     def _job(self, job_id: str) -> _JobState:
         st = self._jobs.get(job_id)
@@ -376,6 +396,8 @@ class ProfilingAdvisor:
                 prof.scale_up_s = _Sum()
             if own.scale_down_s.weight > 0:
                 prof.scale_down_s = _Sum()
+            if own.start_s.weight > 0:
+                prof.start_s = _Sum()
             prof.merge(own)
         return prof
 
@@ -391,14 +413,34 @@ class ProfilingAdvisor:
         return ThroughputModel(((1, per_node),), optimistic_slope=per_node)
 
     def scale_costs(self, job_id: str) -> tuple[float, float]:
-        """(scale_up_s, scale_down_s): measured where possible, else the defaults."""
+        """(scale_up_s, scale_down_s): measured where possible, else the defaults.
+
+        The default counts as ``cost_prior_weight`` measurements, so one noisy
+        measurement moves the estimate only part of the way.
+        """
         prof = self._combined(job_id)
-        up = prof.scale_up_s.mean()
-        down = prof.scale_down_s.mean()
+        st = self.settings
         return (
-            self.settings.default_scale_up_s if up is None else up,
-            self.settings.default_scale_down_s if down is None else down,
+            self._shrunk(prof.scale_up_s, st.default_scale_up_s),
+            self._shrunk(prof.scale_down_s, st.default_scale_down_s),
         )
+
+    def start_cost_s(self, job_id: str) -> float:
+        """Seconds of its new rate a job loses when it starts from zero nodes.
+
+        Measured from the job's (or its kind's) starts; until then its scale-up
+        cost, the closest measured thing (both are dominated by the newcomers'
+        start-up and rendezvous).
+        """
+        prof = self._combined(job_id)
+        up, _ = self.scale_costs(job_id)
+        return self._shrunk(prof.start_s, up)
+
+    def _shrunk(self, measured: _Sum, default: float) -> float:
+        if measured.weight <= 0:
+            return default
+        k = max(0.0, self.settings.cost_prior_weight)
+        return (measured.total + k * default) / (measured.weight + k)
 
     def measured_sizes(self, job_id: str) -> tuple[int, ...]:
         return tuple(sorted(self._combined(job_id).rates()))
@@ -439,7 +481,12 @@ class ProfilingAdvisor:
         for st in self._jobs.values():
             if st.kind == kind:
                 prof.merge(st.profile)
-        if not prof.clean and not prof.dirty and prof.scale_up_s.weight == 0:
+        if (
+            not prof.clean
+            and not prof.dirty
+            and prof.scale_up_s.weight == 0
+            and prof.start_s.weight == 0
+        ):
             return None
         return prof.to_dict()
 

@@ -179,6 +179,7 @@ class Daemon:
         self._decide_overrides = dict(decide_overrides or {})
         self.policy = make_policy(settings.allocator.policy,
                                   settings.allocator.policy_options())
+        self._restore_policy_state()
         self.advisor = ProfilingAdvisor(settings.allocator.advisor_settings())
         for kind, data in self.store.profiles().items():
             try:
@@ -211,8 +212,29 @@ class Daemon:
         self.settings = settings
         new = settings.allocator
         if (new.policy, new.policy_options()) != (old.policy, old.policy_options()):
+            self._save_policy_state()
             self.policy = make_policy(new.policy, new.policy_options())
+            self._restore_policy_state()
             log.info("allocation policy is now %s", new.policy)
+
+    def _restore_policy_state(self) -> None:
+        """Give the policy what it learned before (a restart or a reload rebuilds it)."""
+        load = getattr(self.policy, "load_state", None)
+        if load is None:
+            return
+        data = self.store.policy_state(self.policy.name)
+        if data is None:
+            return
+        try:
+            load(data)
+            log.info("policy %s: learned state restored from the store", self.policy.name)
+        except ValueError as exc:
+            log.warning("stored state of policy %s ignored: %s", self.policy.name, exc)
+
+    def _save_policy_state(self) -> None:
+        dump = getattr(self.policy, "state_dict", None)
+        if dump is not None:
+            self.store.save_policy_state(self.policy.name, dump())
 
     def _instance_id(self) -> str:
         path = self.settings.state.database_path.parent / "instance"
@@ -294,12 +316,13 @@ class Daemon:
         for job in jobs:
             self.advisor.register(job.job_id, job.spec.kind)
             up, down = self.advisor.scale_costs(job.job_id)
+            start = self.advisor.start_cost_s(job.job_id)
             model = self.advisor.model(job.job_id)
             if model.rate(job.spec.max_nodes) <= 0.0:
                 # nothing measured worth the name yet: compete as a linear job, never as
                 # "worth nothing" (that would evict it)
                 model = ThroughputModel(((1, 1.0),), optimistic_slope=1.0)
-            out[job.job_id] = JobModel(model, up, down)
+            out[job.job_id] = JobModel(model, up, down, start)
         return out
 
     # ------------------------------------------------------------------ tick
@@ -410,6 +433,7 @@ class Daemon:
 
     def _save_profiles(self) -> None:
         self._last_profile_save = time.monotonic()
+        self._save_policy_state()
         kinds = {j.spec.kind for j in self.store.jobs(include_terminal=False)}
         for kind in kinds:
             data = self.advisor.profile_dict(kind)

@@ -75,6 +75,8 @@ CREATE TABLE IF NOT EXISTS history (
 );
 CREATE TABLE IF NOT EXISTS profiles (kind TEXT PRIMARY KEY, data TEXT NOT NULL,
                                      updated_s REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS policy_state (policy TEXT PRIMARY KEY, data TEXT NOT NULL,
+                                         updated_s REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS actions (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     job_id TEXT NOT NULL,
@@ -343,3 +345,19 @@ class Store:
         with self._lock:
             rows = self._db.execute("SELECT kind, data FROM profiles").fetchall()
         return {r["kind"]: json.loads(r["data"]) for r in rows}
+
+    # ------------------------------------------------------------------ policy state
+
+    def save_policy_state(self, policy: str, data: dict[str, Any]) -> None:
+        """What an allocation policy learned (malletrain: hole lengths), by policy name."""
+        with self._tx() as db:
+            db.execute("INSERT INTO policy_state VALUES (?,?,?) ON CONFLICT(policy) DO UPDATE "
+                       "SET data=excluded.data, updated_s=excluded.updated_s",
+                       (policy, json.dumps(data), time.time()))
+
+    def policy_state(self, policy: str) -> Any:
+        """The stored state of ``policy`` (parsed JSON), or None."""
+        with self._lock:
+            row = self._db.execute("SELECT data FROM policy_state WHERE policy=?",
+                                   (policy,)).fetchone()
+        return None if row is None else json.loads(row["data"])

@@ -102,7 +102,9 @@ def test_malletrain_dp_with_uniform_windows_equals_freetrain_milp(seed, tfwd):
     So the exact DP must reach the MILP's optimum, node-level or aggregated.
     """
     inp = random_instance(seed, window=1e9)
-    _, dp_objective, _, _ = MalleTrainPolicy(horizon_s=tfwd).solve(inp)
+    # FreeTrain's objective: a free start, no keep margin
+    freetrain_like = MalleTrainPolicy(horizon_s=tfwd, keep_margin=0.0, charge_start=False)
+    _, dp_objective, _, _ = freetrain_like.solve(inp)
     agg = freetrain_milp(inp, tfwd_s=tfwd)
     node = freetrain_milp(inp, tfwd_s=tfwd, node_level=True)
     assert agg.counts is not None and node.counts is not None

@@ -10,7 +10,7 @@ from malletrain.core.model import IdleNode
 
 
 def test_learns_exponential_holes():
-    model = HoleLengthModel()
+    model = HoleLengthModel(prior_floor=0.0)
     model.observe_many(np.random.default_rng(0).exponential(200.0, 20_000))
     rem, p_end = model.expected_remaining_s([0.0, 100.0, 300.0], horizon_s=1800.0)
     # memoryless: E[min(L - a, H) | L > a] ~ 200 s at every age, reclaim almost sure
@@ -30,7 +30,7 @@ def test_heavy_tail_older_holes_last_longer():
 
 def test_censoring_open_holes_lengthens_the_estimate():
     """Holes still open at a large age are evidence that holes can be long."""
-    model = HoleLengthModel(prior_weight=0.0)
+    model = HoleLengthModel(prior_weight=0.0, prior_floor=0.0)
     model.observe_many([100.0] * 50)
     short, _ = model.expected_remaining_s([50.0], 3600.0, open_ages_s=np.array([]))
     censored, _ = model.expected_remaining_s([50.0], 3600.0, open_ages_s=np.full(50, 5000.0))
@@ -45,7 +45,7 @@ def test_prior_matches_published_numbers_before_any_data():
 
 
 def test_tracker_turns_vanished_nodes_into_hole_lengths():
-    tracker = HoleTracker(HoleLengthModel(prior_weight=0.0))
+    tracker = HoleTracker(HoleLengthModel(prior_weight=0.0, prior_floor=0.0))
     tracker.update(100.0, [IdleNode("a", None, 30.0), IdleNode("b", None, 0.0)])
     tracker.update(160.0, [IdleNode("b", None, 60.0)])
     # a: idle since t=70, gone at t=160 -> one hole of 90 s
@@ -67,3 +67,20 @@ def test_round_trip_and_bad_input():
     bad["events"] = bad["events"][:3]
     with pytest.raises(ValueError, match="events"):
         HoleLengthModel.from_dict(bad)
+
+
+def test_short_holes_cannot_outweigh_the_prior_floor():
+    """A run of short holes must not make young unplanned nodes look worthless."""
+    learned_only = HoleLengthModel(prior_floor=0.0)
+    floored = HoleLengthModel(prior_floor=0.1)
+    for model in (learned_only, floored):
+        model.observe_many([30.0] * 5000)
+    rem0, p0 = learned_only.expected_remaining_s([5.0], 1800.0)
+    rem1, p1 = floored.expected_remaining_s([5.0], 1800.0)
+    prior_rem, _ = HoleLengthModel().expected_remaining_s([5.0], 1800.0)
+    assert rem0[0] < 40.0 and p0[0] > 0.99  # the data alone: gone in seconds, surely
+    assert rem1[0] >= 0.1 * prior_rem[0] and p1[0] <= 0.98
+    # old holes stay valued by their age, and the floor changes well-learned ages little
+    old0, _ = learned_only.expected_remaining_s([20_000.0], 1800.0)
+    old1, _ = floored.expected_remaining_s([20_000.0], 1800.0)
+    assert old1[0] == pytest.approx(old0[0], rel=0.1) and old1[0] > 1000.0

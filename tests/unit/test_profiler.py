@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from malletrain.core.profiler import AdvisorSettings, ProfilingAdvisor, fit_curve
 
 TRUE = {1: 100.0, 2: 190.0, 4: 340.0, 8: 500.0}
+#: costs exactly as measured (no shrinkage towards the default), for exact expectations
+EXACT = AdvisorSettings(cost_prior_weight=0.0)
 
 
 class Feed:
@@ -33,7 +35,7 @@ class Feed:
 
 
 def test_learns_curve_and_costs_from_forced_rescales():
-    adv = ProfilingAdvisor()
+    adv = ProfilingAdvisor(EXACT)
     f = Feed(adv, n=2)
     f.run(100)
     f.rescale(4, 15.0)
@@ -61,7 +63,7 @@ def test_warmup_progress_is_discarded():
 
 
 def test_daemon_style_pause_measures_cost_in_allocator_units():
-    adv = ProfilingAdvisor(AdvisorSettings(warmup_s=20.0))
+    adv = ProfilingAdvisor(AdvisorSettings(warmup_s=20.0, cost_prior_weight=0.0))
     adv.observe("j", 0.0, 2, 0.0)
     adv.observe("j", 50.0, 2, 50 * 190.0)
     adv.rescaled("j", 50.0, 2, 4)
@@ -165,7 +167,7 @@ def test_compound_change_is_not_measured_and_swaps_restart_warmup():
 
 
 def test_running_jobs_of_one_kind_share_measurements():
-    adv = ProfilingAdvisor()
+    adv = ProfilingAdvisor(EXACT)
     adv.register("a", "resnet")
     adv.register("b", "resnet")
     fa = Feed(adv, job="a", n=2)
@@ -193,3 +195,40 @@ def test_optimistic_below_the_smallest_measured_size():
     plain.observe("j", 0.0, 8, 0.0)
     plain.observe("j", 100.0, 8, 100 * 317.0)
     assert plain.model("j").rate(1) == pytest.approx(317.0 / 8)
+
+
+def test_one_noisy_cost_measurement_cannot_make_every_node_worthless():
+    """Measured live: a preemption measured at minutes (a co-located batch job slowed the
+    first clean interval) became the job's scale-down cost, and since every reclaim costs
+    a scale-down of the whole job, no node whose hole may end looked worth using.
+    Measurements are clipped and shrunk towards the default."""
+    adv = ProfilingAdvisor(AdvisorSettings(default_scale_down_s=10.0))
+    f = Feed(adv, n=4)
+    f.run(100)
+    f.rescale(2, 500.0)  # the outlier
+    f.run(600)
+    _, down = adv.scale_costs("j")
+    assert down <= (120.0 + 10.0) / 2
+    raw = ProfilingAdvisor(AdvisorSettings(max_cost_s=600.0, cost_prior_weight=0.0))
+    g = Feed(raw, n=4)
+    g.run(100)
+    g.rescale(2, 500.0)
+    g.run(600)
+    assert raw.scale_costs("j")[1] == pytest.approx(500.0)  # what it was before
+
+
+def test_start_cost_is_measured_from_starts_and_defaults_to_scale_up():
+    adv = ProfilingAdvisor(EXACT)
+    adv.register("j", "x")
+    adv.observe("j", 0.0, 0, 0.0)
+    assert adv.start_cost_s("j") == adv.scale_costs("j")[0] == 20.0
+    # placed on 2 nodes at t=0; the first samples come 18 s later, then full speed
+    adv.rescaled("j", 0.0, 0, 2)
+    for t in range(5, 200, 5):
+        adv.observe("j", float(t), 2, max(0, t - 18) * TRUE[2])
+    assert adv.start_cost_s("j") == pytest.approx(18.0)
+    assert adv.scale_costs("j") == (20.0, 10.0)  # a start is not a scale-up
+    # stored with the kind's profile: a new job of that kind starts from it
+    again = ProfilingAdvisor.from_dict(adv.to_dict(), EXACT)
+    again.register("k", "x")
+    assert again.start_cost_s("k") == pytest.approx(18.0)
