@@ -13,6 +13,7 @@ import logging
 import sys
 from pathlib import Path
 
+from malletrain.core.policies import policy_names
 from malletrain.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="SWF field 5 counts processors: P per node (default 1: it counts nodes)",
     )
     p.add_argument("--jobs", required=True, metavar="FILE", help="jobs YAML")
-    p.add_argument("--policy", required=True, help="policy name (see core/policies.py)")
+    p.add_argument(
+        "--policy",
+        required=True,
+        choices=policy_names(),
+        help="allocation policy (core/policies.py): %(choices)s",
+    )
     p.add_argument("--max-concurrent-jobs", type=int, default=10, metavar="K")
     p.add_argument("--tfwd-s", type=float, default=10.0, metavar="S", help="FreeTrain look-ahead")
     p.add_argument(

@@ -76,7 +76,27 @@ def test_bad_input_is_one_line_error_with_file_line_field(files, capsys):
 
 def test_unknown_policy_and_missing_swf_nodes(files, capsys):
     base = ["--jobs", str(files / "jobs.yaml"), "--out", str(files / "o")]
-    assert main(["simulate", "--idle-trace", str(files / "idle.csv"), "--policy", "nope", *base])
-    assert "unknown --policy" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", "--idle-trace", str(files / "idle.csv"), "--policy", "nope", *base])
+    assert exc.value.code == 2
+    assert "invalid choice: 'nope'" in capsys.readouterr().err
     assert main(["simulate", "--swf", str(files / "x.swf"), "--policy", "equal-share", *base])
     assert "--swf-nodes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "policy", ["malletrain", "malletrain-known-curves", "freetrain", "equal-share"]
+)
+def test_shipped_example_runs_under_every_policy(tmp_path, policy):
+    """examples/sim stays valid input, and every registered policy replays it."""
+    from pathlib import Path
+
+    ex = Path(__file__).resolve().parents[2] / "examples" / "sim"
+    out = tmp_path / policy
+    rc = main(["simulate", "--idle-trace", str(ex / "idle-trace.csv"), "--jobs",
+               str(ex / "jobs.yaml"), "--policy", policy, "--out", str(out)])
+    assert rc == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["policy"] == policy and s["events"] > 10
+    assert 0 < s["used_node_seconds"] <= s["idle_node_seconds"] + 1e-6
+    assert s["samples_total"] <= s["upper_bound_samples"]
