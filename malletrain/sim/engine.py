@@ -107,6 +107,21 @@ class Result:
     job_nodes: list[JobNodes] = field(default_factory=list)
     upper_bound_samples: float = 0.0
     wall_s: float = 0.0
+    #: Per hole that had a predicted window when first offered: actual end - predicted end.
+    window_errors_s: list[float] = field(default_factory=list)
+
+    def _window_stats(self) -> dict[str, object]:
+        """How good the scavenger's windows were: the first prediction of each hole vs its end."""
+        err = np.array(self.window_errors_s)
+        if not len(err):
+            return {"window_holes": 0}
+        return {
+            "window_holes": len(err),
+            "window_error_s_p50": float(np.median(err)),
+            "window_abs_error_s_p50": float(np.median(np.abs(err))),
+            "window_ended_early_share": float(np.mean(err < -60.0)),
+            "window_ended_late_share": float(np.mean(err > 60.0)),
+        }
 
     def summary(self) -> dict[str, object]:
         finished = [r for r in self.jobs if r.finished_s is not None]
@@ -152,6 +167,7 @@ class Result:
             "decision_ms_p99": float(np.percentile(dec_ms, 99)),
             "decision_ms_max": float(dec_ms.max()),
             "wall_s": self.wall_s,
+            **self._window_stats(),
         }
 
 
@@ -186,6 +202,8 @@ class Simulator:
         self.idle = np.zeros(n, dtype=bool)
         self.idle_since = np.zeros(n)
         self.holder = np.full(n, -1, dtype=np.int64)
+        #: Predicted end of each node's current hole (first prediction), NaN if none.
+        self.predicted_end = np.full(n, np.nan)
         self.result = Result(
             policy=getattr(policy, "name", type(policy).__name__),
             trace=trace.source,
@@ -227,9 +245,14 @@ class Simulator:
             self.idle[idx] = True
             self.idle_since[idx] = t if ev.idle_since_s is None else ev.idle_since_s
             self.view.mark_idle(ev.became_idle, self.idle_since[idx].tolist())
+            self.predicted_end[idx] = np.nan
         if not ev.became_busy:
             return
         busy = np.asarray(ev.became_busy, dtype=np.int64)
+        pred = self.predicted_end[busy]
+        known = ~np.isnan(pred)
+        self.result.window_errors_s.extend((t - pred[known]).tolist())
+        self.predicted_end[busy] = np.nan
         self.idle[busy] = False
         holders = self.holder[busy]
         for slot in np.unique(holders[holders >= 0]):
@@ -282,6 +305,12 @@ class Simulator:
         t = ev.time_s
         idle_idx = np.flatnonzero(self.idle)
         nodes = self.view.idle_nodes(t, idle_idx, ev.planned)
+        if ev.planned:
+            for node in nodes:
+                if node.window_s is not None:
+                    i = self.index[node.name]
+                    if np.isnan(self.predicted_end[i]):
+                        self.predicted_end[i] = t + node.window_s
         names = self.trace.node_names
         mjobs = []
         for run in self._active:

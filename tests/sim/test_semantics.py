@@ -157,12 +157,17 @@ def test_backfill_plan_reaches_the_policy_as_node_windows(tmp_path):
                        for i, s, r, n, q in rows)
     )
     tr = swf_trace(tmp_path / "t.swf", 4, until_s=150)  # default end: the last submit
-    _, pol = run(tr, [job("j")], {})
+    res, pol = run(tr, [job("j")], {})
     at = {inp.now_s: {n.name: (n.window_s, n.idle_age_s) for n in inp.nodes} for inp in pol.seen}
     # t=0: nodes 2, 3 idle until job 2's planned start at t=100; t=60: freed by job 3.
     assert at[0.0] == {"n2": (100.0, 0.0), "n3": (100.0, 0.0)}
     assert at[60.0] == {"n2": (40.0, 0.0), "n3": (40.0, 0.0)}
     assert at[100.0] == {}
+    # The plan said t=100 both times; job 3 was backfilled onto the hole at t=10 (90 s early),
+    # the second hole ended on time.
+    assert sorted(res.window_errors_s) == [-90.0, -90.0, 0.0, 0.0]
+    s = res.summary()
+    assert s["window_holes"] == 4 and s["window_ended_early_share"] == 0.5
 
 
 def test_submit_times_count_from_the_start_of_the_slice():
