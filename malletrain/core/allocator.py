@@ -95,7 +95,7 @@ def job_value_table(
     grow_n: np.ndarray | None = None,
     *,
     start_s: np.ndarray | None = None,
-    keep_margin: float = 0.0,
+    keep_margin: float | np.ndarray = 0.0,
 ) -> np.ndarray:
     """V[j, n] for every job j and count n = 0..K (``-inf`` where n is not allowed).
 
@@ -109,7 +109,7 @@ def job_value_table(
     ``start_s[j]``: seconds of the new rate a job at zero nodes loses when it starts
     (default 0: FreeTrain's free start). ``keep_margin``: a running job's work lost by
     shrinking counts ``1 + keep_margin`` times (hysteresis: another job must gain that
-    much more before a node moves away from a running one).
+    much more before a node moves away from a running one); a scalar or one per job.
     """
     n_jobs = len(jobs)
     c = np.array([w.size for w in own_w], dtype=np.int64)
@@ -161,14 +161,15 @@ def job_value_table(
     # work of the n longest-window own nodes; shrinking from c to n forgoes W_c - W_n
     work_o = np.cumsum(a[:, :width_c] * ow, axis=1)
     work_c = np.where(c > 0, work_o[rows, np.maximum(c - 1, 0)], 0.0)
-    values[:, 0] -= keep_margin * np.maximum(work_c, 0.0)
+    margin = np.broadcast_to(np.asarray(keep_margin, dtype=float), (n_jobs,))
+    values[:, 0] -= margin * np.maximum(work_c, 0.0)
     if big_c:
         # n <= c: keep the n longest-window own nodes
         kk = k[:, :big_c]
         ok = (kk <= c[:, None]) & (kk >= lo[:, None]) & (kk <= hi[:, None])
         shrink_cost = np.where(kk < c[:, None], (down * rate_now)[:, None], 0.0)
         last_pays = (pay_o * ~bound_o)[:, :big_c]
-        forgone = keep_margin * np.maximum(work_c[:, None] - work_o[:, :big_c], 0.0)
+        forgone = margin[:, None] * np.maximum(work_c[:, None] - work_o[:, :big_c], 0.0)
         values[:, 1 : big_c + 1] = np.where(
             ok, keep[:, :big_c] - last_pays - shrink_cost - forgone, -np.inf
         )
@@ -354,18 +355,24 @@ class MalleTrainPolicy:
     Two terms keep it from moving nodes on noise (measured live on the dev cluster,
     where every move is a real 15-25 s start-up): a job at zero nodes pays its start-up
     (``charge_start``; ``MalleableJob.start_s``, default its scale-up cost) instead of
-    starting for free, and a running job's forgone work counts ``1 + keep_margin``
-    times, so a node moves away from a running job only if the receiver gains
-    ``keep_margin`` (relative) more than the giver loses. Learned curves of two copies
-    of one model differ by a few percent of measurement noise; without these two terms
-    the policy swapped whole allocations between them at every decision. With both
-    off (``keep_margin=0``, ``charge_start=False``) the objective is FreeTrain's.
+    starting for free, and a running job's forgone work counts ``1 + m_j`` times, so a
+    node moves away from a running job only if the receiver gains ``m_j`` (relative)
+    more than the giver loses. ``m_j = keep_margin + noise_margin * rate_noise_j``: the
+    hysteresis scales with how noisy the job's measured throughput is (5 sigma of one
+    job's rate is ~3.5 sigma of the difference between two such estimates). Learned curves
+    of two copies of one model differ by a few percent of measurement noise; without
+    these terms the policy swapped whole allocations between them at every decision.
+    Where rates are exact (the simulator's replay) the margin is ``keep_margin``
+    (default 0): a fixed 5-10 % margin cost up to 3 % of the samples on a Philly replay,
+    where it kept nodes on jobs that scale worse. With ``keep_margin=0``,
+    ``noise_margin=0`` and ``charge_start=False`` the objective is FreeTrain's.
     """
 
     name: str = "malletrain"
     horizon_s: float = 1800.0
     holes: HoleTracker = field(default_factory=HoleTracker)
-    keep_margin: float = 0.1
+    keep_margin: float = 0.0
+    noise_margin: float = 5.0
     charge_start: bool = True
 
     def state_dict(self) -> dict[str, Any]:
@@ -482,7 +489,9 @@ class MalleTrainPolicy:
             grow_g,
             grow_n,
             start_s=start,
-            keep_margin=self.keep_margin,
+            keep_margin=np.array(
+                [self.keep_margin + self.noise_margin * max(0.0, j.rate_noise) for j in inp.jobs]
+            ),
         )
         count_arr, objective = solve_counts(values, len(inp.nodes))
         counts = {job.job_id: int(n) for job, n in zip(inp.jobs, count_arr, strict=True)}

@@ -71,6 +71,10 @@ class MalleableJob:
     #: rendezvous, process start-up, first slow steps. ``None``: same as ``scale_up_s``
     #: (a start is a scale-up from nothing; the newcomers' start-up dominates both).
     start_s: float | None = None
+    #: Relative noise of the job's measured throughput (std / mean of its progress
+    #: intervals at its current size; 0 = exact). The policy asks for a larger gain
+    #: before moving nodes away from a job whose rate it knows only this well.
+    rate_noise: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -204,6 +204,9 @@ class _JobState:
     #: Rate of the last clean interval and the size it was measured at.
     last_rate: float = 0.0
     last_rate_n: int = 0
+    #: squared relative deviations of clean interval rates from their size's mean so far
+    noise_sq: float = 0.0
+    noise_n: int = 0
 
 
 def fit_curve(
@@ -272,18 +275,40 @@ class ProfilingAdvisor:
         self.settings = settings or AdvisorSettings()
         self._jobs: dict[str, _JobState] = {}
         self._kinds: dict[str, Profile] = {}
+        # Answers are cached per job and dropped when anything they depend on changes:
+        # a job's answers depend on its own evidence and on its kind's (archive and
+        # running jobs of that kind), so every change bumps the generation of the
+        # job's pool (its kind, else the job itself). The simulator and the daemon ask
+        # for every job's model, costs and start cost at every decision; re-merging and
+        # re-fitting each time was over a quarter of a replay's time.
+        self._gen: dict[str, int] = {}
+        self._cache: dict[str, tuple[int, Profile, ThroughputModel | None]] = {}
+        self._kind_cache: dict[str, tuple[int, Profile]] = {}
 
     # -- feeding --------------------------------------------------------------
+    def _pool(self, job_id: str) -> str:
+        st = self._jobs.get(job_id)
+        return f"kind:{st.kind}" if st is not None and st.kind is not None else f"job:{job_id}"
+
+    def _touch(self, job_id: str) -> None:
+        """Evidence of ``job_id`` changed: drop the cached answers of its pool."""
+        pool = self._pool(job_id)
+        self._gen[pool] = self._gen.get(pool, 0) + 1
+        self._cache.pop(job_id, None)
+
     def register(self, job_id: str, kind: str | None = None) -> None:
         """Declare a job (optional: observe() registers unknown jobs without a kind)."""
         if job_id not in self._jobs:
             self._jobs[job_id] = _JobState(kind=kind)
-        elif kind is not None:
+        elif kind is not None and self._jobs[job_id].kind != kind:
+            self._touch(job_id)
             self._jobs[job_id].kind = kind
+        self._touch(job_id)
 
     def observe(self, job_id: str, t_s: float, nodes: int, samples_total: float) -> None:
         """The job's cumulative progress was ``samples_total`` at ``t_s`` on ``nodes`` nodes."""
         st = self._job(job_id)
+        self._touch(job_id)
         if st.last_t_s is not None and t_s < st.last_t_s:
             log.debug("advisor: %s: report at %s older than %s ignored", job_id, t_s, st.last_t_s)
             return
@@ -302,6 +327,11 @@ class ProfilingAdvisor:
                 and st.last_t_s > st.changed_t_s
             )
             book = st.profile.clean if clean else st.profile.dirty
+            before = st.profile.clean.get(nodes)
+            prior_mean = before.mean() if before is not None else None
+            if clean and ds >= 0 and prior_mean is not None and prior_mean > 0:
+                st.noise_sq += ((ds / dt - prior_mean) / prior_mean) ** 2
+                st.noise_n += 1
             if ds >= 0:
                 book.setdefault(nodes, _Sum()).add(ds, dt)
             if clean and ds >= 0:
@@ -315,6 +345,7 @@ class ProfilingAdvisor:
     def rescaled(self, job_id: str, t_s: float, old_nodes: int, new_nodes: int) -> None:
         """The job changed from ``old_nodes`` to ``new_nodes`` at ``t_s``."""
         st = self._job(job_id)
+        self._touch(job_id)
         # old == new: nodes were swapped; it still costs progress, so it still
         # starts a warm-up (but there is no direction to attribute a cost to)
         anchor = st.last_samples
@@ -345,7 +376,10 @@ class ProfilingAdvisor:
 
     def forget(self, job_id: str) -> None:
         """The job left: fold what it taught into its kind's profile."""
+        if job_id in self._jobs:
+            self._touch(job_id)
         st = self._jobs.pop(job_id, None)
+        self._cache.pop(job_id, None)
         if st is not None and st.kind is not None:
             self._kinds.setdefault(st.kind, Profile()).merge(st.profile)
 
@@ -373,6 +407,16 @@ class ProfilingAdvisor:
 
     # -- answers --------------------------------------------------------------
     def _combined(self, job_id: str) -> Profile:
+        """:meth:`_merged`, cached until the job's pool changes (callers must not mutate it)."""
+        gen = self._gen.get(self._pool(job_id), 0)
+        hit = self._cache.get(job_id)
+        if hit is not None and hit[0] == gen:
+            return hit[1]
+        prof = self._merged(job_id)
+        self._cache[job_id] = (gen, prof, None)
+        return prof
+
+    def _merged(self, job_id: str) -> Profile:
         """The job's own measurements, completed by those of its kind.
 
         Its kind's evidence is the archive of finished jobs plus the other running
@@ -381,34 +425,57 @@ class ProfilingAdvisor:
         """
         st = self._jobs.get(job_id)
         prof = Profile()
-        if st is not None and st.kind is not None:
-            if st.kind in self._kinds:
-                prof.merge(self._kinds[st.kind])
-            for other_id, other in self._jobs.items():
-                if other_id != job_id and other.kind == st.kind:
-                    prof.merge(other.profile)
-        if st is not None:
-            own = st.profile
-            for n in set(own.clean) | set(own.dirty):
-                prof.clean.pop(n, None)
-                prof.dirty.pop(n, None)
-            if own.scale_up_s.weight > 0:
-                prof.scale_up_s = _Sum()
-            if own.scale_down_s.weight > 0:
-                prof.scale_down_s = _Sum()
-            if own.start_s.weight > 0:
-                prof.start_s = _Sum()
-            prof.merge(own)
+        if st is None:
+            return prof
+        own = st.profile
+        if st.kind is not None:
+            # The kind's total (archive + every running job of the kind, this one
+            # included) is built once per change of the kind; where this job has
+            # evidence of its own (a size, a cost) only its own counts, so its share
+            # of the total is exactly what gets replaced.
+            total = self._kind_total(st.kind)
+            mine = set(own.clean) | set(own.dirty)
+            for src, dst in ((total.clean, prof.clean), (total.dirty, prof.dirty)):
+                for n, s in src.items():
+                    if n not in mine:
+                        dst[n] = _Sum(s.total, s.weight)
+            for name in ("scale_up_s", "scale_down_s", "start_s"):
+                if getattr(own, name).weight <= 0:
+                    tot = getattr(total, name)
+                    setattr(prof, name, _Sum(tot.total, tot.weight))
+        prof.merge(own)
         return prof
+
+    def _kind_total(self, kind: str) -> Profile:
+        pool = f"kind:{kind}"
+        gen = self._gen.get(pool, 0)
+        hit = self._kind_cache.get(kind)
+        if hit is not None and hit[0] == gen:
+            return hit[1]
+        total = Profile()
+        if kind in self._kinds:
+            total.merge(self._kinds[kind])
+        for other in self._jobs.values():
+            if other.kind == kind:
+                total.merge(other.profile)
+        self._kind_cache[kind] = (gen, total)
+        return total
 
     def model(self, job_id: str) -> ThroughputModel:
         """What the allocator should believe about this job's throughput."""
-        rates = self._combined(job_id).rates()
+        prof = self._combined(job_id)
+        hit = self._cache.get(job_id)
+        if hit is not None and hit[2] is not None and hit[1] is prof:
+            return hit[2]
+        rates = prof.rates()
         if rates:
             st = self.settings
-            return fit_curve(
+            fitted = fit_curve(
                 rates, st.optimism, st.explore_fraction, st.concave, st.optimistic_below
             )
+            if hit is not None and hit[1] is prof:
+                self._cache[job_id] = (hit[0], prof, fitted)
+            return fitted
         per_node = self._population_rate_per_node()
         return ThroughputModel(((1, per_node),), optimistic_slope=per_node)
 
@@ -441,6 +508,18 @@ class ProfilingAdvisor:
             return default
         k = max(0.0, self.settings.cost_prior_weight)
         return (measured.total + k * default) / (measured.weight + k)
+
+    def rate_noise(self, job_id: str) -> float:
+        """Relative noise of the job's measured throughput (0 until measured twice).
+
+        Root mean square of each clean interval's relative deviation from the mean
+        measured so far at its size (capped at 0.5): the allocator's hysteresis
+        against moving nodes on noise scales with it. Exact rates (the simulator) give 0.
+        """
+        st = self._jobs.get(job_id)
+        if st is None or st.noise_n < 2:
+            return 0.0
+        return min(0.5, math.sqrt(st.noise_sq / st.noise_n))
 
     def measured_sizes(self, job_id: str) -> tuple[int, ...]:
         return tuple(sorted(self._combined(job_id).rates()))
@@ -493,6 +572,8 @@ class ProfilingAdvisor:
     def load_profile(self, kind: str, data: Any) -> None:
         """Restore a kind's profile from its stored form (ValueError if malformed)."""
         self._kinds[kind] = Profile.from_dict(data)
+        pool = f"kind:{kind}"
+        self._gen[pool] = self._gen.get(pool, 0) + 1
 
     def to_dict(self) -> dict[str, Any]:
         names = set(self._kinds) | {st.kind for st in self._jobs.values() if st.kind is not None}

@@ -322,7 +322,8 @@ class Daemon:
                 # nothing measured worth the name yet: compete as a linear job, never as
                 # "worth nothing" (that would evict it)
                 model = ThroughputModel(((1, 1.0),), optimistic_slope=1.0)
-            out[job.job_id] = JobModel(model, up, down, start)
+            out[job.job_id] = JobModel(model, up, down, start,
+                                       self.advisor.rate_noise(job.job_id))
         return out
 
     # ------------------------------------------------------------------ tick

@@ -103,6 +103,8 @@ class JobModel:
     scale_down_s: float
     #: measured cost of a start from zero nodes (None: the policy uses scale_up_s)
     start_s: float | None = None
+    #: relative noise of its measured throughput (the policy's hysteresis scales with it)
+    rate_noise: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -428,7 +430,7 @@ def decide(world: World, policy: Policy) -> TickPlan:
             job_id=job.job_id, min_nodes=job.spec.min_nodes, max_nodes=max_n,
             nodes=tuple(held[job.job_id]), throughput=model.throughput,
             scale_up_s=model.scale_up_s, scale_down_s=model.scale_down_s,
-            submit_order=job.seq, start_s=model.start_s))
+            submit_order=job.seq, start_s=model.start_s, rate_noise=model.rate_noise))
     allocation: Plan | None = None
     targets: dict[str, tuple[str, ...]] = {}
     if alloc_jobs:

@@ -71,13 +71,13 @@ def test_round_trip_and_bad_input():
 
 def test_short_holes_cannot_outweigh_the_prior_floor():
     """A run of short holes must not make young unplanned nodes look worthless."""
-    learned_only = HoleLengthModel(prior_floor=0.0)
+    learned_only = HoleLengthModel()  # default: no floor
     floored = HoleLengthModel(prior_floor=0.1)
     for model in (learned_only, floored):
         model.observe_many([30.0] * 5000)
     rem0, p0 = learned_only.expected_remaining_s([5.0], 1800.0)
     rem1, p1 = floored.expected_remaining_s([5.0], 1800.0)
-    prior_rem, _ = HoleLengthModel().expected_remaining_s([5.0], 1800.0)
+    prior_rem, _ = HoleLengthModel().expected_remaining_s([5.0], 1800.0, np.array([]))
     assert rem0[0] < 40.0 and p0[0] > 0.99  # the data alone: gone in seconds, surely
     assert rem1[0] >= 0.1 * prior_rem[0] and p1[0] <= 0.98
     # old holes stay valued by their age, and the floor changes well-learned ages little

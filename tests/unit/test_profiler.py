@@ -232,3 +232,15 @@ def test_start_cost_is_measured_from_starts_and_defaults_to_scale_up():
     again = ProfilingAdvisor.from_dict(adv.to_dict(), EXACT)
     again.register("k", "x")
     assert again.start_cost_s("k") == pytest.approx(18.0)
+
+
+def test_rate_noise_is_zero_for_exact_rates_and_measured_otherwise():
+    exact = ProfilingAdvisor()
+    Feed(exact, n=2).run(200)
+    assert exact.rate_noise("j") == pytest.approx(0.0, abs=1e-12)
+    noisy = ProfilingAdvisor()
+    f = Feed(noisy, n=2)
+    for i in range(40):
+        f.run(10, rate=TRUE[2] * (1.1 if i % 2 else 0.9))  # +-10 % per interval
+    assert 0.07 < noisy.rate_noise("j") < 0.15
+    assert ProfilingAdvisor().rate_noise("unknown") == 0.0
