@@ -1,0 +1,78 @@
+"""The advisor's per-job answer cache never serves a stale answer.
+
+The cache is keyed on the generation of the job's pool (its kind, else itself);
+these tests drive two advisors with the same random history, one asked after every
+step (the cache is hit and invalidated all the time), one only at the end, and
+check that both answer the same, and that evidence from another job of the same
+kind reaches a job's cached answer.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from malletrain.core.profiler import ProfilingAdvisor
+
+RATE = {1: 100.0, 2: 190.0, 3: 270.0, 4: 340.0, 6: 430.0, 8: 500.0}
+JOBS = ("a-000", "a-001", "b-000", "solo")
+KINDS = {"a-000": "a", "a-001": "a", "b-000": "b", "solo": None}
+
+step = st.tuples(
+    st.sampled_from(JOBS),
+    st.sampled_from(sorted(RATE)),
+    st.sampled_from(("observe", "observe", "observe", "rescale", "forget")),
+)
+
+
+def answers(adv: ProfilingAdvisor, job: str) -> tuple:
+    m = adv.model(job)
+    return (m.points, m.optimistic_slope, adv.scale_costs(job), adv.start_cost_s(job))
+
+
+def replay(adv: ProfilingAdvisor, steps, ask_every_step: bool) -> list[tuple]:
+    t = 0.0
+    nodes = dict.fromkeys(JOBS, 0)
+    samples = dict.fromkeys(JOBS, 0.0)
+    for job, n, what in steps:
+        adv.register(job, KINDS[job])
+        t += 40.0
+        if what == "forget":
+            adv.forget(job)
+            nodes[job], samples[job] = 0, 0.0
+        elif what == "rescale" and n != nodes[job]:
+            samples[job] -= 15.0 * RATE.get(nodes[job], 0.0)
+            adv.rescaled(job, t, nodes[job], n)
+            nodes[job] = n
+        elif nodes[job] > 0:
+            samples[job] += RATE[nodes[job]] * 40.0
+            adv.observe(job, t, nodes[job], samples[job])
+        if ask_every_step:
+            for j in JOBS:
+                answers(adv, j)
+    return [answers(adv, j) for j in JOBS]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(step, min_size=1, max_size=60))
+def test_cached_answers_equal_fresh_ones(steps):
+    cached = replay(ProfilingAdvisor(), steps, ask_every_step=True)
+    fresh = replay(ProfilingAdvisor(), steps, ask_every_step=False)
+    assert cached == fresh
+
+
+def test_evidence_of_a_sibling_reaches_a_cached_answer():
+    adv = ProfilingAdvisor()
+    adv.register("a-000", "a")
+    adv.register("a-001", "a")
+    for t in range(0, 400, 40):
+        adv.observe("a-000", float(t), 2, 190.0 * t)
+    before = adv.model("a-001")
+    assert before.rate(2) == pytest.approx(190.0)
+    for t in range(0, 400, 40):
+        adv.observe("a-001", float(t), 4, 340.0 * t)
+    # a-000 never ran at 4: its (cached) model must now know the sibling's 4-node rate
+    assert adv.model("a-000").rate(4) == pytest.approx(340.0)
+    adv.forget("a-001")
+    assert adv.model("a-000").rate(4) == pytest.approx(340.0)
