@@ -214,9 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-after", type=float, default=45.0,
                     help="seconds before mt-bob submits the regular job")
     ap.add_argument("--max-seconds", type=float, default=420.0, help="stop after this long")
-    # equal-share by default: on this 8-node toy cluster the learned-curve policy swaps nodes
-    # between two identical jobs on measurement noise (docs/daemon.md, known limits)
-    ap.add_argument("--policy", default="equal-share", help="allocator.policy for the daemon")
+    ap.add_argument("--policy", default="malletrain", help="allocator.policy for the daemon")
     args = ap.parse_args(argv)
     demo = Demo(args)
     stop = {"sig": False}

@@ -383,7 +383,9 @@ class MalleTrainPolicy:
         """Restore :meth:`state_dict` output (ValueError if malformed)."""
         if not isinstance(data, dict) or not isinstance(data.get("holes"), dict):
             raise ValueError("malletrain policy state: expected a mapping with 'holes'")
-        self.holes.model = HoleLengthModel.from_dict(data["holes"])
+        model = HoleLengthModel.from_dict(data["holes"])
+        model.prior_floor = self.holes.model.prior_floor  # a setting, not learned state
+        self.holes.model = model
 
     def effective_windows(self, inp: AllocationInput) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(w_i, p_i, key_i) per node of ``inp.nodes``.
@@ -505,5 +507,15 @@ class MalleTrainPolicy:
         return counts, objective, w, growth_order
 
 
-def malletrain_policy(name: str = "malletrain", horizon_s: float = 1800.0) -> MalleTrainPolicy:
-    return MalleTrainPolicy(name=name, horizon_s=horizon_s, holes=HoleTracker(HoleLengthModel()))
+def malletrain_policy(
+    name: str = "malletrain",
+    horizon_s: float = 1800.0,
+    keep_margin: float = 0.0,
+    hole_prior_floor: float = 0.0,
+) -> MalleTrainPolicy:
+    return MalleTrainPolicy(
+        name=name,
+        horizon_s=horizon_s,
+        holes=HoleTracker(HoleLengthModel(prior_floor=hole_prior_floor)),
+        keep_margin=keep_margin,
+    )

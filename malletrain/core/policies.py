@@ -32,6 +32,11 @@ class PolicyOptions:
     horizon_s: float = 1800.0
     #: Wall-clock limit for one MILP solve (FreeTrain).
     milp_time_limit_s: float = 10.0
+    #: malletrain's fixed hysteresis on top of the one from measured rate noise (0 on
+    #: exact replays; the daemon sets it, see malletrain.daemon.daemon.LIVE_POLICY).
+    keep_margin: float = 0.0
+    #: malletrain's hole-model prior floor (HoleLengthModel.prior_floor).
+    hole_prior_floor: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,12 @@ def _malletrain(name: str) -> Callable[[PolicyOptions], Policy]:
     def factory(opts: PolicyOptions) -> Policy:
         from malletrain.core.allocator import malletrain_policy
 
-        return malletrain_policy(name=name, horizon_s=opts.horizon_s)
+        return malletrain_policy(
+            name=name,
+            horizon_s=opts.horizon_s,
+            keep_margin=opts.keep_margin,
+            hole_prior_floor=opts.hole_prior_floor,
+        )
 
     return factory
 

@@ -36,7 +36,7 @@ from typing import Any
 from malletrain.core.cluster import ClusterSnapshot, JobState
 from malletrain.core.lifecycle import JobPhase
 from malletrain.core.model import ThroughputModel
-from malletrain.core.policies import make_policy
+from malletrain.core.policies import PolicyOptions, make_policy
 from malletrain.core.profiler import ProfilingAdvisor
 from malletrain.daemon.actuator import Actuator
 from malletrain.daemon.channel import ChannelServer, Peer
@@ -64,6 +64,12 @@ SUBMIT_TIMEOUT_S = 600.0
 #: terminal jobs are still looked at this long (to cancel leftover slot jobs).
 TERMINAL_LINGER_S = 600.0
 PROFILE_SAVE_INTERVAL_S = 30.0
+#: What a live cluster needs beyond a replay (docs/allocator.md, "Live robustness"): a fixed
+#: 10 % keep margin on top of the measured rate noise (co-location and placement make live
+#: rates move between measurements; without it two jobs traded nodes on the dev cluster) and
+#: a hole-model prior floor (a small cluster's few holes are not representative). Measured:
+#: the e2e test passed with these; without them the jobs did not regrow after the batch job.
+LIVE_POLICY = {"keep_margin": 0.1, "hole_prior_floor": 0.1}
 
 
 def decide_settings(settings: Settings, **overrides: float) -> DecideSettings:
@@ -159,6 +165,10 @@ class JobRow:
     message: str
 
 
+def _policy_options(settings: Settings) -> PolicyOptions:
+    return replace(settings.allocator.policy_options(), **LIVE_POLICY)
+
+
 class Daemon:
     def __init__(
         self,
@@ -177,8 +187,7 @@ class Daemon:
         self.metrics = metrics
         self.coordinator = coordinator if coordinator is not None else ensure_coordinator(settings)
         self._decide_overrides = dict(decide_overrides or {})
-        self.policy = make_policy(settings.allocator.policy,
-                                  settings.allocator.policy_options())
+        self.policy = make_policy(settings.allocator.policy, _policy_options(settings))
         self._restore_policy_state()
         self.advisor = ProfilingAdvisor(settings.allocator.advisor_settings())
         for kind, data in self.store.profiles().items():
@@ -213,7 +222,7 @@ class Daemon:
         new = settings.allocator
         if (new.policy, new.policy_options()) != (old.policy, old.policy_options()):
             self._save_policy_state()
-            self.policy = make_policy(new.policy, new.policy_options())
+            self.policy = make_policy(new.policy, _policy_options(settings))
             self._restore_policy_state()
             log.info("allocation policy is now %s", new.policy)
 

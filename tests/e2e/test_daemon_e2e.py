@@ -39,9 +39,9 @@ def workdir():
 @pytest.fixture
 def daemon(clean_cluster, workdir):
     check_python_reachable("mt-alice", clean_cluster.env)
-    # equal-share: deterministic sizes, so the test can assert them exactly (the malletrain
-    # policy's choices depend on the hole lengths it has learned)
-    d = Daemon(workdir, clean_cluster.conf_path, clean_cluster.env, policy="equal-share").start()
+    # the product's policy (learned curves, hole lengths, start cost and keep margin): the
+    # assertions are on what must happen whatever it learned (grow, yield, regrow, samples)
+    d = Daemon(workdir, clean_cluster.conf_path, clean_cluster.env, policy="malletrain").start()
     yield d
     d.stop()
     if d.proc is not None and d.proc.poll() is None:

@@ -28,7 +28,7 @@ def workdir():
 @pytest.fixture
 def daemon(clean_cluster, workdir):
     d = Daemon(workdir, clean_cluster.conf_path, clean_cluster.env,
-               policy="equal-share").start()
+               policy="malletrain").start()
     yield d
     if not clean_cluster.ctld_up():
         clean_cluster.dev_cluster("start-controller")

@@ -66,3 +66,16 @@ def test_corrupt_stored_state_is_ignored_not_fatal(tmp_path):
     d = Daemon(settings, CliBackend(), coordinator=object())
     assert isinstance(d.policy, MalleTrainPolicy) and d.policy.holes.model.observed == 0.0
     d.close()
+
+
+def test_daemon_policy_has_live_margins_and_keeps_them_across_restore(tmp_path):
+    settings = _settings(tmp_path)
+    d = Daemon(settings, CliBackend(), coordinator=object())
+    assert isinstance(d.policy, MalleTrainPolicy)
+    assert d.policy.keep_margin == 0.1 and d.policy.holes.model.prior_floor == 0.1
+    _teach(d.policy)
+    d.close()
+    d2 = Daemon(settings, CliBackend(), coordinator=object())
+    assert isinstance(d2.policy, MalleTrainPolicy)
+    assert d2.policy.holes.model.prior_floor == 0.1  # a setting, not overwritten by the store
+    d2.close()
