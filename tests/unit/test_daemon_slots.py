@@ -21,7 +21,7 @@ GOLDEN = Path(__file__).parent / "golden" / "slot_m7_s2.txt"
 SPEC = JobSpec(script="/home/alice/train.py", args=("--lr", "0.1; rm -rf / $(x)"), name="r",
                min_nodes=1, max_nodes=4, nproc_per_node=2, output="/home/alice/o-%j.txt",
                chdir="/home/alice", python="/opt/venv/bin/python", kind="train.py",
-               environment={"FOO": "1"})
+               environment={"FOO": "1"}, launcher="torchrun")
 
 
 def rendered() -> str:
