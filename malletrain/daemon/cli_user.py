@@ -71,11 +71,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument("-A", "--account")
     sub.add_argument("--kind", help="profile key: jobs of one kind share a learned profile")
     sub.add_argument("--launcher", choices=("torchrun", "srun"),
-                     help="start the K workers of a node with torchrun (default) or srun")
+                     help="start the K workers of a node with srun (default) or torchrun")
     sub.add_argument("--python", default=sys.executable,
-                     help="Python on the nodes that runs torchrun (default: this one)")
+                     help="Python on the nodes that runs the workers (default: this one)")
     sub.add_argument("--parsable", action="store_true", help="print only the job id")
-    sub.add_argument("script", help="training script (torchrun runs it on every node)")
+    sub.add_argument("script", help="training script (run on every node of the job)")
     sub.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     sub.set_defaults(func=cmd_submit)
 

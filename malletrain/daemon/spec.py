@@ -148,12 +148,15 @@ class JobSpec:
     account: str | None = None
     #: Profiles are pooled per kind (default: the script's file name).
     kind: str = "default"
-    #: The Python interpreter that runs torchrun on the nodes (the submitter's by default).
+    #: The Python interpreter that runs the workers on the nodes (the submitter's by default).
     python: str = "/usr/bin/python3"
-    #: How a node slot starts its K worker processes: ``torchrun`` (torch.distributed.run,
-    #: what users expect) or ``srun`` (``srun --ntasks=K`` starts them directly, LOCAL_RANK from
-    #: SLURM_LOCALID: one process layer less between Slurm's SIGTERM and the workers).
-    launcher: str = "torchrun"
+    #: How a node slot starts its K worker processes: ``srun`` (default: ``srun --ntasks=K``
+    #: starts them directly, LOCAL_RANK/LOCAL_WORLD_SIZE from Slurm's task ids) or
+    #: ``torchrun`` (a torch.distributed.run agent per node that starts them). Both give the
+    #: node back equally fast after SIGTERM (0.2-0.3 s, docs/benchmarks.md); srun starts a
+    #: newcomer without the agent's own torch import in front of the workers', and the
+    #: membership, ranks and restarts are malletrain's anyway, not the agent's.
+    launcher: str = "srun"
 
     def __post_init__(self) -> None:
         _check_spec(self)
@@ -481,7 +484,7 @@ def build_spec(
             max_nodes=max_nodes, time_limit_s=time_s, gpus_per_node=gpus, nproc_per_node=nproc,
             output=v.get("output"), error=v.get("error"), chdir=chdir, export=export,
             environment=env, account=v.get("account"), kind=v.get("kind", _kind_of(script)),
-            python=python, launcher=v.get("launcher", "torchrun"),
+            python=python, launcher=v.get("launcher", "srun"),
         )
     except SpecError as exc:
         raise SpecError(str(exc)) from None
