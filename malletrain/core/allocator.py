@@ -397,20 +397,21 @@ class MalleTrainPolicy:
         """
         h = self.horizon_s
         nodes = inp.nodes
-        w = np.empty(len(nodes))
-        p = np.empty(len(nodes))
-        key = np.full(len(nodes), np.nan)
-        unknown = []
-        for i, node in enumerate(nodes):
-            if node.window_s is None:
-                unknown.append(i)
-            else:
-                win = max(0.0, node.window_s)
-                w[i] = min(win, h)
-                p[i] = 1.0 if win < h else 0.0
-                key[i] = win
-        if unknown:
-            ages = np.array([nodes[i].idle_age_s for i in unknown])
+        count = len(nodes)
+        # vectorised: a per-node loop of numpy scalar stores was ~8 ms at 5,000 nodes
+        planned = np.fromiter((n.window_s is not None for n in nodes), dtype=bool, count=count)
+        raw = np.fromiter(
+            (0.0 if n.window_s is None else n.window_s for n in nodes), dtype=float, count=count
+        )
+        win = np.maximum(raw, 0.0)
+        w = np.minimum(win, h)
+        p = np.where(win < h, 1.0, 0.0)
+        key = np.where(planned, win, np.nan)
+        unknown = np.flatnonzero(~planned)
+        if unknown.size:
+            ages = np.fromiter(
+                (nodes[i].idle_age_s for i in unknown.tolist()), dtype=float, count=unknown.size
+            )
             rem, p_end = self.holes.model.expected_remaining_s(ages, h)
             w[unknown] = rem
             p[unknown] = p_end
