@@ -108,7 +108,7 @@ class Demo:
             PY, "-m", "malletrain.cli", "submit", "--socket", str(self.socket), "--parsable",
             "-N", "1-4", "-J", tag, "-o", str(self.work / "out" / f"{tag}-%j.out"),
             "-D", str(self.work / "out"), str(EXAMPLE), "--total-samples",
-            str(self.args.samples), "--step-sleep", "0.05",
+            str(self.args.samples), "--step-sleep", "0.25", "--batch", "64",
             "--results", str(self.work / "out" / f"{tag}.json")]))
         job = res.stdout.strip()
         self.note(f"mt-alice submitted malleable job {job} ({tag}, 1-4 nodes)")

@@ -30,6 +30,14 @@ def as_user(user: str | None, argv: list[str]) -> list[str]:
     return ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", *argv]
 
 
+#: The example's step emulates an accelerator-bound step (the sleep) on a large per-rank batch,
+#: so that throughput grows with nodes as on a real cluster. With short steps (0.05 s, 16
+#: samples) the gloo collectives of 8 emulated nodes sharing 2 cores make 2 nodes barely
+#: faster than 1, and the `malletrain` policy, which learns that, rightly declines to grow.
+STEP_SLEEP_S = 0.25
+BATCH_PER_RANK = 64
+
+
 def check_python_reachable(user: str, env: dict[str, str]) -> None:
     """The workers run this interpreter as ``user``: fail clearly if they cannot."""
     res = subprocess.run(as_user(user, [PYTHON, "-c", "import torch, malletrain"]),
@@ -136,12 +144,13 @@ class Daemon:
         return self.cli(user, "submit", "--socket", str(self.socket), *args, check=check)
 
     def submit_example(self, user: str, tag: str, nodes: str, samples: int,
-                       step_sleep: float = 0.05, launcher: str = "torchrun") -> str:
+                       step_sleep: float = STEP_SLEEP_S, launcher: str = "torchrun") -> str:
         res = self.submit(
             user, "--parsable", "-N", nodes, "-J", tag, "--launcher", launcher,
             "-o", str(self.out / f"{tag}-%j.out"),
             "-D", str(self.out), str(EXAMPLE), "--total-samples", str(samples),
-            "--step-sleep", str(step_sleep), "--results", str(self.out / f"{tag}.json"),
+            "--step-sleep", str(step_sleep), "--batch", str(BATCH_PER_RANK),
+            "--results", str(self.out / f"{tag}.json"),
         )
         return res.stdout.strip()
 
