@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from malletrain.core.lifecycle import IllegalTransition, JobPhase
 from malletrain.daemon.decide import (
@@ -36,11 +37,10 @@ from malletrain.slurm.backend import SlurmBackend
 log = logging.getLogger(__name__)
 
 
-class MembershipPort:
-    """What the actuator needs from the coordinator (a protocol, for tests and clarity)."""
+class MembershipPort(Protocol):
+    """What the actuator needs from the coordinator (the elastic Coordinator satisfies it)."""
 
-    def publish(self, job_id: str, members: Sequence[str]) -> int:  # pragma: no cover
-        raise NotImplementedError
+    def publish(self, job_id: str, members: Sequence[str]) -> int: ...
 
 
 @dataclass
