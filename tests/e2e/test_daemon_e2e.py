@@ -9,12 +9,8 @@ the batch job ends they grow back; both finish with exactly the samples they ask
 from __future__ import annotations
 
 import json
-import os
 import pwd
-import shutil
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
@@ -25,15 +21,6 @@ from .harness import Daemon, check_python_reachable, wait_until
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm, pytest.mark.torch]
 
 SAMPLES = 60_000
-
-
-@pytest.fixture
-def workdir():
-    base = Path(tempfile.mkdtemp(prefix="malletrain-e2e-", dir="/tmp"))
-    base.chmod(0o755)
-    yield base
-    if not os.environ.get("MALLETRAIN_TEST_KEEP_DEVCLUSTER"):
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture

@@ -3,26 +3,13 @@ mid-step, the daemon killed in the middle of a rescale."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
 from .harness import EXAMPLE, Daemon, check_python_reachable, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
-
-
-@pytest.fixture
-def workdir():
-    base = Path(tempfile.mkdtemp(prefix="malletrain-e2e-", dir="/tmp"))
-    base.chmod(0o755)
-    yield base
-    if not os.environ.get("MALLETRAIN_TEST_KEEP_DEVCLUSTER"):
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture
