@@ -14,7 +14,11 @@ admitted at a time: the queue does not run dry within 3 days).
 Usage: ``.venv/bin/python benchmarks/evaluate.py [--scenario NAME ...] [--policy NAME ...]
 [--plots docs/img]``; prints one Markdown table per scenario (python -m
 malletrain.sim.compare) and the last line ``evaluate <scenario>: malletrain/freetrain=<x>
-malletrain/equal-share=<y>`` per scenario.
+malletrain/equal-share=<y> no-loss-bound/freetrain=<z> no-loss-bound/equal-share=<w>``
+per scenario (ratios only for the policies run into that folder).
+
+``no-loss-bound`` is replayed with ``--no-rescale-cost``: the most any policy could make
+on the trace with the true curves and free rescales (docs/evaluation.md).
 """
 
 from __future__ import annotations
@@ -45,13 +49,15 @@ JOBSETS = {
     "gavel": "configs/sim/gavel-v100-48.yaml",
     "imagenet": "configs/sim/sia-imagenet-48.yaml",
 }
-POLICIES = ("malletrain", "malletrain-known-curves", "freetrain", "equal-share")
+POLICIES = ("malletrain", "malletrain-known-curves", "freetrain", "equal-share", "no-loss-bound")
+#: Replayed with every rescale and reclaim free: the loss-free reference (docs/evaluation.md).
+FREE_RESCALES = {"no-loss-bound"}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenario", action="append", help="e.g. theta-sia (default: all four)")
-    ap.add_argument("--policy", action="append", help="default: all four")
+    ap.add_argument("--policy", action="append", help="default: all five")
     ap.add_argument("--out", default="out/eval")
     ap.add_argument("--plots", help="copy each scenario's timeline PNGs here")
     ap.add_argument("--tfwd-s", default="10")
@@ -68,6 +74,7 @@ def main() -> None:
                 [
                     "simulate", *TRACES[trace], "--jobs", JOBSETS[jobset], "--policy", pol,
                     "--tfwd-s", args.tfwd_s, "--out", str(out), "--no-progress",
+                    *(["--no-rescale-cost"] if pol in FREE_RESCALES else []),
                 ]
             )
             if rc != 0:
@@ -81,10 +88,11 @@ def main() -> None:
         print(table(load(summaries)))
         by = {json.loads(p.read_text())["policy"]: json.loads(p.read_text()) for p in summaries}
         parts = []
-        for base in ("freetrain", "equal-share"):
-            if "malletrain" in by and base in by:
-                ratio = by["malletrain"]["samples_total"] / by[base]["samples_total"]
-                parts.append(f"malletrain/{base}={ratio:.3f}")
+        for top in ("malletrain", "no-loss-bound"):
+            for base in ("freetrain", "equal-share"):
+                if top in by and base in by:
+                    ratio = by[top]["samples_total"] / by[base]["samples_total"]
+                    parts.append(f"{top}/{base}={ratio:.3f}")
         last.append(f"evaluate {sc}: " + " ".join(parts))
     print()
     print("\n".join(last))

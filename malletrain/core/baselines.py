@@ -5,6 +5,10 @@
   FreeTrain uses it as the fallback when its MILP fails.
 * :class:`FreeTrain`: the per-event MILP of FreeTrain/BFTrainer (DESIGN §2),
   solved with SciPy's HiGHS (imported lazily: core stays importable without scipy).
+* :class:`NoLossBound`: not a policy to run on a cluster but a reference for the
+  evaluation: the most throughput the admitted jobs can have at each event, rescale
+  costs and windows ignored. Replayed with free rescales it bounds what any policy
+  can reach on a trace (docs/evaluation.md says where the bound is not strict).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from malletrain.core.allocator import rates_upto
+from malletrain.core.allocator import rates_upto, solve_counts
 from malletrain.core.model import AllocationInput, MalleableJob, Plan
 from malletrain.core.placement import assign_nodes
 
@@ -267,3 +271,47 @@ class FreeTrain:
             decision_s=time.perf_counter() - t0,
             notes=notes,
         )
+
+
+def max_throughput_counts(n_nodes: int, jobs: tuple[MalleableJob, ...]) -> dict[str, int]:
+    """Counts that maximise the summed throughput ``sum_j r_j(n_j)`` on ``n_nodes`` nodes.
+
+    Each job runs on 0 or [min, max] nodes; exact (the allocator's multiple-choice
+    knapsack DP over the value table ``V[j, n] = r_j(n)``), curves need not be concave.
+    """
+    if not jobs:
+        return {}
+    width = max(1, max(min(j.max_nodes, n_nodes) for j in jobs))
+    values = np.full((len(jobs), width + 1), -np.inf)
+    values[:, 0] = 0.0
+    for row, job in enumerate(jobs):
+        lo, hi = max(1, job.min_nodes), min(job.max_nodes, n_nodes)
+        if lo <= hi:
+            values[row, lo : hi + 1] = rates_upto(job.throughput, hi)[lo : hi + 1]
+    counts, _ = solve_counts(values, n_nodes)
+    return {job.job_id: int(n) for job, n in zip(jobs, counts, strict=True)}
+
+
+@dataclass
+class NoLossBound:
+    """The loss-free reference: at every event, the counts of highest summed throughput.
+
+    Why it exists: the evaluation's targets are ratios between policies, and one needs
+    to know how much any policy could gain on a trace at all. Replayed with every
+    rescale and reclaim free (``malletrain simulate --no-rescale-cost``), a policy's
+    samples between two events are at most the best summed rate of the admitted jobs
+    times the interval, and this policy takes that best at every event, so no policy
+    makes more samples on the same admitted jobs. (Which jobs are admitted depends on
+    which finish first, so with finishing jobs it is a reference, not a strict bound.)
+    It reads the true curves and ignores costs and windows: a simulator reference only,
+    never for a real cluster (its registry entry has ``curves="true"``, which the
+    daemon refuses).
+    """
+
+    name: str = "no-loss-bound"
+
+    def decide(self, inp: AllocationInput) -> Plan:
+        t0 = time.perf_counter()
+        counts = max_throughput_counts(len(inp.nodes), inp.jobs)
+        assignments = assign_nodes(inp, counts)
+        return Plan(assignments=assignments, objective=0.0, decision_s=time.perf_counter() - t0)

@@ -53,6 +53,12 @@ def _equal_share(opts: PolicyOptions) -> Policy:
     return EqualShare()
 
 
+def _no_loss_bound(opts: PolicyOptions) -> Policy:
+    from malletrain.core.baselines import NoLossBound
+
+    return NoLossBound()
+
+
 def _malletrain(name: str) -> Callable[[PolicyOptions], Policy]:
     def factory(opts: PolicyOptions) -> Policy:
         from malletrain.core.allocator import malletrain_policy
@@ -99,6 +105,13 @@ POLICIES: dict[str, PolicySpec] = {
             "none",
             "equal split over admitted jobs, clipped to [min, max], leftovers FCFS",
             _equal_share,
+        ),
+        PolicySpec(
+            "no-loss-bound",
+            "true",
+            "evaluation reference: the highest summed throughput at every event, costs "
+            "ignored (replay it with --no-rescale-cost); not a policy for a cluster",
+            _no_loss_bound,
         ),
     )
 }

@@ -9,6 +9,7 @@ code as the daemon's decide what the jobs get. See ``docs/evaluation.md``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -56,6 +57,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--until-s", type=float, metavar="T", help="trace time to stop at")
     p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument(
+        "--no-rescale-cost",
+        action="store_true",
+        help="charge nothing for size changes and reclaims (every job's scale_up_s and "
+        "scale_down_s set to 0); with --policy no-loss-bound: the loss-free reference",
+    )
     bar = p.add_mutually_exclusive_group()
     bar.add_argument("--progress", dest="progress", action="store_true", default=None)
     bar.add_argument("--no-progress", dest="progress", action="store_false")
@@ -80,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
     if args.tfwd_s <= 0:
         raise UserError("--tfwd-s must be positive")
     jobs = parse_jobs(args.jobs)
+    if args.no_rescale_cost:
+        jobs = [dataclasses.replace(j, scale_up_s=0.0, scale_down_s=0.0) for j in jobs]
     trace: IdleTrace
     if args.swf:
         if not args.swf_nodes:
@@ -125,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
             "tfwd_s": args.tfwd_s,
             "max_concurrent_jobs": args.max_concurrent_jobs,
             "jobs_file": str(args.jobs),
+            "rescale_cost": "none" if args.no_rescale_cost else "jobs file",
         },
     )
     print(

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-ORDER = ("malletrain", "malletrain-known-curves", "freetrain", "equal-share")
+ORDER = ("malletrain", "malletrain-known-curves", "freetrain", "equal-share", "no-loss-bound")
 
 
 def load(paths: Sequence[str | Path]) -> list[dict[str, object]]:
@@ -84,12 +84,13 @@ def plot_ratios(paths: Sequence[Path], out: Path) -> None:
             else 0.0
             for g in names
         ]
-        ax.bar([i + (k - 1.5) * width for i in range(len(names))], vals, width, label=pol)
+        offset = (k - (len(ORDER) - 1) / 2) * width
+        ax.bar([i + offset for i in range(len(names))], vals, width, label=pol)
     ax.axhline(1.0, color="black", linewidth=0.6)
     ax.axhline(1.05, color="grey", linewidth=0.6, linestyle="--")
     ax.set_xticks(range(len(names)), names)
     ax.set_ylabel("samples / freetrain's")
-    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, 1.18))
+    ax.legend(fontsize=7, ncol=len(ORDER), loc="upper center", bbox_to_anchor=(0.5, 1.18))
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)

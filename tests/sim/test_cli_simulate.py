@@ -85,7 +85,7 @@ def test_unknown_policy_and_missing_swf_nodes(files, capsys):
 
 
 @pytest.mark.parametrize(
-    "policy", ["malletrain", "malletrain-known-curves", "freetrain", "equal-share"]
+    "policy", ["malletrain", "malletrain-known-curves", "freetrain", "equal-share", "no-loss-bound"]
 )
 def test_shipped_example_runs_under_every_policy(tmp_path, policy):
     """examples/sim stays valid input, and every registered policy replays it."""
@@ -100,3 +100,42 @@ def test_shipped_example_runs_under_every_policy(tmp_path, policy):
     assert s["policy"] == policy and s["events"] > 10
     assert 0 < s["used_node_seconds"] <= s["idle_node_seconds"] + 1e-6
     assert s["samples_total"] <= s["upper_bound_samples"]
+
+
+SAME_JOBS = "jobs:\n" + "".join(
+    f"""  - name: twin-{i}
+    submit_s: 0
+    min_nodes: 1
+    max_nodes: 4
+    total_samples: 1.0e+9
+    scale_up_s: 18
+    scale_down_s: 12
+    curve: [[1, 10.0], [2, 19.0], [4, 30.0]]
+"""
+    for i in range(3)
+)
+
+
+def test_no_loss_bound_with_free_rescales_bounds_every_policy(tmp_path):
+    """The evaluation's loss-free reference: identical jobs that never finish (so every
+    policy runs the same admitted jobs), every size change free; no policy, charged its
+    rescales, makes more samples than it."""
+    (tmp_path / "idle.csv").write_text(TRACE)
+    (tmp_path / "jobs.yaml").write_text(SAME_JOBS)
+    samples = {}
+    for policy in ("no-loss-bound", "malletrain", "malletrain-known-curves", "freetrain",
+                   "equal-share"):
+        out = tmp_path / policy
+        extra = ["--no-rescale-cost"] if policy == "no-loss-bound" else []
+        rc = main(["simulate", "--idle-trace", str(tmp_path / "idle.csv"), "--jobs",
+                   str(tmp_path / "jobs.yaml"), "--policy", policy, "--out", str(out), *extra])
+        assert rc == 0
+        s = json.loads((out / "summary.json").read_text())
+        samples[policy] = s["samples_total"]
+        if policy == "no-loss-bound":
+            assert s["rescales"] > 0 and s["preemptions"] > 0  # changes happened, for free
+            assert s["samples_lost_rescale"] == 0 and s["samples_lost_preemption"] == 0
+    bound = samples.pop("no-loss-bound")
+    # 6 nodes on 3 concave jobs: 2 each (19/s per job) is the best split at any time
+    assert all(v <= bound * (1 + 1e-9) for v in samples.values()), samples
+    assert min(samples.values()) < bound

@@ -377,6 +377,7 @@ def test_registry_curve_sources():
         "malletrain-known-curves": "true",
         "freetrain": "true",
         "equal-share": "none",
+        "no-loss-bound": "true",
     }
     policy = make_policy("malletrain", PolicyOptions(horizon_s=600.0))
     assert isinstance(policy, MalleTrainPolicy) and policy.horizon_s == 600.0

@@ -8,7 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from malletrain.core.allocator import MalleTrainPolicy
-from malletrain.core.baselines import EqualShare, FreeTrain, equal_share_counts, freetrain_milp
+from malletrain.core.baselines import (
+    EqualShare,
+    FreeTrain,
+    NoLossBound,
+    equal_share_counts,
+    freetrain_milp,
+    max_throughput_counts,
+)
 from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
 from malletrain.core.policies import make_policy, policy_names
 
@@ -130,3 +137,37 @@ def test_freetrain_grow_only_or_shrink_only_and_fallback():
     big = random_instance(7, max_nodes=12, max_jobs=4, window=None)
     fallback = FreeTrain(time_limit_s=0.0).decide(big)
     assert fallback.notes and "equal-share" in fallback.notes[0]
+
+
+# -- the loss-free reference (evaluation bound) -----------------------------------------
+
+
+def _best_by_brute_force(n_nodes, jobs):
+    import itertools
+
+    choices = [[0, *range(j.min_nodes, min(j.max_nodes, n_nodes) + 1)] for j in jobs]
+    best = 0.0
+    for combo in itertools.product(*choices):
+        if sum(combo) <= n_nodes:
+            best = max(best, sum(j.throughput.rate(n) for j, n in zip(jobs, combo, strict=True)))
+    return best
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_no_loss_bound_reaches_the_best_summed_throughput(seed):
+    """Exact on random small instances (non-concave curves included), and no other policy's
+    plan for the same input has a higher summed throughput."""
+    inp = random_instance(seed, max_nodes=10, max_jobs=3)
+    counts = max_throughput_counts(len(inp.nodes), inp.jobs)
+    assert sum(counts.values()) <= len(inp.nodes)
+    for j in inp.jobs:
+        assert counts[j.job_id] == 0 or j.min_nodes <= counts[j.job_id] <= j.max_nodes
+    total = sum(j.throughput.rate(counts[j.job_id]) for j in inp.jobs)
+    assert total == pytest.approx(_best_by_brute_force(len(inp.nodes), inp.jobs))
+    plan = NoLossBound().decide(inp)
+    assert {j.job_id: plan.count(j.job_id) for j in inp.jobs} == counts
+    for other in (EqualShare(), FreeTrain(), MalleTrainPolicy()):
+        p = other.decide(inp)
+        rate = sum(j.throughput.rate(p.count(j.job_id)) for j in inp.jobs)
+        assert rate <= total + 1e-9
