@@ -111,13 +111,21 @@ class Profile:
     start_s: _Sum = field(default_factory=_Sum)
 
     def rates(self) -> dict[int, tuple[float, float]]:
-        """size -> (samples/s, seconds of evidence)."""
+        """size -> (samples/s, seconds of evidence).
+
+        Warm-up ("dirty") intervals carry the rescale's stall, so they understate the
+        rate at their size. They stand in only while nothing clean is known at all (a
+        job that never ran 30 s at one size still needs *some* rate to compete with).
+        Once any size is measured cleanly, a size seen only during warm-up counts as
+        untried: the fitted curve's optimistic extension covers it and the allocator
+        measures it properly. Feeding it to the fit instead flattened the curve (the
+        daemon saw 2 nodes "no faster" than 1 after a one-second 2-node stint and never
+        regrew a job again).
+        """
         out: dict[int, tuple[float, float]] = {}
-        for n in set(self.clean) | set(self.dirty):
-            src = self.clean.get(n)
-            if src is None or src.weight <= 0:
-                src = self.dirty.get(n)
-            if src is not None and src.weight > 0:
+        clean = {n: s for n, s in self.clean.items() if s.weight > 0}
+        for n, src in (clean or self.dirty).items():
+            if src.weight > 0:
                 out[n] = (src.total / src.weight, src.weight)
         return out
 
@@ -434,7 +442,9 @@ class ProfilingAdvisor:
             # evidence of its own (a size, a cost) only its own counts, so its share
             # of the total is exactly what gets replaced.
             total = self._kind_total(st.kind)
-            mine = set(own.clean) | set(own.dirty)
+            # sizes the job's own evidence answers (warm-up only counts while it has
+            # nothing clean, as in Profile.rates)
+            mine = set(own.rates())
             for src, dst in ((total.clean, prof.clean), (total.dirty, prof.dirty)):
                 for n, s in src.items():
                     if n not in mine:

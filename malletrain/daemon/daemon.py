@@ -21,6 +21,7 @@ actions finish and are recorded); SIGHUP reloads the config between ticks.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -63,7 +64,6 @@ log = logging.getLogger(__name__)
 SUBMIT_TIMEOUT_S = 600.0
 #: terminal jobs are still looked at this long (to cancel leftover slot jobs).
 TERMINAL_LINGER_S = 600.0
-PROFILE_SAVE_INTERVAL_S = 30.0
 #: What a live cluster needs beyond a replay (docs/allocator.md, "Live robustness"): a fixed
 #: 10 % keep margin on top of the measured rate noise (co-location and placement make live
 #: rates move between measurements; without it two jobs traded nodes on the dev cluster) and
@@ -204,7 +204,8 @@ class Daemon:
         self._job_nodes: dict[str, tuple[str, ...]] = {}
         self._job_members: dict[str, int] = {}
         self._profile_points: dict[str, int] = {}
-        self._last_profile_save = time.monotonic()
+        #: the JSON last written per ("profile", kind) / ("policy", name): save only changes
+        self._saved: dict[tuple[str, str], str] = {}
         self.instance = self._instance_id()
         self.state_dir = settings.state.snapshot_dir / self.instance
         self._prepare_state_dir()
@@ -242,8 +243,13 @@ class Daemon:
 
     def _save_policy_state(self) -> None:
         dump = getattr(self.policy, "state_dict", None)
-        if dump is not None:
-            self.store.save_policy_state(self.policy.name, dump())
+        if dump is None:
+            return
+        data = dump()
+        text = json.dumps(data, sort_keys=True)
+        if self._saved.get(("policy", self.policy.name)) != text:
+            self.store.save_policy_state(self.policy.name, data)
+            self._saved[("policy", self.policy.name)] = text
 
     def _instance_id(self) -> str:
         path = self.settings.state.database_path.parent / "instance"
@@ -388,8 +394,7 @@ class Daemon:
                 self.metrics.observe_yield(y)
         self._last_plan = plan
         self._publish_metrics(plan, slurm_up=not self.cache.stale, snap=snap)
-        if time.monotonic() - self._last_profile_save > PROFILE_SAVE_INTERVAL_S:
-            self._save_profiles()
+        self._save_profiles()
         if self.metrics is not None:
             self.metrics.observe_tick(time.monotonic() - t0)
         if plan.actions:
@@ -442,13 +447,23 @@ class Daemon:
             log.warning("coordinator forget %s: %s", job_id, exc)
 
     def _save_profiles(self) -> None:
-        self._last_profile_save = time.monotonic()
+        """Persist what was learned, every tick, but only what changed since the last save.
+
+        Each kind's profile and the policy's state are small JSON documents, so comparing
+        them each tick is cheap, and a ``kill -9`` loses no measurement: with a 30 s save
+        interval a restarted daemon had forgotten the 2-node rate it had just measured and
+        re-learned it from a one-second, stalled stint (docs/daemon.md).
+        """
         self._save_policy_state()
         kinds = {j.spec.kind for j in self.store.jobs(include_terminal=False)}
         for kind in kinds:
             data = self.advisor.profile_dict(kind)
-            if data is not None:
+            if data is None:
+                continue
+            text = json.dumps(data, sort_keys=True)
+            if self._saved.get(("profile", kind)) != text:
                 self.store.save_profile(kind, data)
+                self._saved[("profile", kind)] = text
 
     def _publish_metrics(self, plan: TickPlan | None, *, slurm_up: bool,
                          snap: ClusterSnapshot | None = None) -> None:

@@ -62,6 +62,30 @@ def test_warmup_progress_is_discarded():
     assert adv.model("j").rate(2) == pytest.approx(190.0)
 
 
+def test_a_size_seen_only_during_warm_up_counts_as_untried():
+    """A brief stint at 2 nodes (only its stalled warm-up seen) must not flatten the curve.
+
+    Regression: the daemon grew a job to 2 nodes for a second, the rendezvous stall made
+    that interval look no faster than 1 node, the fit became flat and the job was never
+    regrown. Warm-up evidence stands in only while nothing clean is known at all.
+    """
+    adv = ProfilingAdvisor(AdvisorSettings(warmup_s=30.0))
+    f = Feed(adv, n=1)
+    f.run(100)
+    f.rescale(2, 0.0)
+    f.run(10, rate=100.0)  # stalled first steps at 2 nodes, then moved away again
+    f.rescale(1, 0.0)
+    f.run(100)
+    model = adv.model("j")
+    assert adv.measured_sizes("j") == (1,)
+    assert model.rate(2) > model.rate(1) * 1.5  # untried: optimistic, not "as slow as 1"
+    # with nothing clean at all, warm-up is still better than nothing
+    fresh = ProfilingAdvisor(AdvisorSettings(warmup_s=30.0))
+    g = Feed(fresh, job="k", n=1)
+    g.run(20, rate=80.0)
+    assert fresh.model("k").rate(1) == pytest.approx(80.0)
+
+
 def test_daemon_style_pause_measures_cost_in_allocator_units():
     adv = ProfilingAdvisor(AdvisorSettings(warmup_s=20.0, cost_prior_weight=0.0))
     adv.observe("j", 0.0, 2, 0.0)
