@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import pwd
+import sqlite3
 import time
 
 import pytest
@@ -26,12 +27,9 @@ SAMPLES = 60_000
 @pytest.fixture
 def daemon(clean_cluster, workdir):
     check_python_reachable("mt-alice", clean_cluster.env)
-    # This test is about the mechanism (grow, yield, shrink, kill -9, regrow, exact samples),
-    # so it uses the policy whose decisions are fixed by the node counts alone. With the
-    # learned `malletrain` policy the regrow after the batch job happened in only about half
-    # of the runs on this 2-core box (the advisor's live scale-up cost after preemptions and
-    # a daemon restart makes a regrow look unprofitable): an open issue, see docs/daemon.md.
-    d = Daemon(workdir, clean_cluster.conf_path, clean_cluster.env, policy="equal-share").start()
+    # the daemon's default policy: the learned `malletrain` (curves, costs and hole lengths
+    # learned online), so the regrow below also checks that it survives a kill -9
+    d = Daemon(workdir, clean_cluster.conf_path, clean_cluster.env).start()
     yield d
     d.stop()
     if d.proc is not None and d.proc.poll() is None:
@@ -89,6 +87,13 @@ def test_grow_yield_shrink_kill9_regrow_exact_samples(daemon, clean_cluster):
 
     # kill -9 in the middle: training goes on, the restarted daemon reconciles
     d.kill9()
+    killed_at = time.time()
+    # what the advisor learned is in the store up to the last tick before the kill (with a
+    # 30 s save interval the restarted daemon forgot the 2-node rate and never regrew)
+    with sqlite3.connect(d.state / "state.db") as db:
+        saved = dict(db.execute("SELECT kind, updated_s FROM profiles").fetchall())
+    assert "elastic_train.py" in saved, saved
+    assert saved["elastic_train.py"] > killed_at - 5.0, (killed_at, saved)
     time.sleep(3)
     d.start()
     rows = d.jobs()
