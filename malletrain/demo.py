@@ -214,9 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-after", type=float, default=45.0,
                     help="seconds before mt-bob submits the regular job")
     ap.add_argument("--max-seconds", type=float, default=420.0, help="stop after this long")
-    ap.add_argument("--policy", default="equal-share",
-                    help="allocator.policy for the daemon (default equal-share: a predictable "
-                         "show of grow/yield/regrow; try --policy malletrain)")
+    ap.add_argument("--policy", default="malletrain",
+                    help="allocator.policy for the daemon (default: malletrain, the learned "
+                         "policy the daemon runs by default; equal-share for comparison)")
     args = ap.parse_args(argv)
     demo = Demo(args)
     stop = {"sig": False}
