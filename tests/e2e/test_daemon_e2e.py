@@ -53,7 +53,7 @@ def _slot_users(cluster) -> set[str]:
 
 def test_grow_yield_shrink_kill9_regrow_exact_samples(daemon, clean_cluster):
     d = daemon
-    a = d.submit_example("mt-alice", "ja", "1-2", SAMPLES)
+    a = d.submit_example("mt-alice", "ja", "1-2", SAMPLES, launcher="torchrun")
     b = d.submit_example("mt-alice", "jb", "1-2", SAMPLES, launcher="srun")  # both launchers
 
     def grown():
