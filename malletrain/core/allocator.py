@@ -374,6 +374,13 @@ class MalleTrainPolicy:
     keep_margin: float = 0.0
     noise_margin: float = 5.0
     charge_start: bool = True
+    #: Horizon for windows estimated from the hole model (nodes Slurm plans nothing
+    #: for), capped by ``horizon_s``; ``None``: ``horizon_s``. See effective_windows.
+    #: The simulator's replays use 300 s (malletrain.sim.cli_simulate.REPLAY_POLICY).
+    estimate_horizon_s: float | None = None
+    #: Unplanned nodes that turned idle within the same slot of this many seconds share
+    #: one reclaim event (0: off; replays: 1 s, to the second; the daemon: off for now).
+    reclaim_group_s: float = 0.0
 
     def state_dict(self) -> dict[str, Any]:
         """What the policy learned (the hole-length distribution), for the daemon's store."""
@@ -393,7 +400,20 @@ class MalleTrainPolicy:
         Capped window, probability of reclaim within the horizon, and the reclaim
         event: nodes with the same predicted window are taken back at the same
         moment (a pending job starting on them), so a job pays one scale-down
-        for all of them; estimated windows are independent events (key NaN).
+        for all of them.
+
+        Nodes without a plan get the hole model's estimate over ``estimate_horizon_s``
+        where set (replays: 300 s): beyond a few minutes the estimate extrapolates the
+        hole-length tail, and an allocation on a trace that changes every minute or two
+        is re-decided long before 30 minutes are up. With ``reclaim_group_s`` > 0 (replays:
+        1 s), unplanned nodes that turned idle in the same slot (``now - idle_age``) are
+        one reclaim event when they may be reclaimed within that horizon: they were freed
+        together (one job ended) and the youngest are taken back first, together, so a job
+        that already holds some of them pays one scale-down for more of the same and the
+        allocator concentrates the nodes most likely to be reclaimed on few jobs (fewer
+        jobs disrupted per reclaim). Measured on Philly slices in docs/evaluation.md
+        ("Reducing Philly's losses"). Other estimated nodes are independent events (key
+        NaN). Keys never collide: planned ones are windows (>= 0), grouped ones <= -1.
         """
         h = self.horizon_s
         nodes = inp.nodes
@@ -412,9 +432,13 @@ class MalleTrainPolicy:
             ages = np.fromiter(
                 (nodes[i].idle_age_s for i in unknown.tolist()), dtype=float, count=unknown.size
             )
-            rem, p_end = self.holes.model.expected_remaining_s(ages, h)
+            h_est = h if self.estimate_horizon_s is None else min(h, self.estimate_horizon_s)
+            rem, p_end = self.holes.model.expected_remaining_s(ages, h_est)
             w[unknown] = rem
             p[unknown] = p_end
+            if self.reclaim_group_s > 0:
+                slot = np.floor((inp.now_s - ages) / self.reclaim_group_s + 0.5)
+                key[unknown] = np.where(p_end > 0.0, -1.0 - (slot - slot.min()), np.nan)
         return w, p, key
 
     def decide(self, inp: AllocationInput) -> Plan:
@@ -513,10 +537,14 @@ def malletrain_policy(
     horizon_s: float = 1800.0,
     keep_margin: float = 0.0,
     hole_prior_floor: float = 0.0,
+    estimate_horizon_s: float | None = None,
+    reclaim_group_s: float = 0.0,
 ) -> MalleTrainPolicy:
     return MalleTrainPolicy(
         name=name,
         horizon_s=horizon_s,
         holes=HoleTracker(HoleLengthModel(prior_floor=hole_prior_floor)),
         keep_margin=keep_margin,
+        estimate_horizon_s=estimate_horizon_s,
+        reclaim_group_s=reclaim_group_s,
     )

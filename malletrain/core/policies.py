@@ -37,6 +37,13 @@ class PolicyOptions:
     keep_margin: float = 0.0
     #: malletrain's hole-model prior floor (HoleLengthModel.prior_floor).
     hole_prior_floor: float = 0.0
+    #: malletrain's horizon for windows estimated from idle age (no plan), capped by
+    #: ``horizon_s``; None = ``horizon_s``. Replays set 300 s and the grouping below
+    #: (malletrain.sim.cli_simulate.REPLAY_POLICY); the daemon keeps both off for now.
+    estimate_horizon_s: float | None = None
+    #: malletrain: unplanned nodes that turned idle within one slot of this many seconds
+    #: share one reclaim event (0: off).
+    reclaim_group_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,8 @@ def _malletrain(name: str) -> Callable[[PolicyOptions], Policy]:
             horizon_s=opts.horizon_s,
             keep_margin=opts.keep_margin,
             hole_prior_floor=opts.hole_prior_floor,
+            estimate_horizon_s=opts.estimate_horizon_s,
+            reclaim_group_s=opts.reclaim_group_s,
         )
 
     return factory

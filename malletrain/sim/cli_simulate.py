@@ -19,6 +19,12 @@ from malletrain.errors import UserError
 
 log = logging.getLogger(__name__)
 
+#: malletrain's settings for replays, on top of core's defaults (the daemon has its own,
+#: ``LIVE_POLICY`` in malletrain.daemon.daemon): unplanned nodes valued over 300 s and
+#: nodes idle since the same moment reclaimed together. Measured on Philly slices,
+#: docs/evaluation.md "Reducing Philly's losses"; not yet tried live.
+REPLAY_POLICY = {"estimate_horizon_s": 300.0, "reclaim_group_s": 1.0}
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -107,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.swf and args.start_s > 0:
         trace = slice_from(trace, args.start_s)
     spec = POLICIES[args.policy]
-    policy = make_policy(args.policy, PolicyOptions(tfwd_s=args.tfwd_s))
+    policy = make_policy(args.policy, PolicyOptions(tfwd_s=args.tfwd_s, **REPLAY_POLICY))
     until = trace.end_s if args.until_s is None else min(args.until_s, trace.end_s)
     show = sys.stderr.isatty() if args.progress is None else args.progress
     bar = ProgressBar(trace.start_s, until) if show else None

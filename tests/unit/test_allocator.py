@@ -79,10 +79,15 @@ prob = st.floats(0.0, 1.0)
 
 
 def node_strategy():
-    """(window, p, key): a planned window (key = window) or an estimate (key NaN)."""
-    return st.tuples(window, prob, st.booleans()).map(
+    """(window, p, key): a planned window (key = window), an estimate (key NaN) or an
+    estimate in a reclaim group (key <= -1: nodes freed at the same moment)."""
+    planned_or_not = st.tuples(window, prob, st.booleans()).map(
         lambda t: (t[0], t[1], t[0] if t[2] else math.nan)
     )
+    grouped = st.tuples(st.sampled_from([30.0, 90.0, 250.0]), prob, st.integers(1, 3)).map(
+        lambda t: (t[0], t[1], -float(t[2]))
+    )
+    return st.one_of(planned_or_not, grouped)
 
 
 @st.composite
@@ -531,3 +536,75 @@ def test_history_of_short_holes_does_not_make_a_long_idle_node_worthless():
     alone = AllocationInput(0.0, nodes, (running,))
     assert policy(0.0).decide(alone).count("a") == 3
     assert policy(0.2).decide(alone).count("a") == 4
+
+
+# -- unplanned nodes: estimate horizon and reclaim groups (replay settings) ----------------
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.booleans()), min_size=1, max_size=12),
+    st.sampled_from([1.0, 60.0]),
+)
+def test_reclaim_groups_follow_the_idle_start(spec, slot_s):
+    """Unplanned nodes share a reclaim key exactly when they turned idle in the same slot
+    (and may be reclaimed within the horizon); planned keys stay their windows and never
+    equal a grouped key; with the setting off (the default) estimated keys stay NaN."""
+    now = 10_000.0
+    nodes = tuple(
+        IdleNode(f"n{i}", 120.0 * g if planned else None, 7.0 + 300.0 * g)
+        for i, (g, planned) in enumerate(spec)
+    )
+    inp = AllocationInput(now, nodes, ())
+    _, p, key = MalleTrainPolicy(reclaim_group_s=slot_s).effective_windows(inp)
+    _, _, key_off = MalleTrainPolicy().effective_windows(inp)
+    for i, a in enumerate(nodes):
+        if a.window_s is not None:
+            assert key[i] == key_off[i] == a.window_s
+            continue
+        assert math.isnan(key_off[i])
+        assert math.isnan(key[i]) if p[i] == 0 else key[i] <= -1.0
+        for j, b in enumerate(nodes):
+            if b.window_s is None and p[i] > 0 and p[j] > 0:
+                same = math.floor((now - a.idle_age_s) / slot_s + 0.5) == math.floor(
+                    (now - b.idle_age_s) / slot_s + 0.5
+                )
+                assert (key[i] == key[j]) == same
+
+
+def test_estimate_horizon_caps_only_unplanned_windows():
+    nodes = (IdleNode("plan", 1500.0), IdleNode("old", None, 50_000.0), IdleNode("new", None, 5.0))
+    inp = AllocationInput(0.0, nodes, ())
+    w_old, p_old, _ = MalleTrainPolicy(horizon_s=1800.0).effective_windows(inp)
+    w, p, _ = MalleTrainPolicy(horizon_s=1800.0, estimate_horizon_s=300.0).effective_windows(inp)
+    assert w[0] == w_old[0] == 1500.0 and p[0] == p_old[0] == 1.0
+    assert 0 < w[1] <= 300.0 < w_old[1] and 0 < w[2] <= 300.0
+    # the estimate horizon never exceeds the horizon
+    w_cap, _, _ = MalleTrainPolicy(horizon_s=200.0, estimate_horizon_s=300.0).effective_windows(
+        inp
+    )
+    assert max(w_cap) <= 200.0
+
+
+def test_reclaim_groups_concentrate_young_nodes_on_the_job_that_has_some():
+    """Two identical running jobs; ``a`` already holds two nodes freed at t=900, two more
+    from that moment are free. With reclaim groups they go to ``a``: when that group is
+    taken back, one job pays a scale-down instead of two. Without, the cheaper-to-grow
+    job ``b`` takes them, and a reclaim of the four young nodes disrupts both."""
+    now = 1000.0
+    old = [IdleNode(f"o{i}", None, 50_000.0) for i in range(8)]
+    young = [IdleNode(f"y{i}", None, now - 900.0) for i in range(4)]
+    a = make_job("a", hi=12, nodes=("o0", "o1", "o2", "o3", "y0", "y1"), up=5.0, down=30.0)
+    b = make_job("b", hi=12, nodes=("o4", "o5", "o6", "o7"), up=5.0, down=30.0, order=1)
+    inp = AllocationInput(now, (*old, *young), (a, b))
+
+    def plan(group_s: float):
+        policy = MalleTrainPolicy(estimate_horizon_s=300.0, reclaim_group_s=group_s)
+        out = policy.decide(inp)
+        check_plan(inp, out)
+        return out
+
+    assert set(plan(0.0).assignments["b"]) >= {"y2", "y3"}
+    grouped = plan(1.0)
+    assert set(grouped.assignments["a"]) >= {"y0", "y1", "y2", "y3"}
+    assert grouped.count("b") == 4
