@@ -137,8 +137,11 @@ class Bench:
             d.mkdir(parents=True, exist_ok=True)
             d.chmod(0o755)
         (self.work / "out").chmod(0o1777)
-        self.sh([str(DEV), "up", "--nodes", str(NODES), "--accounting", "--users",
-                 "mt-alice,mt-bob"], timeout=600)
+        # --epilog: a site's Epilog, so a preempted slot's node is scheduled at once
+        # (docs/slurm-backend.md §9); --no-epilog for the dev cluster's plain default
+        up = [str(DEV), "up", "--nodes", str(NODES), "--accounting", "--users",
+              "mt-alice,mt-bob"] + (["--epilog"] if self.args.epilog else [])
+        self.sh(up, timeout=600)
 
     # ------------------------------------------------------------------ a phase
     def run_stream(self, stream: list[RegularJob], tag: str, sampler=None) -> dict[int, float]:
@@ -237,7 +240,8 @@ class Bench:
         stream = load_stream(TRACE, self.args.first, self.args.jobs, self.args.span)
         self.setup()
         try:
-            print(f"# policy {self.args.policy}, launcher {self.args.launcher}", flush=True)
+            print(f"# policy {self.args.policy}, launcher {self.args.launcher}, epilog "
+                  f"{self.args.epilog}", flush=True)
             print(f"# stream: {len(stream)} Theta 2022 jobs from #{self.args.first}, nodes "
                   f"{[j.nodes for j in stream]}, run s {[j.run_s for j in stream]}", flush=True)
             base = self.run_stream(stream, "base")
@@ -360,8 +364,11 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=12, help="regular jobs in the stream")
     ap.add_argument("--span", type=float, default=150.0, help="seconds the stream spans")
     ap.add_argument("--samples", type=int, default=400_000, help="samples per malleable job")
-    ap.add_argument("--launcher", default="torchrun", choices=("torchrun", "srun"),
-                    help="how node slots start their workers (malletrain submit --launcher)")
+    ap.add_argument("--launcher", default="srun", choices=("torchrun", "srun"),
+                    help="how node slots start their workers (malletrain submit --launcher; "
+                    "srun, the default there too)")
+    ap.add_argument("--epilog", action=argparse.BooleanOptionalAction, default=True,
+                    help="run the dev cluster with an Epilog, as sites have (default: yes)")
     ap.add_argument("--policy", default="malletrain",
                     help="allocator.policy for the daemon (equal-share for comparison)")
     return Bench(ap.parse_args()).main()

@@ -40,7 +40,7 @@ _BATCH_DONE = re.compile(r"\[(\d+)\.batch\] done with job")
 
 
 def _lines(path: Path) -> list[tuple[float, str]]:
-    out = []
+    out: list[tuple[float, str]] = []
     if not path.exists():
         return out
     for line in path.read_text(errors="replace").splitlines():

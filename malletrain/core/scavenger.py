@@ -64,16 +64,25 @@ class NodeWindow:
     switch: str | None = None
 
 
-def earliest_claims(snapshot: ClusterSnapshot, now: float) -> dict[str, Claim]:
+def earliest_claims(
+    snapshot: ClusterSnapshot, now: float, *, exclude_job_ids: Collection[int] = ()
+) -> dict[str, Claim]:
     """``node -> earliest claim`` over pending jobs' plans and reservations not yet ended.
 
     Claims in the past are kept (a stale plan clips the window to 0); reservations that
     have ended are dropped.  Claims are applied latest-first with ``dict.update``, so the
     earliest one per node wins without a comparison per planned node slot; among claims
     with the same start the job listed first (then the reservation) wins.
+
+    ``exclude_job_ids``: jobs whose plans are not claims, i.e. the caller's own (the
+    daemon's released node slots are pending jobs planned onto the very node they are
+    meant to take; counted as claims they would end their own node's window).
     """
+    skip = frozenset(exclude_job_ids)
     claims: list[tuple[Claim, tuple[str, ...]]] = []
     for job in snapshot.jobs:
+        if job.job_id in skip:
+            continue
         if job.state is JobState.PENDING and job.start_time is not None and job.planned_nodes:
             claims.append((Claim(job.start_time, f"job {job.job_id}"), job.planned_nodes))
     for resv in snapshot.reservations:
@@ -151,10 +160,11 @@ def idle_nodes(
     *,
     partitions: Collection[str] | None = None,
     min_window_s: float = 0.0,
+    claims: Mapping[str, Claim] | None = None,
 ) -> tuple[IdleNode, ...]:
     """The allocator's input: idle nodes whose window is ``None`` or > ``min_window_s``."""
     out: list[IdleNode] = []
-    for w in node_windows(snapshot, now, partitions=partitions):
+    for w in node_windows(snapshot, now, partitions=partitions, claims=claims):
         if not w.idle:
             continue
         if w.window_s is not None and w.window_s <= min_window_s:

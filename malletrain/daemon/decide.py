@@ -28,7 +28,7 @@ records them.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from malletrain.core.cluster import ClusterSnapshot, JobState, NodeState
@@ -41,7 +41,7 @@ from malletrain.core.model import (
     Policy,
     ThroughputModel,
 )
-from malletrain.core.scavenger import UNUSABLE_FLAGS, earliest_claims, idle_nodes
+from malletrain.core.scavenger import UNUSABLE_FLAGS, Claim, earliest_claims, idle_nodes
 from malletrain.daemon.slots import SlotStatus, SlotView, classify, parse_member, parse_tag
 from malletrain.daemon.store import JobRecord, SlotRecord
 
@@ -70,6 +70,10 @@ class DecideSettings:
     #: a running slot whose time limit ends within this is extended, if its node's window
     #: allows (otherwise it ends at its limit and the node goes back to Slurm).
     extend_margin_s: float = 180.0
+    #: a held node that a foreign pending job (or a reservation) is planned to take within
+    #: this long, or should already have taken, is given back now (:func:`yield_ahead`);
+    #: capped at ``min_slot_time_s`` so a node given back is never placed again at once.
+    yield_ahead_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -302,6 +306,29 @@ def _time_limit_min(window_s: float | None, s: DecideSettings, job: JobRecord, n
     return max(1, math.floor(limit / 60.0))
 
 
+def yield_ahead(held: Collection[str], claims: Mapping[str, Claim], now_s: float,
+                ahead_s: float) -> dict[str, Claim]:
+    """The held nodes to give back to Slurm now, each with the claim that wants it.
+
+    A node is given back when the earliest claim on it (a foreign pending job's backfill
+    plan or a reservation; :func:`~malletrain.core.scavenger.earliest_claims` without our
+    own slot jobs) starts within ``ahead_s`` or is overdue. Why: the slot's time limit was
+    set inside the node's window, but the plan moves: a pending job due now but blocked on
+    another node (still running or completing a regular job) takes ours by preemption the
+    moment it can start, so its start then waits for one more round (signal, the slot's
+    exit, the node's epilog, a scheduling pass). Leaving first, while it still waits for the
+    other node, takes that round off its wait. A claim further ahead is left alone: backfill
+    itself starts jobs in such holes, and if the blocking job ends early Slurm preempts at
+    once, which no daemon tick can beat.
+    """
+    out: dict[str, Claim] = {}
+    for node in held:
+        claim = claims.get(node)
+        if claim is not None and claim.start_at - now_s <= ahead_s:
+            out[node] = claim
+    return out
+
+
 # ----------------------------------------------------------------------------- decide
 
 _FOREIGN_BUSY = frozenset({JobState.RUNNING, JobState.COMPLETING, JobState.CONFIGURING,
@@ -368,7 +395,8 @@ def decide(world: World, policy: Policy) -> TickPlan:
         managed.append(job)
 
     # -- the pool and the allocation --------------------------------------------------
-    claims = earliest_claims(snap, now)
+    own_ids = {r.slurm_job_id for recs in world.slots.values() for r in recs}
+    claims = earliest_claims(snap, now, exclude_job_ids=own_ids)
 
     def window(node: str) -> float | None:
         c = claims.get(node)
@@ -385,6 +413,11 @@ def decide(world: World, policy: Policy) -> TickPlan:
                 mine.append(rec.placed_node)
         held[job.job_id] = mine
     held_set = {n for ns in held.values() for n in ns}
+    # Held nodes a foreign job is about to take leave the pool: the policy drops them and the
+    # difference below asks their members to leave (or parks/holds a slot not yet a member).
+    giving_back = yield_ahead(held_set, claims, now, min(s.yield_ahead_s, s.min_slot_time_s))
+    notes.extend(f"{n}: given back ahead of {c.by} (planned in {c.start_at - now:.1f} s)"
+                 for n, c in sorted(giving_back.items()))
     # Nodes our slots occupy in any state are still holes (Slurm did not take them back):
     # the policy's hole-length model must not mistake our own use of a node for its end.
     # A hole lasts until a job that is NOT ours takes the node (or it goes down). Our own
@@ -401,7 +434,8 @@ def decide(world: World, policy: Policy) -> TickPlan:
         if s.scavenger_partition in n.partitions and n.name not in foreign
         and not (n.flags & UNUSABLE_FLAGS) and n.state not in _NOT_HOLES
     } | held_set
-    idle_now = idle_nodes(snap, now, partitions=[s.scavenger_partition], min_window_s=0.0)
+    idle_now = idle_nodes(snap, now, partitions=[s.scavenger_partition], min_window_s=0.0,
+                          claims=claims)
     idle_age = {n.name: n.idle_age_s for n in idle_now}
     holes: dict[str, float] = {
         name: world.hole_start_s.get(name, now - idle_age.get(name, 0.0)) for name in hole_names
@@ -411,9 +445,9 @@ def decide(world: World, policy: Policy) -> TickPlan:
         if n.name not in held_set and n.name in holes
         and (n.window_s is None or n.window_s > s.min_slot_time_s)
     )
-    held_nodes = tuple(IdleNode(n, window(n), idle_age_s=now - holes[n])
-                       for n in sorted(held_set))
-    offered = {n.name for n in free} | held_set
+    kept = held_set - giving_back.keys()
+    held_nodes = tuple(IdleNode(n, window(n), idle_age_s=now - holes[n]) for n in sorted(kept))
+    offered = {n.name for n in free} | kept
     leaving_nodes = tuple(IdleNode(n, 0.0, idle_age_s=now - holes[n])
                           for n in sorted(hole_names - offered))
     alloc_jobs = []

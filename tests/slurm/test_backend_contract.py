@@ -208,6 +208,9 @@ def test_batch_job_preempts_a_scavenger_job(backend, clean_cluster):
     scav = backend.submit(sleeper(partition="scavenger", nodes=8, time_limit_s=300,
                                   run_as="mt-alice"))
     wait_job(backend, scav, lambda j: j.state is JobState.RUNNING)
+    # a preemption during the step's launch hangs the nodes ~65 s (docs/slurm-backend.md
+    # §6.12); with batch_sched_delay=0 the preemption comes within ~1 s of the submission
+    clean_cluster.wait_step_running(scav)
     t0 = time.monotonic()
     regular = backend.submit(sleeper(partition="batch", nodes=8, time_limit_s=300))
     wait_job(backend, regular, lambda j: j.state is JobState.RUNNING, timeout_s=45,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from malletrain.core.cluster import ClusterSnapshot, Job, JobState, Node, NodeState
 from malletrain.core.lifecycle import JobPhase, Lifecycle, advance
 from malletrain.core.policies import make_policy
+from malletrain.core.scavenger import Claim
 from malletrain.daemon.decide import (
     Cancel,
     CoordView,
@@ -18,6 +19,7 @@ from malletrain.daemon.decide import (
     Transit,
     World,
     decide,
+    yield_ahead,
 )
 from malletrain.daemon.slots import slot_tag
 from malletrain.daemon.spec import JobSpec
@@ -246,3 +248,80 @@ def test_a_slot_near_its_time_limit_is_extended_only_as_far_as_the_window_allows
 
     assert kinds(decide(running_slot(None), POLICY), Extend) == [Extend("m1", 0, 11, 118)]
     assert kinds(decide(running_slot(60), POLICY), Extend) == []  # a job is planned there
+
+
+def test_yield_ahead_gives_back_held_nodes_whose_claim_is_due_or_overdue():
+    claims = {"n1": Claim(NOW + 5, "job 99"), "n2": Claim(NOW - 3, "job 98"),
+              "n3": Claim(NOW + 300, "job 97"), "n5": Claim(NOW, "reservation maint")}
+    held = ["n1", "n2", "n3", "n4"]
+    assert yield_ahead(held, claims, NOW, 10) == {"n1": claims["n1"], "n2": claims["n2"]}
+    assert yield_ahead(held, claims, NOW, 0) == {"n2": claims["n2"]}  # overdue only
+    assert yield_ahead([], claims, NOW, 10) == {}  # free nodes are not its business
+
+
+def _held_on_n1_n2(claim_in_s, policy_name="equal-share"):
+    """Two running members on n1, n2; a regular 1-node job planned on n2 in claim_in_s."""
+    bob = Job(job_id=99, name="big", user="bob", partition="batch", state=JobState.PENDING,
+              node_count=2, planned_nodes=("n2", "n3"), start_time=NOW + claim_in_s,
+              state_reason="Resources")
+    busy = Job(job_id=98, name="other", user="bob", partition="batch", state=JobState.RUNNING,
+               node_count=1, nodes=("n3",))
+    slots = [SlotRecord("m1", 0, 11, last_status="running", last_node="n1"),
+             SlotRecord("m1", 1, 12, last_status="running", last_node="n2")]
+    jobs = [slot_job(11, "m1", 0, JobState.RUNNING, nodes=["n1"]),
+            slot_job(12, "m1", 1, JobState.RUNNING, nodes=["n2"]), bob, busy]
+    cv = CoordView(epoch=3, members=("s0-r0", "s1-r0"),
+                   live={"s0-r0": Registration("n1", NOW - 60),
+                         "s1-r0": Registration("n2", NOW - 60)},
+                   samples_total=1000, progress_at_s=NOW - 1)
+    nodes = [node("n1", NodeState.ALLOCATED), node("n2", NodeState.ALLOCATED),
+             node("n3", NodeState.ALLOCATED)]
+    return decide(world(nodes, jobs, slots, [record(state=JobPhase.RUNNING)], {"m1": cv}),
+                  make_policy(policy_name))
+
+
+def test_a_held_node_a_regular_job_is_due_on_is_given_back_before_slurm_preempts_it():
+    # equal-share values nodes by count only: without yield_ahead it would keep n2 until
+    # Slurm preempts the slot; the job waits on n3 meanwhile
+    for claim_in_s in (0.0, 4.0, -20.0):
+        plan = _held_on_n1_n2(claim_in_s)
+        assert plan.targets["m1"] == ("n1",)
+        assert Leave("m1", 1) in plan.actions
+        assert Publish("m1", ("s0-r0",), 2) in plan.actions
+        assert [n.name for n in plan.held_nodes] == ["n1"]
+        assert any("n2: given back ahead of job 99" in note for note in plan.notes)
+
+
+def test_a_held_node_with_a_claim_further_ahead_is_kept():
+    plan = _held_on_n1_n2(120.0)
+    assert sorted(plan.targets["m1"]) == ["n1", "n2"]
+    assert not kinds(plan, Leave) and not kinds(plan, Park)
+
+
+def test_yield_ahead_is_capped_by_min_slot_time_so_a_given_back_node_is_not_placed_again():
+    # a 30 s claim with yield_ahead_s=60 but min_slot_time_s=20: kept (capped at 20 s);
+    # had it been given back, the free pool (window > 20 s) would offer it again at once
+    bob = Job(job_id=99, name="big", user="bob", partition="batch", state=JobState.PENDING,
+              node_count=1, planned_nodes=("n1",), start_time=NOW + 30)
+    slots = [SlotRecord("m1", 0, 11, last_status="running", last_node="n1")]
+    jobs = [slot_job(11, "m1", 0, JobState.RUNNING, nodes=["n1"]), bob]
+    cv = CoordView(epoch=1, members=("s0-r0",), live={"s0-r0": Registration("n1", NOW - 60)},
+                   samples_total=10, progress_at_s=NOW)
+    w = world([node("n1", NodeState.ALLOCATED)], jobs, slots,
+              [record(state=JobPhase.RUNNING, max_nodes=1)], {"m1": cv},
+              yield_ahead_s=60, min_slot_time_s=20)
+    plan = decide(w, POLICY)
+    assert plan.targets["m1"] == ("n1",) and not kinds(plan, Leave)
+
+
+def test_our_own_released_slot_planned_on_its_node_is_not_a_claim():
+    # a placed (released) slot is a pending job that backfill plans onto its own node now;
+    # that plan must not end the node's window, or the slot would be held again at once
+    slots = [SlotRecord("m1", 0, 11, placed_node="n1", placed_at_s=NOW - 1)]
+    placing = Job(job_id=11, name="mt.m1.s0", user="alice", partition="scavenger",
+                  state=JobState.PENDING, state_reason="Resources", node_count=1,
+                  planned_nodes=("n1",), start_time=NOW, comment=slot_tag("m1", 0))
+    plan = decide(world([node("n1")], [placing], slots,
+                        [record(state=JobPhase.STARTING, max_nodes=1)]), POLICY)
+    assert plan.targets["m1"] == ("n1",)
+    assert not kinds(plan, Hold) and not plan.notes

@@ -63,6 +63,16 @@ def test_only_pending_jobs_with_a_start_claim_nodes():
     assert windows(snap)["n1"].window_s is None
 
 
+def test_excluded_jobs_claim_nothing():
+    # the daemon's own released slot: a pending job planned onto the node it is to take
+    snap = ClusterSnapshot(taken_at=NOW, nodes=(node("n1"), node("n2")),
+                           jobs=(pending(7, NOW, ["n1"]), pending(8, NOW + 90, ["n1", "n2"])))
+    assert earliest_claims(snap, NOW)["n1"] == Claim(NOW, "job 7")
+    claims = earliest_claims(snap, NOW, exclude_job_ids={7})
+    assert claims == {"n1": Claim(NOW + 90, "job 8"), "n2": Claim(NOW + 90, "job 8")}
+    assert [n.window_s for n in idle_nodes(snap, NOW, claims=claims)] == [90, 90]
+
+
 def test_reservations_bound_windows_and_active_ones_take_the_node():
     snap = ClusterSnapshot(
         taken_at=NOW,
