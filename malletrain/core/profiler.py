@@ -59,6 +59,8 @@ PROFILE_VERSION = 1
 class AdvisorSettings:
     #: Progress within this many seconds after a size change is warm-up: not used for rates.
     warmup_s: float = 30.0
+    #: A size seen only during warm-up needs this many seconds of it to count (Profile.rates).
+    min_warmup_evidence_s: float = 10.0
     #: Slope of the optimistic extension, as a fraction of the last measured marginal.
     optimism: float = 1.0
     #: ... but at least this fraction of the average rate per node at the largest size,
@@ -110,23 +112,26 @@ class Profile:
     #: seconds of the new rate lost when the job started from zero nodes
     start_s: _Sum = field(default_factory=_Sum)
 
-    def rates(self) -> dict[int, tuple[float, float]]:
+    def rates(self, min_warmup_s: float = 0.0) -> dict[int, tuple[float, float]]:
         """size -> (samples/s, seconds of evidence).
 
         Warm-up ("dirty") intervals carry the rescale's stall, so they understate the
-        rate at their size. They stand in only while nothing clean is known at all (a
-        job that never ran 30 s at one size still needs *some* rate to compete with).
-        Once any size is measured cleanly, a size seen only during warm-up counts as
-        untried: the fitted curve's optimistic extension covers it and the allocator
-        measures it properly. Feeding it to the fit instead flattened the curve (the
-        daemon saw 2 nodes "no faster" than 1 after a one-second 2-node stint and never
-        regrew a job again).
+        rate at their size. A size seen only during warm-up counts only with at least
+        ``min_warmup_s`` seconds of it, unless nothing clean is known at all (a job that
+        never ran a clean interval still needs *some* rate to compete with). A shorter
+        stint is mostly stall: on the dev cluster a one-second, stalled stint at 2 nodes,
+        pooled for the kind, made 2 nodes look "no faster" than 1, the fit went flat and
+        the daemon never regrew the jobs. Such a size counts as untried instead, so the
+        fitted curve's optimistic extension gets it measured properly. Longer warm-up
+        stints stay in: they temper that optimism (dropping them all cost 0.4-0.9 % of
+        the samples in the Philly and Theta replays, where every stint lasts >= 30 s).
         """
-        out: dict[int, tuple[float, float]] = {}
         clean = {n: s for n, s in self.clean.items() if s.weight > 0}
-        for n, src in (clean or self.dirty).items():
-            if src.weight > 0:
-                out[n] = (src.total / src.weight, src.weight)
+        out = {n: (s.total / s.weight, s.weight) for n, s in clean.items()}
+        for n, src in self.dirty.items():
+            if n in out or src.weight <= 0 or (clean and src.weight < min_warmup_s):
+                continue
+            out[n] = (src.total / src.weight, src.weight)
         return out
 
     def merge(self, other: Profile) -> None:
@@ -444,7 +449,7 @@ class ProfilingAdvisor:
             total = self._kind_total(st.kind)
             # sizes the job's own evidence answers (warm-up only counts while it has
             # nothing clean, as in Profile.rates)
-            mine = set(own.rates())
+            mine = set(own.rates(self.settings.min_warmup_evidence_s))
             for src, dst in ((total.clean, prof.clean), (total.dirty, prof.dirty)):
                 for n, s in src.items():
                     if n not in mine:
@@ -477,7 +482,7 @@ class ProfilingAdvisor:
         hit = self._cache.get(job_id)
         if hit is not None and hit[2] is not None and hit[1] is prof:
             return hit[2]
-        rates = prof.rates()
+        rates = prof.rates(self.settings.min_warmup_evidence_s)
         if rates:
             st = self.settings
             fitted = fit_curve(
@@ -532,7 +537,7 @@ class ProfilingAdvisor:
         return min(0.5, math.sqrt(st.noise_sq / st.noise_n))
 
     def measured_sizes(self, job_id: str) -> tuple[int, ...]:
-        return tuple(sorted(self._combined(job_id).rates()))
+        return tuple(sorted(self._combined(job_id).rates(self.settings.min_warmup_evidence_s)))
 
     def suggest_probe(self, job_id: str, max_nodes: int) -> int | None:
         """The next untried size worth measuring: double the largest measured, up to max."""
@@ -547,12 +552,12 @@ class ProfilingAdvisor:
     def _population_rate_per_node(self) -> float:
         per_node = []
         for job_id in self._jobs:
-            rates = self._jobs[job_id].profile.rates()
+            rates = self._jobs[job_id].profile.rates(self.settings.min_warmup_evidence_s)
             if rates:
                 n = max(rates)
                 per_node.append(rates[n][0] / n)
         for prof in self._kinds.values():
-            rates = prof.rates()
+            rates = prof.rates(self.settings.min_warmup_evidence_s)
             if rates:
                 n = max(rates)
                 per_node.append(rates[n][0] / n)

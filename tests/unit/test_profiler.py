@@ -62,27 +62,34 @@ def test_warmup_progress_is_discarded():
     assert adv.model("j").rate(2) == pytest.approx(190.0)
 
 
-def test_a_size_seen_only_during_warm_up_counts_as_untried():
+def test_a_short_warm_up_stint_counts_as_untried_a_long_one_as_evidence():
     """A brief stint at 2 nodes (only its stalled warm-up seen) must not flatten the curve.
 
     Regression: the daemon grew a job to 2 nodes for a second, the rendezvous stall made
     that interval look no faster than 1 node, the fit became flat and the job was never
-    regrown. Warm-up evidence stands in only while nothing clean is known at all.
+    regrown. A warm-up stint of at least ``min_warmup_evidence_s`` still counts (replays,
+    where every stint lasts the whole warm-up, do better with it), and with nothing clean
+    measured at all, warm-up is better than nothing.
     """
-    adv = ProfilingAdvisor(AdvisorSettings(warmup_s=30.0))
-    f = Feed(adv, n=1)
-    f.run(100)
-    f.rescale(2, 0.0)
-    f.run(10, rate=100.0)  # stalled first steps at 2 nodes, then moved away again
-    f.rescale(1, 0.0)
-    f.run(100)
-    model = adv.model("j")
-    assert adv.measured_sizes("j") == (1,)
-    assert model.rate(2) > model.rate(1) * 1.5  # untried: optimistic, not "as slow as 1"
-    # with nothing clean at all, warm-up is still better than nothing
+    def stint(seconds):
+        adv = ProfilingAdvisor(AdvisorSettings(warmup_s=30.0, min_warmup_evidence_s=10.0))
+        f = Feed(adv, n=1)
+        f.run(100)
+        f.rescale(2, 0.0)
+        f.run(seconds, step=seconds / 2, rate=100.0)  # stalled: no faster than 1 node
+        f.rescale(1, 0.0)
+        f.run(100)
+        return adv
+
+    short = stint(2.0)
+    assert short.measured_sizes("j") == (1,)
+    assert short.model("j").rate(2) > short.model("j").rate(1) * 1.5  # untried: optimistic
+    long = stint(20.0)
+    assert long.measured_sizes("j") == (1, 2)
+    assert long.model("j").rate(2) == pytest.approx(long.model("j").rate(1))
     fresh = ProfilingAdvisor(AdvisorSettings(warmup_s=30.0))
     g = Feed(fresh, job="k", n=1)
-    g.run(20, rate=80.0)
+    g.run(4, step=2.0, rate=80.0)
     assert fresh.model("k").rate(1) == pytest.approx(80.0)
 
 
