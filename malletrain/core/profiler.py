@@ -60,7 +60,10 @@ class AdvisorSettings:
     #: Progress within this many seconds after a size change is warm-up: not used for rates.
     warmup_s: float = 30.0
     #: A size seen only during warm-up needs this many seconds of it to count (Profile.rates).
-    min_warmup_evidence_s: float = 10.0
+    #: 0 (every stint counts) for replays, whose warm-up stints temper the optimistic
+    #: extension (10 s cost 0.6 % on the philly-gavel replay); the daemon sets 10 s
+    #: (``ops.settings.LIVE_MIN_WARMUP_EVIDENCE_S``): a live stint that short is mostly stall.
+    min_warmup_evidence_s: float = 0.0
     #: Slope of the optimistic extension, as a fraction of the last measured marginal.
     optimism: float = 1.0
     #: ... but at least this fraction of the average rate per node at the largest size,
@@ -117,14 +120,14 @@ class Profile:
 
         Warm-up ("dirty") intervals carry the rescale's stall, so they understate the
         rate at their size. A size seen only during warm-up counts only with at least
-        ``min_warmup_s`` seconds of it, unless nothing clean is known at all (a job that
-        never ran a clean interval still needs *some* rate to compete with). A shorter
-        stint is mostly stall: on the dev cluster a one-second, stalled stint at 2 nodes,
-        pooled for the kind, made 2 nodes look "no faster" than 1, the fit went flat and
-        the daemon never regrew the jobs. Such a size counts as untried instead, so the
-        fitted curve's optimistic extension gets it measured properly. Longer warm-up
-        stints stay in: they temper that optimism (dropping them all cost 0.4-0.9 % of
-        the samples in the Philly and Theta replays, where every stint lasts >= 30 s).
+        ``min_warmup_s`` seconds of it, unless nothing clean is known at all (a job
+        that never ran a clean interval still needs *some* rate to compete with). Live, a
+        stint of a second or two is mostly stall: on the dev cluster one such stint at 2
+        nodes, pooled for the kind, made 2 nodes look "no faster" than 1, the fit went flat
+        and the daemon never regrew the jobs. Below the threshold the size counts as
+        untried, so the fitted curve's optimistic extension gets it measured properly. In
+        replays every stint counts (threshold 0): there the warm-up evidence tempers that
+        optimism, and dropping short stints cost 0.6 % of the samples on philly-gavel.
         """
         clean = {n: s for n, s in self.clean.items() if s.weight > 0}
         out = {n: (s.total / s.weight, s.weight) for n, s in clean.items()}

@@ -224,6 +224,10 @@ class SlurmSettings:
     ))
 
 
+#: A size seen live only during warm-up counts with at least this many seconds of it
+#: (:attr:`malletrain.core.profiler.AdvisorSettings.min_warmup_evidence_s`).
+LIVE_MIN_WARMUP_EVIDENCE_S = 10.0
+
 @dataclass(frozen=True)
 class AllocatorSettings:
     """The observe -> decide -> act loop and the allocation policy."""
@@ -268,6 +272,10 @@ class AllocatorSettings:
             default_scale_up_s=self.default_scale_up_s,
             default_scale_down_s=self.default_scale_down_s,
             warmup_s=self.warmup_s,
+            # Live, a stint of a few seconds at a new size is mostly the rendezvous stall:
+            # counted as throughput it flattened the curve and the daemon stopped regrowing
+            # jobs (docs/daemon.md). Replays keep the core default (every stint counts).
+            min_warmup_evidence_s=LIVE_MIN_WARMUP_EVIDENCE_S,
         )
 
 

@@ -183,3 +183,5 @@ def test_policy_options_follow_the_settings(tmp_path):
     assert make_policy(s.allocator.policy, s.allocator.policy_options()).name == "malletrain"
     advisor = s.allocator.advisor_settings()
     assert (advisor.warmup_s, advisor.default_scale_up_s) == (12.0, 4.0)
+    # live, a short warm-up-only stint is stall, not throughput (docs/daemon.md)
+    assert advisor.min_warmup_evidence_s > 0.0
