@@ -13,6 +13,9 @@ node-level MILP (binary x[job, node], HiGHS via SciPy, 10 s limit) on growing
 instances; ``milp_ms`` is the largest one it solves to optimality within 10 s,
 and the DP's time on that same instance is printed next to it.
 
+The scarce case (every job running, 8 free nodes, curves measured at 1 node) times
+the second, conservative value table of ``explore_free_only`` with the rule on and off.
+
 Last line: ``allocator nodes=5000 jobs=500 p50_ms=<x> max_ms=<y> milp_ms=<z>``.
 """
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -29,12 +33,21 @@ from malletrain.core.baselines import freetrain_milp
 from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
 
 
-def instance(n_nodes: int, n_jobs: int, seed: int, jobs_seed: int = 0) -> AllocationInput:
+def instance(
+    n_nodes: int,
+    n_jobs: int,
+    seed: int,
+    jobs_seed: int = 0,
+    running_share: float = 0.5,
+    measured_max_nodes: int | None = None,
+) -> AllocationInput:
     """One decision's input: cluster state from ``seed``, job curves from ``jobs_seed``.
 
     Successive decisions of one benchmark run share the jobs' curves and the node
     names (the same cluster and queue, as between two daemon ticks) while the
-    windows, idle ages and who holds what change.
+    windows, idle ages and who holds what change. ``running_share`` of the jobs run;
+    ``measured_max_nodes`` is what every curve says of its measured sizes (None:
+    unsaid, the curve is trusted).
     """
     rng = np.random.default_rng(seed)
     curve_rng = np.random.default_rng(jobs_seed)
@@ -54,7 +67,7 @@ def instance(n_nodes: int, n_jobs: int, seed: int, jobs_seed: int = 0) -> Alloca
     for j in range(n_jobs):
         hi = int(rng.choice([4, 8, 16, 32]))
         lo = min(int(rng.choice([1, 2, 4])), hi)
-        c = int(rng.integers(lo, hi + 1)) if rng.random() < 0.5 else 0
+        c = int(rng.integers(lo, hi + 1)) if rng.random() < running_share else 0
         c = min(c, n_nodes - taken)
         if c < lo:
             c = 0
@@ -69,13 +82,20 @@ def instance(n_nodes: int, n_jobs: int, seed: int, jobs_seed: int = 0) -> Alloca
                 lo,
                 hi,
                 own,
-                ThroughputModel(pts),
+                ThroughputModel(pts, measured_max_nodes=measured_max_nodes),
                 float(rng.uniform(5.0, 30.0)),
                 float(rng.uniform(5.0, 30.0)),
                 j,
             )
         )
     return AllocationInput(0.0, nodes, tuple(jobs))
+
+
+def crowded(inp: AllocationInput, free: int) -> AllocationInput:
+    """``inp`` with only the held nodes and ``free`` free ones."""
+    held = {n for job in inp.jobs for n in job.nodes}
+    spare = [n for n in inp.nodes if n.name not in held][:free]
+    return replace(inp, nodes=tuple(n for n in inp.nodes if n.name in held) + tuple(spare))
 
 
 def main() -> None:
@@ -115,6 +135,33 @@ def main() -> None:
         f"dp, replay settings (estimate horizon 300 s, reclaim groups 1 s): "
         f"p50 {statistics.median(replay_ms):.1f} ms, max {max(replay_ms):.1f} ms"
     )
+    # Exploration on free nodes only (explore_free_only) builds a second, conservative
+    # value table for the jobs whose growth needs others' nodes. Its worst case: every
+    # job runs, only 8 free nodes (the rest of the free pool is left out), every curve
+    # measured at 1 node only, so all 500 jobs need it; timed with the rule on and off
+    # on the same inputs.
+    scarce = [
+        crowded(
+            instance(
+                n_nodes, n_jobs, args.seed + k, args.seed, running_share=1.0, measured_max_nodes=1
+            ),
+            free=8,
+        )
+        for k in range(args.decisions + 1)
+    ]
+    for on in (False, True):
+        pol = MalleTrainPolicy(horizon_s=1800.0, explore_free_only=on)
+        pol.decide(scarce[0])
+        ms = []
+        for inp in scarce[1:]:
+            t0 = time.perf_counter()
+            pol.decide(inp)
+            ms.append((time.perf_counter() - t0) * 1000)
+        print(
+            f"dp, {len(scarce[1].nodes)} nodes (8 free) x {n_jobs} jobs, curves measured at "
+            f"1 node, explore_free_only={on}: "
+            f"p50 {statistics.median(ms):.1f} ms, max {max(ms):.1f} ms"
+        )
 
     # The baseline: FreeTrain's node-level MILP on growing instances, 10 s limit each.
     best: tuple[int, int, float, float] | None = None

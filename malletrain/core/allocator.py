@@ -49,7 +49,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -382,6 +382,12 @@ class MalleTrainPolicy:
     #: one reclaim event (0: off; replays: 1 s, to the second; the daemon: off for now).
     reclaim_group_s: float = 0.0
 
+    #: Exploration uses free nodes only: at counts that need nodes another running job
+    #: must release (beyond what a job holds plus the free pool), its throughput is
+    #: valued without the optimistic extension beyond its largest measured size
+    #: (``ThroughputModel.measured_max_nodes``; ``None`` there: the curve is trusted).
+    explore_free_only: bool = True
+
     def state_dict(self) -> dict[str, Any]:
         """What the policy learned (the hole-length distribution), for the daemon's store."""
         return {"holes": self.holes.model.to_dict()}
@@ -451,11 +457,94 @@ class MalleTrainPolicy:
             assignments=assignments, objective=objective, decision_s=time.perf_counter() - t0
         )
 
+    @staticmethod
+    def _no_exploration_beyond_free(
+        values: np.ndarray,
+        jobs: Sequence[MalleableJob],
+        own_w: Sequence[np.ndarray],
+        own_p: Sequence[np.ndarray],
+        own_g: Sequence[np.ndarray],
+        grow_w: np.ndarray,
+        grow_p: np.ndarray,
+        grow_g: np.ndarray,
+        grow_n: np.ndarray,
+        start: np.ndarray | None,
+        margins: np.ndarray,
+        n_free: int,
+    ) -> None:
+        """Overwrite ``values[j, n]`` for counts that need others' nodes with the
+        conservative curve ``r(min(n, cap))``, ``cap`` = the job's largest measured size
+        (at least its current and minimum size).
+
+        Why: the advisor's optimistic extension is there so that untried sizes get
+        tried; paid with free nodes that costs nothing but a scale-up, paid with another
+        running job's node it costs that job a scale-down or an eviction, and the guess
+        is often wrong, so the node comes back (seen live: an unmeasured job's doubled
+        guess evicted a measured job). The second table is built only for the jobs where
+        it differs (a measured size below the counts that need others' nodes, and a rate
+        that still changes beyond it), so the DP stays exact over the combined table.
+        """
+        picks: list[int] = []
+        cons_jobs: list[MalleableJob] = []
+        first_n: list[int] = []
+        for j, job in enumerate(jobs):
+            model = job.throughput
+            if model.measured_max_nodes is None:
+                continue
+            c = int(own_w[j].size)
+            hi = min(job.max_nodes, c + int(grow_n[j]))
+            beyond = c + n_free  # counts above this need nodes others release
+            cap = max(model.measured_max_nodes, c, job.min_nodes, 1)
+            if hi <= beyond or hi <= cap:
+                continue
+            r = rates_upto(model, hi)
+            if not np.any(r[cap + 1 :] != r[cap]):
+                continue
+            pts = (*(pt for pt in model.points if pt[0] < cap), (cap, float(r[cap])))
+            picks.append(j)
+            cons_jobs.append(replace(job, throughput=ThroughputModel(pts)))
+            first_n.append(max(beyond, cap) + 1)
+        if not picks:
+            return
+        sel = np.array(picks, dtype=np.int64)
+        cons = job_value_table(
+            cons_jobs,
+            [own_w[j] for j in picks],
+            [own_p[j] for j in picks],
+            [own_g[j] for j in picks],
+            grow_w[sel],
+            grow_p[sel],
+            grow_g[sel],
+            grow_n[sel],
+            start_s=None if start is None else start[sel],
+            keep_margin=margins[sel],
+        )
+        for i, (j, n0) in enumerate(zip(picks, first_n, strict=True)):
+            top = min(values.shape[1], cons.shape[1])
+            if n0 < top:
+                values[j, n0:top] = cons[i, n0:top]
+
     def solve(self, inp: AllocationInput) -> tuple[dict[str, int], float, np.ndarray, list[str]]:
         """The count problem alone: (counts, objective, node windows, growth order)."""
-        w, p, key = self.effective_windows(inp)
+        values, w, own_idx = self.value_table(inp)
         if not inp.jobs:
             return {}, 0.0, w, []
+        count_arr, objective = solve_counts(values, len(inp.nodes))
+        counts = {job.job_id: int(n) for job, n in zip(inp.jobs, count_arr, strict=True)}
+        # growth order: the largest value per new node picks from the pool first
+        gain: list[tuple[float, int, str]] = []
+        for j, (job, idx) in enumerate(zip(inp.jobs, own_idx, strict=True)):
+            n = counts[job.job_id]
+            if n > idx.size:
+                gain.append((-float(values[j, n]) / n, job.submit_order, job.job_id))
+        growth_order = [j for _, _, j in sorted(gain)]
+        return counts, objective, w, growth_order
+
+    def value_table(self, inp: AllocationInput) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        """(V[job, count], node windows, each job's own node indices by descending window)."""
+        w, p, key = self.effective_windows(inp)
+        if not inp.jobs:
+            return np.zeros((0, 1)), w, []
         index = {n.name: i for i, n in enumerate(inp.nodes)}
         held = np.zeros(len(inp.nodes), dtype=bool)
         own_idx: list[np.ndarray] = []
@@ -490,7 +579,9 @@ class MalleTrainPolicy:
             held_idx = held_idx[np.argsort(w[held_idx], kind="stable")]
             cap = float(w[free[-1]]) if free.size else math.inf
             for j, idx in enumerate(own_idx):
-                others = held_idx[~np.isin(held_idx, idx)][: m_max - free.size]
+                # among the first (need + own) held nodes at least `need` are others'
+                head = held_idx[: m_max - free.size + idx.size]
+                others = head[~np.isin(head, idx)][: m_max - free.size]
                 if not others.size:
                     continue
                 sl = slice(free.size, free.size + others.size)
@@ -506,6 +597,9 @@ class MalleTrainPolicy:
             start = np.array(
                 [j.scale_up_s if j.start_s is None else j.start_s for j in inp.jobs], dtype=float
             )
+        margins = np.array(
+            [self.keep_margin + self.noise_margin * max(0.0, j.rate_noise) for j in inp.jobs]
+        )
         values = job_value_table(
             inp.jobs,
             own_w,
@@ -516,20 +610,14 @@ class MalleTrainPolicy:
             grow_g,
             grow_n,
             start_s=start,
-            keep_margin=np.array(
-                [self.keep_margin + self.noise_margin * max(0.0, j.rate_noise) for j in inp.jobs]
-            ),
+            keep_margin=margins,
         )
-        count_arr, objective = solve_counts(values, len(inp.nodes))
-        counts = {job.job_id: int(n) for job, n in zip(inp.jobs, count_arr, strict=True)}
-        # growth order: the largest value per new node picks from the pool first
-        gain: list[tuple[float, int, str]] = []
-        for j, (job, idx) in enumerate(zip(inp.jobs, own_idx, strict=True)):
-            n = counts[job.job_id]
-            if n > idx.size:
-                gain.append((-float(values[j, n]) / n, job.submit_order, job.job_id))
-        growth_order = [j for _, _, j in sorted(gain)]
-        return counts, objective, w, growth_order
+        if self.explore_free_only and m_max > free.size:
+            self._no_exploration_beyond_free(
+                values, inp.jobs, own_w, own_p, own_g, grow_w, grow_p, grow_g, grow_n,
+                start, margins, int(free.size),
+            )
+        return values, w, own_idx
 
 
 def malletrain_policy(
@@ -539,6 +627,7 @@ def malletrain_policy(
     hole_prior_floor: float = 0.0,
     estimate_horizon_s: float | None = None,
     reclaim_group_s: float = 0.0,
+    explore_free_only: bool = True,
 ) -> MalleTrainPolicy:
     return MalleTrainPolicy(
         name=name,
@@ -547,4 +636,5 @@ def malletrain_policy(
         keep_margin=keep_margin,
         estimate_horizon_s=estimate_horizon_s,
         reclaim_group_s=reclaim_group_s,
+        explore_free_only=explore_free_only,
     )

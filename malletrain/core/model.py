@@ -35,10 +35,17 @@ class ThroughputModel:
     is linear, beyond the last point it is flat (a conservative extrapolation)
     unless ``optimistic_slope`` allows a bounded optimistic extension, the way the
     Profiling Advisor expresses uncertainty about untried sizes.
+
+    ``measured_max_nodes`` says how far the curve is measured: beyond it the rate
+    is a guess (the optimistic extension), which a policy may use to explore onto
+    free nodes but should not pay for by taking nodes from another running job.
+    ``None`` (the default): not said, every size is trusted (true curves, tests);
+    0: nothing measured yet.
     """
 
     points: tuple[tuple[int, float], ...]
     optimistic_slope: float = 0.0
+    measured_max_nodes: int | None = None
 
     def rate(self, n: int) -> float:
         if n <= 0 or not self.points:

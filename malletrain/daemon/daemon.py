@@ -337,6 +337,9 @@ class Daemon:
                 # nothing measured worth the name yet: compete as a linear job, never as
                 # "worth nothing" (that would evict it)
                 model = ThroughputModel(((1, 1.0),), optimistic_slope=1.0)
+            # how far the curve is measured: the policy explores beyond it on free nodes only
+            model = replace(model, measured_max_nodes=max(
+                self.advisor.measured_sizes(job.job_id), default=0))
             out[job.job_id] = JobModel(model, up, down, start,
                                        self.advisor.rate_noise(job.job_id))
         return out

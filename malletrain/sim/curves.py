@@ -10,6 +10,7 @@ file's curves: :class:`LearnedCurves` only ever reads the advisor.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Protocol
 
 from malletrain.core.model import ThroughputModel
@@ -90,7 +91,9 @@ class LearnedCurves:
     def model(self, job: SimJob) -> tuple[ThroughputModel, float, float]:
         self._register(job)
         up, down = self.advisor.scale_costs(job.name)
-        return self.advisor.model(job.name), up, down
+        # how far the curve is measured: the policy explores beyond it on free nodes only
+        measured = max(self.advisor.measured_sizes(job.name), default=0)
+        return replace(self.advisor.model(job.name), measured_max_nodes=measured), up, down
 
     def observe(self, job: SimJob, t_s: float, nodes: int, samples_total: float) -> None:
         self._register(job)
