@@ -46,6 +46,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -142,6 +143,15 @@ class Bench:
         up = [str(DEV), "up", "--nodes", str(NODES), "--accounting", "--users",
               "mt-alice,mt-bob"] + (["--epilog"] if self.args.epilog else [])
         self.sh(up, timeout=600)
+        if self.args.scheduler_parameters:  # e.g. the dev cluster's old setting, to compare
+            conf = Path(self.env["SLURM_CONF"])
+            conf.write_text(re.sub(r"^SchedulerParameters=.*$",
+                                   f"SchedulerParameters={self.args.scheduler_parameters}",
+                                   conf.read_text(), flags=re.M))
+            self.sh(["scontrol", "reconfigure"])
+            shown = self.sh(["scontrol", "show", "config"]).stdout
+            if f"= {self.args.scheduler_parameters}\n" not in shown:
+                raise SystemExit("scontrol reconfigure did not apply --scheduler-parameters")
 
     # ------------------------------------------------------------------ a phase
     def run_stream(self, stream: list[RegularJob], tag: str, sampler=None) -> dict[int, float]:
@@ -241,7 +251,8 @@ class Bench:
         self.setup()
         try:
             print(f"# policy {self.args.policy}, launcher {self.args.launcher}, epilog "
-                  f"{self.args.epilog}", flush=True)
+                  f"{self.args.epilog}, SchedulerParameters "
+                  f"{self.args.scheduler_parameters or '(dev cluster default)'}", flush=True)
             print(f"# stream: {len(stream)} Theta 2022 jobs from #{self.args.first}, nodes "
                   f"{[j.nodes for j in stream]}, run s {[j.run_s for j in stream]}", flush=True)
             base = self.run_stream(stream, "base")
@@ -369,6 +380,8 @@ def main() -> int:
                     "srun, the default there too)")
     ap.add_argument("--epilog", action=argparse.BooleanOptionalAction, default=True,
                     help="run the dev cluster with an Epilog, as sites have (default: yes)")
+    ap.add_argument("--scheduler-parameters", default="",
+                    help="override the dev cluster's SchedulerParameters (to compare settings)")
     ap.add_argument("--policy", default="malletrain",
                     help="allocator.policy for the daemon (equal-share for comparison)")
     return Bench(ap.parse_args()).main()
