@@ -37,6 +37,10 @@ the machine, paid once per hole), and is the figure comparable with the issue's 
 Prints one line per regular job, then the last line
 ``e2e yield_delay_s_max=<x> yield_delay_s_p50=<y> scavenged_fraction=<z> lost_steps=<n>``.
 
+The dev cluster runs with the scheduler settings of a scavenging site and an Epilog
+(``slurm/dev-cluster up --epilog``; docs/slurm-backend.md §9); ``--no-epilog`` and
+``--scheduler-parameters`` compare other settings on the same code.
+
 Run (root; ~10 min on 2 cores): ``.venv/bin/python benchmarks/e2e.py``
 """
 
