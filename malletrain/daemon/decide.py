@@ -11,8 +11,8 @@ The steps:
 1. classify every slot job (parked, placing, running, ended ... :mod:`slots`);
 2. the pool: idle nodes of the scavenger partition with a predicted window of at least
    ``min_slot_time_s`` (:mod:`malletrain.core.scavenger`) plus the nodes the jobs already
-   hold; the policy (:mod:`malletrain.core.policies`) decides how many and which nodes each
-   job should hold;
+   hold, less the held nodes a foreign job is due to take (:func:`yield_ahead`); the policy
+   (:mod:`malletrain.core.policies`) decides how many and which nodes each job should hold;
 3. per job, the difference becomes actions: place a parked slot on each new node (time limit
    no longer than the node's window), ask the members on dropped nodes to leave at a step
    boundary (publish a membership without them) and requeue-hold their slots once they have
