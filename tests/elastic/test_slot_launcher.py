@@ -52,13 +52,18 @@ def test_torchrun_agent_exits_right_after_sigterm(tmp_path):
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         up = set()
+        seen: list[str] = []
         assert proc.stdout is not None
         deadline = time.monotonic() + 120
         while len(up) < 2 and time.monotonic() < deadline:
             line = proc.stdout.readline()
+            if not line:  # the agent exited before both workers were up: say why
+                break
+            seen.append(line)
             if line.startswith("up "):
                 up.add(tuple(line.split()[1:]))
-        assert up == {("0", "2"), ("1", "2")}
+        assert up == {("0", "2"), ("1", "2")}, (
+            f"agent exit {proc.poll()}, output:\n{''.join(seen)[-3000:]}")
         t0 = time.monotonic()
         os.killpg(proc.pid, signal.SIGTERM)  # like slurmstepd: every process of the step
         rc = proc.wait(30)
