@@ -266,7 +266,13 @@ def _sigtermed(slot: int, cv: CoordView) -> bool:
 
 def _yield_s(snapshot: ClusterSnapshot, node: str | None, ended_at: float | None
              ) -> float | None:
-    """Seconds from a regular job's submission to our slot freeing the node it now uses."""
+    """Seconds from a regular job's submission to our slot freeing the node it now uses.
+
+    Only a job that wants the node after our slot is a candidate: one pending (planned on
+    it) or one that started when our slot ended or later. A job that ran on the node before
+    our slot (Slurm keeps finished jobs for MinJobAge) would otherwise be taken for the one
+    we yielded to and report its whole age as the yield time.
+    """
     if node is None or ended_at is None:
         return None
     best: float | None = None
@@ -274,8 +280,11 @@ def _yield_s(snapshot: ClusterSnapshot, node: str | None, ended_at: float | None
         if parse_tag(j.comment) is not None or j.submit_time is None:
             continue
         on_node = node in j.nodes or node in j.planned_nodes
+        started_before = (j.state is not JobState.PENDING and j.start_time is not None
+                          and j.start_time < ended_at - 1.0)
         if (j.state in (JobState.RUNNING, JobState.PENDING, JobState.COMPLETING,
-                        JobState.COMPLETED) and on_node and j.submit_time <= ended_at + 1.0):
+                        JobState.COMPLETED) and on_node and not started_before
+                and j.submit_time <= ended_at + 1.0):
             delay = max(0.0, ended_at - j.submit_time)
             best = delay if best is None else min(best, delay)
     return best

@@ -140,6 +140,26 @@ def test_a_slot_ended_by_slurm_while_running_is_a_preemption_with_its_yield_time
     assert park.preempted and park.slot == 1 and park.yield_s == 2.0
 
 
+def test_a_job_that_ran_on_the_node_before_the_slot_is_not_the_one_yielded_to():
+    # Slurm still lists an older finished job on n2 (MinJobAge): its age is no yield time
+    old = Job(job_id=90, name="old", user="bob", partition="batch", state=JobState.COMPLETED,
+              node_count=1, nodes=("n2",), submit_time=NOW - 300, start_time=NOW - 290,
+              end_time=NOW - 200)
+    slots = [SlotRecord("m1", 1, 12, last_status="running", last_node="n2")]
+    jobs = [slot_job(12, "m1", 1, JobState.PREEMPTED, nodes=["n2"], end=NOW - 8), old]
+    plan = decide(world([node("n2", NodeState.IDLE)], jobs, slots,
+                        [record(state=JobPhase.RUNNING)]), POLICY)
+    park = kinds(plan, Park)[0]
+    assert park.preempted and park.yield_s is None
+
+    # the job that did take the node is found beside it
+    bob = Job(job_id=99, name="big", user="bob", partition="batch", state=JobState.RUNNING,
+              node_count=1, nodes=("n2",), submit_time=NOW - 10, start_time=NOW - 7)
+    plan = decide(world([node("n2", NodeState.ALLOCATED)], [*jobs, bob], slots,
+                        [record(state=JobPhase.RUNNING)]), POLICY)
+    assert kinds(plan, Park)[0].yield_s == 2.0
+
+
 def test_newcomers_are_published_together():
     slots = [SlotRecord("m1", 0, 11, last_status="running", placed_node="n1", placed_at_s=NOW),
              SlotRecord("m1", 1, 12, last_status="running", placed_node="n2", placed_at_s=NOW)]
