@@ -77,6 +77,7 @@ def decide_settings(settings: Settings, **overrides: float) -> DecideSettings:
         scavenger_partition=settings.slurm.scavenger_partition,
         min_slot_time_s=settings.slurm.min_slot_time_s,
         max_slot_time_s=settings.slurm.max_slot_time_s,
+        yield_ahead_s=settings.slurm.yield_ahead_s,
         heartbeat_timeout_s=settings.coordinator.heartbeat_timeout_s,
     )
     return replace(base, **overrides)  # type: ignore[arg-type]
@@ -383,6 +384,10 @@ class Daemon:
                                           for j, ns in sorted(plan.targets.items())) or "-")
             log.debug("plan input: models %s free %s held %s", world.models, plan.free_nodes,
                       plan.held_nodes)
+        seen = set(self._last_plan.notes) if self._last_plan else set()
+        for note in plan.notes:
+            if note not in seen:  # a standing condition is logged when it starts, not per tick
+                log.info("%s", note)
         outcome = self.actuator.apply(plan.actions)
         for jid, old, new in outcome.rescales:
             if old != new:

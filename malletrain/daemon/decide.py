@@ -425,7 +425,9 @@ def decide(world: World, policy: Policy) -> TickPlan:
     # Held nodes a foreign job is about to take leave the pool: the policy drops them and the
     # difference below asks their members to leave (or parks/holds a slot not yet a member).
     giving_back = yield_ahead(held_set, claims, now, min(s.yield_ahead_s, s.min_slot_time_s))
-    notes.extend(f"{n}: given back ahead of {c.by} (planned in {c.start_at - now:.1f} s)"
+    # the planned start as an absolute time keeps the note the same from tick to tick while
+    # the plan stands, so the daemon logs it once
+    notes.extend(f"{n}: given back ahead of {c.by} (planned start {c.start_at:.0f})"
                  for n, c in sorted(giving_back.items()))
     # Nodes our slots occupy in any state are still holes (Slurm did not take them back):
     # the policy's hole-length model must not mistake our own use of a node for its end.

@@ -217,6 +217,12 @@ class SlurmSettings:
         "granularity, and a rescale must have time to pay off).",
         min=60, max=24 * 3600,
     ))
+    yield_ahead_s: float = field(default=10.0, metadata=_m(
+        "A scavenged node that a regular job is planned to take within this many seconds (or "
+        "should already have taken) is given back at once, without waiting for Slurm to "
+        "preempt its slot; 0 = only when the plan is overdue. Capped at min_slot_time_s.",
+        min=0, max=600,
+    ))
     slurm_conf: Path | None = field(default=None, metadata=_m(
         "SLURM_CONF for every Slurm command; null = the daemon's environment (or Slurm's "
         "default, /etc/slurm/slurm.conf).",

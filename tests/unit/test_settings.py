@@ -185,3 +185,18 @@ def test_policy_options_follow_the_settings(tmp_path):
     assert (advisor.warmup_s, advisor.default_scale_up_s) == (12.0, 4.0)
     # live, a short warm-up-only stint is stall, not throughput (docs/daemon.md)
     assert advisor.min_warmup_evidence_s > 0.0
+
+
+def test_slot_settings_reach_the_decision(tmp_path):
+    from malletrain.daemon.daemon import decide_settings
+
+    s = load_settings(write(tmp_path, (
+        "slurm:\n  yield_ahead_s: 3\n  min_slot_time_s: 120\n  max_slot_time_s: 900\n"
+        "  scavenger_partition: scav\ncoordinator:\n  heartbeat_timeout_s: 45\n"
+    )))
+    d = decide_settings(s)
+    assert (d.yield_ahead_s, d.min_slot_time_s, d.max_slot_time_s) == (3.0, 120.0, 900.0)
+    assert (d.scavenger_partition, d.heartbeat_timeout_s) == ("scav", 45.0)
+    assert decide_settings(Settings()).yield_ahead_s == 10.0
+    with pytest.raises(SettingsError, match=r"slurm\.yield_ahead_s"):
+        load_settings(write(tmp_path, "slurm:\n  yield_ahead_s: -1\n"))
