@@ -269,17 +269,23 @@ def _yield_s(snapshot: ClusterSnapshot, node: str | None, ended_at: float | None
     """Seconds from a regular job's submission to our slot freeing the node it now uses.
 
     Only a job that wants the node after our slot is a candidate: one pending (planned on
-    it) or one that started when our slot ended or later. A job that ran on the node before
+    it, or with no plan yet but allowed on it) or one that started when our slot ended or
+    later. A job that ran on the node before
     our slot (Slurm keeps finished jobs for MinJobAge) would otherwise be taken for the one
     we yielded to and report its whole age as the yield time.
     """
     if node is None or ended_at is None:
         return None
+    partitions = {p for n in snapshot.nodes if n.name == node for p in n.partitions}
     best: float | None = None
     for j in snapshot.jobs:
         if parse_tag(j.comment) is not None or j.submit_time is None:
             continue
-        on_node = node in j.nodes or node in j.planned_nodes
+        # a job Slurm preempts for need not have planned nodes yet: any pending job that
+        # may run on the node is a candidate (the earliest-ending wait is taken)
+        unplanned = (j.state is JobState.PENDING and not j.planned_nodes
+                     and not partitions.isdisjoint(j.partition.split(",")))
+        on_node = node in j.nodes or node in j.planned_nodes or unplanned
         started_before = (j.state is not JobState.PENDING and j.start_time is not None
                           and j.start_time < ended_at - 1.0)
         if (j.state in (JobState.RUNNING, JobState.PENDING, JobState.COMPLETING,

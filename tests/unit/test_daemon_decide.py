@@ -160,6 +160,33 @@ def test_a_job_that_ran_on_the_node_before_the_slot_is_not_the_one_yielded_to():
     assert kinds(plan, Park)[0].yield_s == 2.0
 
 
+def test_a_yield_to_a_job_still_waiting_for_other_nodes_is_timed_against_that_job():
+    # bob's job needs n1 and n2: n2's slot has ended (preempted), n1's is still going, so the
+    # job is pending with no plan yet; an old finished job on n2 is not the one yielded to
+    old = Job(job_id=90, name="old", user="bob", partition="batch", state=JobState.COMPLETED,
+              node_count=1, nodes=("n2",), submit_time=NOW - 100, start_time=NOW - 95,
+              end_time=NOW - 90)
+    wide = Job(job_id=99, name="wide", user="bob", partition="batch", state=JobState.PENDING,
+               node_count=2, submit_time=NOW - 4)
+    slots = [SlotRecord("m1", 0, 11, last_status="running", last_node="n1"),
+             SlotRecord("m1", 1, 12, last_status="running", last_node="n2")]
+    jobs = [slot_job(11, "m1", 0, JobState.RUNNING, nodes=["n1"]),
+            slot_job(12, "m1", 1, JobState.PREEMPTED, nodes=["n2"], end=NOW - 1), old, wide]
+    cv = CoordView(epoch=4, members=("s0-r0",), live={"s0-r0": Registration("n1", NOW - 60)},
+                   samples_total=100, progress_at_s=NOW)
+    plan = decide(world([node("n1", NodeState.ALLOCATED), node("n2", NodeState.IDLE)],
+                        jobs, slots, [record(state=JobPhase.RUNNING)], {"m1": cv}), POLICY)
+    park = next(p for p in kinds(plan, Park) if p.slot == 1)
+    assert park.preempted and park.yield_s == 3.0
+    # a pending job of another partition does not want n2
+    other = Job(job_id=98, name="gpu", user="bob", partition="gpu", state=JobState.PENDING,
+                node_count=1, submit_time=NOW - 2)
+    plan = decide(world([node("n1", NodeState.ALLOCATED), node("n2", NodeState.IDLE)],
+                        [*jobs, other], slots, [record(state=JobPhase.RUNNING)], {"m1": cv}),
+                  POLICY)
+    assert next(p for p in kinds(plan, Park) if p.slot == 1).yield_s == 3.0
+
+
 def test_newcomers_are_published_together():
     slots = [SlotRecord("m1", 0, 11, last_status="running", placed_node="n1", placed_at_s=NOW),
              SlotRecord("m1", 1, 12, last_status="running", placed_node="n2", placed_at_s=NOW)]
