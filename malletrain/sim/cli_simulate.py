@@ -13,9 +13,13 @@ import dataclasses
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from malletrain.core.policies import policy_names
 from malletrain.errors import UserError
+
+if TYPE_CHECKING:
+    from malletrain.sim.trace import IdleTrace
 
 log = logging.getLogger(__name__)
 
@@ -26,13 +30,8 @@ log = logging.getLogger(__name__)
 REPLAY_POLICY = {"estimate_horizon_s": 300.0, "reclaim_group_s": 1.0}
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "simulate",
-        help="replay an idle-node trace with malleable jobs under a policy",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_replay_arguments(p: argparse.ArgumentParser) -> None:
+    """The trace and job flags (shared with ``python -m malletrain.sim.bound``)."""
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--idle-trace", metavar="FILE", help="CSV time_s,node,state")
     src.add_argument("--swf", metavar="FILE", help="SWF job log (.swf or .swf.gz)")
@@ -46,14 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="SWF field 5 counts processors: P per node (default 1: it counts nodes)",
     )
     p.add_argument("--jobs", required=True, metavar="FILE", help="jobs YAML")
-    p.add_argument(
-        "--policy",
-        required=True,
-        choices=policy_names(),
-        help="allocation policy (core/policies.py): %(choices)s",
-    )
     p.add_argument("--max-concurrent-jobs", type=int, default=10, metavar="K")
-    p.add_argument("--tfwd-s", type=float, default=10.0, metavar="S", help="FreeTrain look-ahead")
     p.add_argument(
         "--start-s",
         type=float,
@@ -62,6 +54,56 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="trace time to start at (SWF: the replay before it only warms the machine up)",
     )
     p.add_argument("--until-s", type=float, metavar="T", help="trace time to stop at")
+
+
+def check_replay_arguments(args: argparse.Namespace) -> None:
+    if args.max_concurrent_jobs < 1:
+        raise UserError("--max-concurrent-jobs must be at least 1")
+    if args.start_s < 0 or (args.until_s is not None and args.until_s <= args.start_s):
+        raise UserError("need 0 <= --start-s < --until-s")
+
+
+def load_trace(args: argparse.Namespace) -> IdleTrace:
+    """The trace the flags of :func:`add_replay_arguments` name, sliced at ``--start-s``."""
+    from malletrain.sim.swf import swf_trace
+    from malletrain.sim.trace import read_idle_csv, read_philly_minutes, slice_from
+
+    check_replay_arguments(args)
+    trace: IdleTrace
+    if args.swf:
+        if not args.swf_nodes:
+            raise UserError("--swf needs --swf-nodes N (the machine's node count)")
+        trace = swf_trace(
+            args.swf,
+            args.swf_nodes,
+            start_s=args.start_s,
+            until_s=args.until_s,
+            procs_per_node=args.swf_procs_per_node,
+        )
+    elif args.philly:
+        trace = read_philly_minutes(args.philly)
+    else:
+        trace = read_idle_csv(args.idle_trace)
+    if not args.swf and args.start_s > 0:
+        trace = slice_from(trace, args.start_s)
+    return trace
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "simulate",
+        help="replay an idle-node trace with malleable jobs under a policy",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_replay_arguments(p)
+    p.add_argument(
+        "--policy",
+        required=True,
+        choices=policy_names(),
+        help="allocation policy (core/policies.py): %(choices)s",
+    )
+    p.add_argument("--tfwd-s", type=float, default=10.0, metavar="S", help="FreeTrain look-ahead")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument(
         "--no-rescale-cost",
@@ -81,37 +123,16 @@ def run(args: argparse.Namespace) -> int:
     from malletrain.sim.engine import Simulator
     from malletrain.sim.jobs import parse_jobs
     from malletrain.sim.report import ProgressBar, write_outputs
-    from malletrain.sim.swf import swf_trace
-    from malletrain.sim.trace import IdleTrace, read_idle_csv, read_philly_minutes, slice_from
 
     if args.policy not in POLICIES:
         raise UserError(f"unknown --policy {args.policy!r}; known: {', '.join(POLICIES)}")
-    if args.max_concurrent_jobs < 1:
-        raise UserError("--max-concurrent-jobs must be at least 1")
-    if args.start_s < 0 or (args.until_s is not None and args.until_s <= args.start_s):
-        raise UserError("need 0 <= --start-s < --until-s")
+    check_replay_arguments(args)
     if args.tfwd_s <= 0:
         raise UserError("--tfwd-s must be positive")
     jobs = parse_jobs(args.jobs)
     if args.no_rescale_cost:
         jobs = [dataclasses.replace(j, scale_up_s=0.0, scale_down_s=0.0) for j in jobs]
-    trace: IdleTrace
-    if args.swf:
-        if not args.swf_nodes:
-            raise UserError("--swf needs --swf-nodes N (the machine's node count)")
-        trace = swf_trace(
-            args.swf,
-            args.swf_nodes,
-            start_s=args.start_s,
-            until_s=args.until_s,
-            procs_per_node=args.swf_procs_per_node,
-        )
-    elif args.philly:
-        trace = read_philly_minutes(args.philly)
-    else:
-        trace = read_idle_csv(args.idle_trace)
-    if not args.swf and args.start_s > 0:
-        trace = slice_from(trace, args.start_s)
+    trace = load_trace(args)
     spec = POLICIES[args.policy]
     policy = make_policy(args.policy, PolicyOptions(tfwd_s=args.tfwd_s, **REPLAY_POLICY))
     until = trace.end_s if args.until_s is None else min(args.until_s, trace.end_s)

@@ -1,0 +1,211 @@
+"""The proven upper bound (malletrain.sim.bound): hand-computed cases, and no policy beats it.
+
+The property test replays small random traces and job sets through the real engine
+with every registered policy and checks ``samples_total <= bound``; jobs are small
+enough that some finish, so admissions, the ``total_samples`` cap and the
+earliest-start rule are all exercised, and some nodes are held back by a plan that
+starts now (idle but not offered).
+"""
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from malletrain.core.policies import POLICIES, PolicyOptions, make_policy
+from malletrain.sim.bound import (
+    FinishCost,
+    IdleSegment,
+    best_allocations,
+    earliest_starts,
+    idle_segments,
+    job_rates,
+    main,
+    upper_bound,
+)
+from malletrain.sim.cli_simulate import REPLAY_POLICY
+from malletrain.sim.curves import provider_for
+from malletrain.sim.engine import Simulator
+from malletrain.sim.jobs import SimJob
+from malletrain.sim.trace import IdleTrace, PlannedStart, TraceEvent
+
+
+def job(name, curve, *, lo=1, hi=None, total=1e12, submit=0.0, up=0.0, down=0.0):
+    hi = curve[-1][0] if hi is None else hi
+    return SimJob(name, submit, lo, hi, total, up, down, tuple(curve))
+
+
+def seg(t0, t1, idle, offered=None):
+    return IdleSegment(t0, t1, idle, idle if offered is None else offered)
+
+
+def test_dp_picks_the_best_counts_for_every_capacity():
+    # a: 1 node 10/s, 2 nodes 12/s; b: 1 node 6/s; b needs its node.
+    rates = [job_rates(job("a", [(1, 10.0), (2, 12.0)])), job_rates(job("b", [(1, 6.0)]))]
+    alloc = best_allocations(rates, [1.0, 1.0], max_jobs=2, capacity=3)
+    assert alloc.value.tolist() == [0.0, 10.0, 16.0, 18.0]
+    assert alloc.nodes.tolist() == [[0, 0], [1, 0], [1, 1], [2, 1]]
+    one = best_allocations(rates, [1.0, 1.0], max_jobs=1, capacity=3)
+    assert one.value.tolist() == [0.0, 10.0, 12.0, 12.0]
+    # Weights scale each job's value: with a at weight 0.1, b comes first.
+    w = best_allocations(rates, [0.1, 1.0], max_jobs=1, capacity=2)
+    assert w.value.tolist() == pytest.approx([0.0, 6.0, 6.0])
+
+
+def test_dp_respects_min_nodes_and_interpolates_like_the_engine():
+    j = job("j", [(2, 4.0), (4, 6.0)], lo=2)
+    r = job_rates(j)
+    assert r.tolist() == [0.0, 0.0, 4.0, 5.0, 6.0]  # n=3 linear between points, n=1 not allowed
+    alloc = best_allocations([r], [1.0], max_jobs=1, capacity=4)
+    assert alloc.value.tolist() == [0.0, 0.0, 4.0, 5.0, 6.0]
+
+
+def test_bound_is_the_integral_of_F_for_identical_jobs():
+    # Two identical jobs (1 node 3/s, 2 nodes 4/s), K = 2: F(1)=3, F(2)=6, F(3)=7, F(4)=8.
+    jobs = [job(f"j{i}", [(1, 3.0), (2, 4.0)]) for i in range(2)]
+    segs = [seg(0, 10, 1), seg(10, 30, 3), seg(30, 35, 4), seg(35, 40, 0)]
+    b = upper_bound(segs, jobs, max_concurrent_jobs=2)
+    assert b.samples == pytest.approx(10 * 3 + 20 * 7 + 5 * 8)
+    assert b.samples_uncapped == b.samples and b.iterations == 0
+    assert b.idle_node_seconds == 10 + 60 + 20
+    # K = 1: F(n) = 3, 4, 4, 4.
+    assert upper_bound(segs, jobs, 1).samples == pytest.approx(10 * 3 + 20 * 4 + 5 * 4)
+
+
+def test_total_samples_caps_a_job():
+    # One job that would make 100 samples but has only 30 to make.
+    b = upper_bound([seg(0, 100, 1)], [job("j", [(1, 1.0)], total=30.0)], 1)
+    assert b.samples_uncapped == pytest.approx(100.0)
+    assert b.samples == pytest.approx(30.0, rel=1e-6)
+
+
+def test_finish_cost_is_the_convex_envelope():
+    # 1 node 10/s, 2 nodes 12/s, total 120: in 12 s at 1 node (12 node-s); in 10 s it
+    # must average 12/s: 2 nodes throughout (20 node-s); in 11 s: mix, 11 * h(120/11).
+    c = FinishCost.of(job("j", [(1, 10.0), (2, 12.0)], total=120.0))
+    assert c.node_s(12.0) == pytest.approx(12.0)
+    assert c.node_s(100.0) == pytest.approx(12.0)
+    assert c.node_s(10.0) == pytest.approx(20.0)
+    assert c.node_s(11.0) == pytest.approx(11 * (1 + (120 / 11 - 10) / 2))
+    assert c.node_s(9.0) == math.inf
+
+
+def test_later_jobs_wait_for_finishes():
+    # K = 1; each job needs >= 10 s at its peak (10/s, total 100). Job 1 can run once job 0
+    # finished (>= 10 s, >= 10 node-s); job 2 once two have (>= 20 s, >= 20 node-s).
+    jobs = [job(f"j{i}", [(1, 10.0)], total=100.0) for i in range(3)]
+    segs = [seg(t, t + 5, 1) for t in range(0, 40, 5)]
+    assert earliest_starts(segs, jobs, 1) == [0.0, 10.0, 20.0]
+    # With only half a node on average (offered 0 every other segment), node-seconds bind.
+    sparse = [seg(t, t + 5, 1, offered=(t // 5 + 1) % 2) for t in range(0, 60, 5)]
+    assert earliest_starts(sparse, jobs, 1) == [0.0, 20.0, 40.0]
+    assert earliest_starts(sparse, jobs, 1, nodes="idle") == [0.0, 10.0, 20.0]
+    b = upper_bound(segs, jobs, 1)
+    assert b.jobs_admissible == 3 and b.can_run_dry  # 4 finishes possible in 40 s
+    assert b.samples == pytest.approx(300.0, rel=1e-6)
+
+
+def test_idle_segments_match_the_engine_timeline():
+    names = ("a", "b", "c")
+    evs = (
+        TraceEvent(5.0, (0, 1, 2), ()),
+        TraceEvent(10.0, (), (1,)),
+        TraceEvent(20.0, (1,), (0, 2), (PlannedStart(7, 20.0, (1,)),)),
+        TraceEvent(40.0, (0,), ()),
+    )
+    tr = IdleTrace("t", names, 5.0, 50.0, evs)
+    segs = idle_segments(tr, until_s=30.0)
+    assert [(s.start_s, s.end_s, s.idle, s.offered) for s in segs] == [
+        (5.0, 10.0, 3, 3),
+        (10.0, 20.0, 2, 2),
+        (20.0, 30.0, 1, 0),  # b is planned for a job starting now: not offered
+    ]
+    res = Simulator(tr, [], make_policy("equal-share", PolicyOptions()), provider_for("none"),
+                    until_s=30.0).run()
+    assert res.idle_node_seconds == pytest.approx(sum(s.idle * s.duration_s for s in segs))
+
+
+def _random_case(rng: random.Random) -> tuple[IdleTrace, list[SimJob], int]:
+    n_nodes = rng.randint(2, 7)
+    names = tuple(f"n{i}" for i in range(n_nodes))
+    idle = set(rng.sample(range(n_nodes), rng.randint(0, n_nodes)))
+    events = [TraceEvent(0.0, tuple(sorted(idle)), ())]
+    t = 0.0
+    for _ in range(rng.randint(3, 12)):
+        t += rng.choice([3.0, 10.0, 25.0, 60.0])
+        flip = set(rng.sample(range(n_nodes), rng.randint(0, 2)))
+        up = tuple(sorted(flip - idle))
+        down = tuple(sorted(flip & idle))
+        idle = (idle | set(up)) - set(down)
+        planned = None
+        if idle and rng.random() < 0.3:  # a plan that starts now holds a node back
+            planned = (PlannedStart(1, t, (rng.choice(sorted(idle)),)),)
+        events.append(TraceEvent(t, up, down, planned))
+    jobs = []
+    for i in range(rng.randint(1, 5)):
+        hi = rng.randint(1, 4)
+        lo = rng.randint(1, hi)
+        r, pts = 0.0, []
+        for n in range(1, hi + 1):
+            r += rng.uniform(0.0, 5.0) if n > 1 else rng.uniform(0.5, 5.0)
+            pts.append((n, round(r, 3)))
+        total = rng.choice([20.0, 80.0, 300.0, 1e6])
+        jobs.append(SimJob(f"k{i % 2}-{i:03d}", rng.choice([0.0, 0.0, 15.0]), lo, hi, total,
+                           rng.choice([0.0, 2.0]), rng.choice([0.0, 1.0]), tuple(pts)))
+    until = t + rng.choice([0.0, 30.0])
+    return IdleTrace("rand", names, 0.0, until, tuple(events)), jobs, rng.randint(1, 3)
+
+
+POLICY_NAMES = ("equal-share", "freetrain", "malletrain-known-curves", "no-loss-bound",
+                "malletrain")
+
+
+def test_no_policy_beats_the_bound_on_random_replays():
+    rng = random.Random(4)
+    checked = 0
+    for _ in range(30):
+        tr, jobs, k = _random_case(rng)
+        segs = idle_segments(tr)
+        offered = upper_bound(segs, jobs, k, iterations=30)
+        idle = upper_bound(segs, jobs, k, nodes="idle", iterations=30)
+        assert offered.samples <= offered.samples_uncapped * (1 + 1e-9)
+        for name in POLICY_NAMES:
+            pol = make_policy(name, PolicyOptions(milp_time_limit_s=2.0, **REPLAY_POLICY))
+            res = Simulator(tr, jobs, pol, provider_for(POLICIES[name].curves),
+                            max_concurrent_jobs=k).run()
+            slack = 1e-9 * max(1.0, offered.samples)
+            assert res.samples_total <= offered.samples + slack, (name, tr, jobs, k)
+            assert res.samples_total <= idle.samples + slack
+            checked += 1
+    assert checked == 30 * len(POLICY_NAMES)
+
+
+def test_identical_jobs_the_bound_is_reached_without_rescale_costs():
+    # Loss-free replay of the max-throughput policy on identical jobs that never finish:
+    # it takes F(O) at every event, so it makes exactly the bound.
+    rng = random.Random(7)
+    for _ in range(5):
+        tr, _, k = _random_case(rng)
+        jobs = [job(f"same-{i:03d}", [(1, 2.0), (2, 3.5), (3, 4.0)]) for i in range(4)]
+        pol = make_policy("no-loss-bound", PolicyOptions())
+        res = Simulator(tr, jobs, pol, provider_for("true"), max_concurrent_jobs=k).run()
+        b = upper_bound(idle_segments(tr), jobs, k)
+        assert res.samples_total == pytest.approx(b.samples, rel=1e-9, abs=1e-9)
+
+
+def test_cli_prints_both_bounds(tmp_path, capsys):
+    (tmp_path / "idle.csv").write_text(
+        "time_s,node,state\n0,a,idle\n0,b,idle\n10,b,busy\n30,b,idle\n"
+    )
+    (tmp_path / "jobs.yaml").write_text(
+        "jobs:\n  - {name: j, submit_s: 0, min_nodes: 1, max_nodes: 2, total_samples: 1.0e+6,"
+        " scale_up_s: 0, scale_down_s: 0, curve: [[1, 2.0], [2, 3.0]]}\n"
+    )
+    out = tmp_path / "b.json"
+    rc = main(["--idle-trace", str(tmp_path / "idle.csv"), "--jobs", str(tmp_path / "jobs.yaml"),
+               "--json", str(out)])
+    assert rc == 0
+    # 0-10: 2 nodes (3/s); 10-30: 1 node (2/s); the trace ends at 30.
+    assert "samples_total <= 70 " in capsys.readouterr().out
+    assert np.isclose(__import__("json").loads(out.read_text())["idle"]["samples"], 70.0)
