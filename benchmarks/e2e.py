@@ -47,38 +47,26 @@ Run (root; ~10 min on 2 cores): ``.venv/bin/python benchmarks/e2e.py``
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import re
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
+from malletrain.devstack import LocalCluster, LocalDaemon, as_user, run
 from malletrain.slurm.hostlist import expand_hostlist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import yield_trace  # benchmarks/ is not a package
 
 REPO = Path(__file__).resolve().parents[1]
-
-DEV = REPO / "slurm" / "dev-cluster"
-EXAMPLE = REPO / "examples" / "elastic_train.py"
-TRACE = Path("/work/shared/data/hpc-job-traces/alcf-theta-2022.swf")
-PY = sys.executable
+TRACE = REPO.parent / "shared" / "data" / "hpc-job-traces" / "alcf-theta-2022.swf"
 NODES = 8
 THETA_NODES = 4360
-
-
-def as_user(user: str, argv: list[str]) -> list[str]:
-    return ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", *argv]
 
 
 @dataclass(frozen=True)
@@ -102,10 +90,10 @@ def load_stream(path: Path, first: int, count: int, span_s: float) -> list[Regul
     t0 = rows[0][0]
     spread = max(r[0] for r in rows) - t0 or 1.0
     jobs = []
-    for i, (submit, run, nodes) in enumerate(rows):
+    for i, (submit, run_s, nodes) in enumerate(rows):
         scaled_nodes = max(1, min(NODES, round(nodes / THETA_NODES * NODES * 4)))
         jobs.append(RegularJob(i, (submit - t0) / spread * span_s, scaled_nodes,
-                               int(min(45, max(10, run / 400)))))
+                               int(min(45, max(10, run_s / 400)))))
     return jobs
 
 
@@ -113,52 +101,37 @@ class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.base = Path(args.dir)
-        self.env = dict(os.environ, MALLETRAIN_DEVCLUSTER_DIR=str(self.base / "cluster"),
-                        MALLETRAIN_DEVCLUSTER_PORT=str(args.port),
-                        SLURM_CONF=str(self.base / "cluster" / "etc" / "slurm.conf"))
+        self.cluster = LocalCluster(self.base / "cluster", args.port, NODES)
+        self.env = self.cluster.env
         self.work = self.base / "work"
-        self.daemon: subprocess.Popen[bytes] | None = None
+        self.daemon: LocalDaemon | None = None
         self.ids: dict[str, dict[int, int]] = {}  # phase tag -> stream index -> Slurm id
 
-    def sh(self, argv: list[str], check: bool = True, timeout: float = 120
-           ) -> subprocess.CompletedProcess[str]:
-        res = subprocess.run(argv, env=self.env, capture_output=True, text=True,
-                             timeout=timeout, check=False, cwd=str(self.work))
-        if check and res.returncode != 0:
-            raise SystemExit(f"{argv[:4]} failed: {res.stderr[-500:]}")
-        return res
-
-    def squeue(self) -> list[dict]:
-        res = self.sh(["squeue", "--all", "--json"], check=False)
-        try:
-            return list(json.loads(res.stdout)["jobs"])
-        except (ValueError, KeyError):
-            return []
+    def sh(self, argv: list[str]) -> str:
+        return run(argv, self.env, cwd=self.work).stdout
 
     def setup(self) -> None:
         if self.work.exists():
             shutil.rmtree(self.work)
-        for d in (self.base, self.work, self.work / "state", self.work / "out"):
-            d.mkdir(parents=True, exist_ok=True)
-            d.chmod(0o755)
-        (self.work / "out").chmod(0o1777)
+        self.base.mkdir(parents=True, exist_ok=True)
+        self.work.mkdir(mode=0o755)
         # --epilog: a site's Epilog, so a preempted slot's node is scheduled at once
         # (docs/slurm-backend.md §9); --no-epilog for the dev cluster's plain default
-        up = [str(DEV), "up", "--nodes", str(NODES), "--accounting", "--users",
-              "mt-alice,mt-bob"] + (["--epilog"] if self.args.epilog else [])
-        self.sh(up, timeout=600)
+        self.cluster.up(epilog=self.args.epilog)
         if self.args.scheduler_parameters:  # e.g. the dev cluster's old setting, to compare
-            conf = Path(self.env["SLURM_CONF"])
+            conf = Path(self.cluster.slurm_conf)
             conf.write_text(re.sub(r"^SchedulerParameters=.*$",
                                    f"SchedulerParameters={self.args.scheduler_parameters}",
                                    conf.read_text(), flags=re.M))
             self.sh(["scontrol", "reconfigure"])
-            shown = self.sh(["scontrol", "show", "config"]).stdout
+            shown = self.sh(["scontrol", "show", "config"])
             if f"= {self.args.scheduler_parameters}\n" not in shown:
                 raise SystemExit("scontrol reconfigure did not apply --scheduler-parameters")
 
     # ------------------------------------------------------------------ a phase
-    def run_stream(self, stream: list[RegularJob], tag: str, sampler=None) -> dict[int, float]:
+    def run_stream(self, stream: list[RegularJob], tag: str,
+                   sampler: Callable[[dict[int, dict]], None] | None = None
+                   ) -> dict[int, float]:
         """Submit the stream on schedule; return index -> wait seconds."""
         t0 = time.monotonic()
         pending = list(stream)
@@ -170,12 +143,12 @@ class Bench:
             now = time.monotonic()
             while pending and now - t0 >= pending[0].offset_s:
                 j = pending.pop(0)
-                res = self.sh(as_user("mt-bob", [
+                out = self.sh(as_user("mt-bob", [
                     "sbatch", "--parsable", "-p", "batch", "-N", str(j.nodes), "-t", "2",
                     "-J", f"{tag}{j.index}", "-o", "/dev/null", "--wrap", f"srun sleep {j.run_s}"]))
-                ids[j.index] = int(res.stdout.strip().split(";")[0])
+                ids[j.index] = int(out.strip().split(";")[0])
                 submitted[j.index] = time.monotonic()
-            by_id = {int(x["job_id"]): x for x in self.squeue()}
+            by_id = {int(x["job_id"]): x for x in self.cluster.squeue()}
             for idx, sid in ids.items():
                 if idx in started:
                     continue
@@ -190,7 +163,7 @@ class Bench:
         # the poll has 0.25 s resolution; Slurm's own times are whole seconds: use both,
         # start_time - submit_time from Slurm for the wait (same clock, same rounding)
         waits = {}
-        by_id = {int(x["job_id"]): x for x in self.squeue()}
+        by_id = {int(x["job_id"]): x for x in self.cluster.squeue()}
         for idx, sid in ids.items():
             rec = by_id.get(sid)
             if rec and rec.get("start_time") and rec.get("submit_time"):
@@ -202,52 +175,21 @@ class Bench:
     def wait_regular_done(self) -> None:
         for _ in range(400):
             if not any(x.get("partition") == "batch" and x.get("job_state") in
-                       ("PENDING", "RUNNING", "COMPLETING") for x in self.squeue()):
+                       ("PENDING", "RUNNING", "COMPLETING") for x in self.cluster.squeue()):
                 return
             time.sleep(0.5)
 
     # ------------------------------------------------------------------ daemon
-    def start_daemon(self) -> Path:
-        sock = self.work / "state" / "submit.sock"
-        config = self.work / "malletrain.yaml"
-        config.write_text(yaml.safe_dump({
-            "slurm": {"slurm_conf": self.env["SLURM_CONF"], "max_slot_time_s": 900},
-            "allocator": {"tick_interval_s": 1.0, "policy": self.args.policy},
-            "state": {"database_path": str(self.work / "state" / "state.db"),
-                      "snapshot_dir": str(self.work / "state" / "snapshots")},
-            "coordinator": {"host": "127.0.0.1", "port": 0},
-            "submit": {"socket_path": str(sock)},
-            "metrics": {"address": "127.0.0.1:0"},
-        }))
-        log = open(self.work / "daemon.log", "ab")  # noqa: SIM115
-        self.daemon = subprocess.Popen([PY, "-m", "malletrain.cli", "daemon", "--config",
-                                        str(config)], env=self.env, stdout=log, stderr=log,
-                                       stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
-        for _ in range(300):
-            if sock.exists() and self.sh([PY, "-m", "malletrain.cli", "jobs", "--socket",
-                                          str(sock)], check=False).returncode == 0:
-                return sock
-            time.sleep(0.3)
-        raise SystemExit("the daemon did not start")
-
-    def jobs(self, sock: Path) -> list[dict]:
-        res = self.sh([PY, "-m", "malletrain.cli", "jobs", "--all", "--json", "--socket",
-                       str(sock)], check=False)
-        return json.loads(res.stdout) if res.returncode == 0 else []
+    def start_daemon(self) -> LocalDaemon:
+        self.daemon = LocalDaemon(self.work, self.env, self.cluster.slurm_conf,
+                                  policy=self.args.policy, tick_s=1.0)
+        return self.daemon.start()
 
     def stop(self) -> None:
-        if self.daemon is not None and self.daemon.poll() is None:
-            self.daemon.send_signal(signal.SIGTERM)
-            try:
-                self.daemon.wait(30)
-            except subprocess.TimeoutExpired:
-                self.daemon.kill()
-        pid = self.work / "state" / "coordinator.pid"
-        if pid.exists():
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(pid.read_text()), signal.SIGTERM)
-        self.sh([str(DEV), "down"], check=False, timeout=120)
+        if self.daemon is not None:
+            self.daemon.stop()
+            self.daemon.stop_coordinator()
+        self.cluster.down()
 
     # ------------------------------------------------------------------ main
     def main(self) -> int:
@@ -261,22 +203,15 @@ class Bench:
                   f"{[j.nodes for j in stream]}, run s {[j.run_s for j in stream]}", flush=True)
             base = self.run_stream(stream, "base")
             self.wait_regular_done()
-            sock = self.start_daemon()
-            mall = []
-            for tag in ("ma", "mb"):
-                res = self.sh(as_user("mt-alice", [
-                    PY, "-m", "malletrain.cli", "submit", "--socket", str(sock), "--parsable",
-                    "-N", "1-4", "-J", tag, "--launcher", self.args.launcher,
-                    "-o", str(self.work / "out" / f"{tag}-%j.out"),
-                    "-D", str(self.work / "out"), str(EXAMPLE), "--total-samples",
-                    str(self.args.samples), "--step-sleep", "0.05",
-                    "--jsonl", str(self.work / "out" / f"{tag}.log"),
-                    "--results", str(self.work / "out" / f"{tag}.json")]))
-                mall.append(res.stdout.strip())
+            daemon = self.start_daemon()
+            mall = [daemon.submit_example("mt-alice", tag, "1-4", self.args.samples,
+                                          step_sleep_s=0.05, batch_per_rank=16,
+                                          launcher=self.args.launcher, step_log=True)
+                    for tag in ("ma", "mb")]
             # start-up: wait until both train on every node they can have (the first
             # workers on an empty cluster), then replay the same stream
             for _ in range(240):
-                rows = {r["job_id"]: r for r in self.jobs(sock)}
+                rows = daemon.jobs()
                 members = sum(rows.get(j, {}).get("members", 0) for j in mall)
                 cap = sum(rows.get(j, {}).get("max_nodes", 0) for j in mall)
                 if (all(rows.get(j, {}).get("members", 0) > 0 for j in mall)
@@ -291,14 +226,14 @@ class Bench:
                 if now - last[0] < 1.0:
                     return
                 last[0] = now
-                regular = set()
+                regular: set[str] = set()
                 slots_running = 0
                 for x in by_id.values():
                     if str(x.get("comment", "")).startswith("malletrain:"):
                         slots_running += x.get("job_state") == "RUNNING"
                     elif x.get("job_state") in ("RUNNING", "COMPLETING"):
                         regular.update(expand_hostlist(x.get("nodes", "")))
-                rows = [r for r in self.jobs(sock) if r["state"] not in
+                rows = [r for r in daemon.jobs().values() if r["state"] not in
                         ("completed", "cancelled", "failed")]
                 cap = sum(r["max_nodes"] for r in rows)
                 samples["usable"] += min(NODES - len(regular), cap)
@@ -309,12 +244,12 @@ class Bench:
 
             scav = self.run_stream(stream, "scav", sampler=sample)
             self.wait_regular_done()
-            rows = {r["job_id"]: r for r in self.jobs(sock)}
+            rows = daemon.jobs()
         finally:
             self.stop()
         lost = 0
         for tag in ("ma", "mb"):
-            path = self.work / "out" / f"{tag}.log"
+            path = daemon.step_log(tag)
             failed = set()
             if path.exists():
                 for line in path.read_text().splitlines():

@@ -77,10 +77,15 @@ class LocalCluster:
     def slurm_conf(self) -> str:
         return self.env["SLURM_CONF"]
 
-    def up(self, *, accounting: bool = True, users: tuple[str, ...] = TEST_USERS) -> None:
+    def up(self, *, accounting: bool = True, users: tuple[str, ...] = TEST_USERS,
+           epilog: bool = False) -> None:
+        """Start it (wiping any previous state). ``epilog``: run a site-like Epilog
+        (``dev-cluster up --epilog``; docs/slurm-backend.md §9)."""
         argv = [str(DEV_CLUSTER), "up", "--nodes", str(self.nodes)]
         if accounting:
             argv.append("--accounting")
+        if epilog:
+            argv.append("--epilog")
         if users:
             argv += ["--users", ",".join(users)]
         run(argv, self.env, timeout_s=600)
@@ -219,15 +224,26 @@ class LocalDaemon:
 
     def submit_example(self, user: str, tag: str, nodes: str, samples: int, *,
                        step_sleep_s: float = STEP_SLEEP_S, batch_per_rank: int = BATCH_PER_RANK,
-                       launcher: str = "srun") -> str:
-        """Submit ``examples/elastic_train.py`` as ``user``; its malletrain job id."""
+                       launcher: str = "srun", step_log: bool = False) -> str:
+        """Submit ``examples/elastic_train.py`` as ``user``; its malletrain job id.
+
+        ``step_log``: the workers also write one JSON line per step event to
+        ``out/TAG.log`` (``--jsonl``), e.g. to count steps that failed and were redone.
+        """
+        script_args = ["--total-samples", str(samples), "--step-sleep", str(step_sleep_s),
+                       "--batch", str(batch_per_rank), "--results", str(self.out / f"{tag}.json")]
+        if step_log:
+            script_args += ["--jsonl", str(self.step_log(tag))]
         res = self.submit(
             user, "--parsable", "-N", nodes, "-J", tag, "--launcher", launcher,
             "-o", str(self.out / f"{tag}-%j.out"), "-D", str(self.out), str(EXAMPLE),
-            "--total-samples", str(samples), "--step-sleep", str(step_sleep_s),
-            "--batch", str(batch_per_rank), "--results", str(self.out / f"{tag}.json"),
+            *script_args,
         )
         return res.stdout.strip()
+
+    def step_log(self, tag: str) -> Path:
+        """Where ``submit_example(..., step_log=True)`` has the workers write their steps."""
+        return self.out / f"{tag}.log"
 
     def jobs(self) -> dict[str, dict[str, Any]]:
         """``malletrain jobs --all --json``, by job id (in the daemon's order)."""
