@@ -64,6 +64,10 @@ log = logging.getLogger(__name__)
 SUBMIT_TIMEOUT_S = 600.0
 #: terminal jobs are still looked at this long (to cancel leftover slot jobs).
 TERMINAL_LINGER_S = 600.0
+#: Seconds to the next tick while nodes are being given back ahead of a regular job
+#: (``TickPlan.follow_up``): its backfill plan moves each pass and may name more of our
+#: nodes; e2e runs saw a second give-back wait one whole 1 s tick, which the job waited too.
+FOLLOW_UP_TICK_S = 0.25
 #: What a live cluster needs beyond a replay (docs/allocator.md, "Live robustness"): a fixed
 #: 10 % keep margin on top of the measured rate noise (co-location and placement make live
 #: rates move between measurements; without it two jobs traded nodes on the dev cluster) and
@@ -660,12 +664,16 @@ def run_daemon(settings: Settings, config_path: str | None, backend: SlurmBacken
                 settings = reload_config(config_path, settings, metrics=metrics,
                                          notifier=notifier)
                 daemon.apply_settings(settings)
+            plan = None
             try:
-                daemon.tick()
+                plan = daemon.tick()
             except Exception:
                 log.exception("tick failed; the next tick starts from a fresh snapshot")
             notifier.watchdog()
-            signals.wait(notifier.max_sleep_s(settings.allocator.tick_interval_s))
+            sleep_s = settings.allocator.tick_interval_s
+            if plan is not None and plan.follow_up:
+                sleep_s = min(sleep_s, FOLLOW_UP_TICK_S)
+            signals.wait(notifier.max_sleep_s(sleep_s))
     finally:
         notifier.stopping("stopping: the tick in progress has finished")
         log.info("stopping (signal %s)", signals.stop_signal)

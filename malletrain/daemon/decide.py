@@ -221,6 +221,10 @@ class TickPlan:
     held_nodes: tuple[IdleNode, ...] = ()
     hole_start_s: Mapping[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    #: Held nodes are being given back ahead of a foreign job (:func:`yield_ahead`). Slurm's
+    #: backfill plan moves every pass while that job waits, and may name more of our nodes
+    #: next: the loop should look again soon instead of after a whole tick interval.
+    follow_up: bool = False
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -624,4 +628,4 @@ def decide(world: World, policy: Policy) -> TickPlan:
                                        f"hung: no progress for {now - since:.0f} s more"))
     return TickPlan(targets=targets, actions=tuple(actions), slot_views=views,
                     allocation=allocation, free_nodes=free, held_nodes=held_nodes,
-                    hole_start_s=holes, notes=tuple(notes))
+                    hole_start_s=holes, notes=tuple(notes), follow_up=bool(giving_back))

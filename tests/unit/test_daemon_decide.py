@@ -337,12 +337,14 @@ def test_a_held_node_a_regular_job_is_due_on_is_given_back_before_slurm_preempts
         assert Publish("m1", ("s0-r0",), 2) in plan.actions
         assert [n.name for n in plan.held_nodes] == ["n1"]
         assert any("n2: given back ahead of job 99" in note for note in plan.notes)
+        assert plan.follow_up  # the plan moves while job 99 waits: look again soon
 
 
 def test_a_held_node_with_a_claim_further_ahead_is_kept():
     plan = _held_on_n1_n2(120.0)
     assert sorted(plan.targets["m1"]) == ["n1", "n2"]
     assert not kinds(plan, Leave) and not kinds(plan, Park)
+    assert not plan.follow_up
 
 
 def test_yield_ahead_is_capped_by_min_slot_time_so_a_given_back_node_is_not_placed_again():
