@@ -67,7 +67,7 @@ def test_bound_is_the_integral_of_F_for_identical_jobs():
     segs = [seg(0, 10, 1), seg(10, 30, 3), seg(30, 35, 4), seg(35, 40, 0)]
     b = upper_bound(segs, jobs, max_concurrent_jobs=2)
     assert b.samples == pytest.approx(10 * 3 + 20 * 7 + 5 * 8)
-    assert b.samples_uncapped == b.samples and b.iterations == 0
+    assert b.samples_uncapped == b.samples and b.rounds == 0
     assert b.idle_node_seconds == 10 + 60 + 20
     # K = 1: F(n) = 3, 4, 4, 4.
     assert upper_bound(segs, jobs, 1).samples == pytest.approx(10 * 3 + 20 * 4 + 5 * 4)
@@ -106,6 +106,16 @@ def test_later_jobs_wait_for_finishes():
     assert b.samples == pytest.approx(300.0, rel=1e-6)
 
 
+def test_submit_times_count_from_the_trace_start_as_in_the_engine():
+    # The trace starts at 0, its first event is at 5; a job submitted at 3 runs from 5 on.
+    j = job("j", [(1, 2.0)], submit=3.0)
+    segs = [seg(5, 15, 1)]
+    assert upper_bound(segs, [j], 1, submit_origin_s=0.0).samples == pytest.approx(20.0)
+    # Counted from the first event instead, it could only be admitted at 8: no event.
+    assert upper_bound(segs, [j], 1, submit_origin_s=5.0).samples == 0.0
+    assert upper_bound(segs, [j], 1).samples == pytest.approx(20.0)  # submit times ignored
+
+
 def test_idle_segments_match_the_engine_timeline():
     names = ("a", "b", "c")
     evs = (
@@ -130,8 +140,8 @@ def _random_case(rng: random.Random) -> tuple[IdleTrace, list[SimJob], int]:
     n_nodes = rng.randint(2, 7)
     names = tuple(f"n{i}" for i in range(n_nodes))
     idle = set(rng.sample(range(n_nodes), rng.randint(0, n_nodes)))
-    events = [TraceEvent(0.0, tuple(sorted(idle)), ())]
-    t = 0.0
+    t = rng.choice([0.0, 5.0])  # the first event may come after the trace's start
+    events = [TraceEvent(t, tuple(sorted(idle)), ())]
     for _ in range(rng.randint(3, 12)):
         t += rng.choice([3.0, 10.0, 25.0, 60.0])
         flip = set(rng.sample(range(n_nodes), rng.randint(0, 2)))
@@ -151,7 +161,7 @@ def _random_case(rng: random.Random) -> tuple[IdleTrace, list[SimJob], int]:
             r += rng.uniform(0.0, 5.0) if n > 1 else rng.uniform(0.5, 5.0)
             pts.append((n, round(r, 3)))
         total = rng.choice([20.0, 80.0, 300.0, 1e6])
-        jobs.append(SimJob(f"k{i % 2}-{i:03d}", rng.choice([0.0, 0.0, 15.0]), lo, hi, total,
+        jobs.append(SimJob(f"k{i % 2}-{i:03d}", rng.choice([0.0, 0.0, 3.0, 15.0]), lo, hi, total,
                            rng.choice([0.0, 2.0]), rng.choice([0.0, 1.0]), tuple(pts)))
     until = t + rng.choice([0.0, 30.0])
     return IdleTrace("rand", names, 0.0, until, tuple(events)), jobs, rng.randint(1, 3)
@@ -167,8 +177,9 @@ def test_no_policy_beats_the_bound_on_random_replays():
     for _ in range(30):
         tr, jobs, k = _random_case(rng)
         segs = idle_segments(tr)
-        offered = upper_bound(segs, jobs, k, iterations=30)
-        idle = upper_bound(segs, jobs, k, nodes="idle", iterations=30)
+        offered = upper_bound(segs, jobs, k, rounds=30, submit_origin_s=tr.start_s)
+        idle = upper_bound(segs, jobs, k, nodes="idle", rounds=30,
+                           submit_origin_s=tr.start_s)
         assert offered.samples <= offered.samples_uncapped * (1 + 1e-9)
         for name in POLICY_NAMES:
             pol = make_policy(name, PolicyOptions(milp_time_limit_s=2.0, **REPLAY_POLICY))
