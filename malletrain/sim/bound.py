@@ -208,8 +208,10 @@ def earliest_starts(
     Job ``p`` runs only once ``m = p + 1 - K`` jobs before it have finished; that takes
     ``ceil(m / K)`` finishing generations of at least the shortest ``min_duration_s``
     each, and at least the ``m`` cheapest :class:`FinishCost` of the jobs before ``p``
-    in node-seconds offered since the start. No job runs before it is submitted. A job
-    that can never run gets the end of the replay. Module docstring for the proof.
+    in node-seconds offered since the start. No job runs before it is submitted, nor
+    before the job ahead of it could (admission is in submit order), so the result never
+    decreases. A job that can never run gets the end of the replay. Module docstring
+    for the proof.
     ``submit_s`` counts from ``submit_origin_s``, the trace's ``start_s`` as in the
     engine; without it submit times are ignored (valid, possibly looser).
     """
@@ -240,7 +242,8 @@ def earliest_starts(
                 else:
                     lo = mid + 1
             earliest = starts[lo] if lo < len(segments) else max(end, earliest)
-        out.append(max(earliest, start))  # nothing runs before the first event
+        # Nothing runs before the first event, and job p is admitted after job p - 1.
+        out.append(max(earliest, start, out[-1] if out else start))
         d = min(d, min_duration_s(job))
     return out
 

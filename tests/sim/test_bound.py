@@ -116,6 +116,15 @@ def test_submit_times_count_from_the_trace_start_as_in_the_engine():
     assert upper_bound(segs, [j], 1).samples == pytest.approx(20.0)  # submit times ignored
 
 
+def test_earliest_starts_follow_submit_order():
+    rng = random.Random(3)
+    for _ in range(20):
+        tr, jobs, k = _random_case(rng)
+        runs = sorted(jobs, key=lambda j: j.submit_s)
+        starts = earliest_starts(idle_segments(tr), runs, k, submit_origin_s=tr.start_s)
+        assert starts == sorted(starts)
+
+
 def test_idle_segments_match_the_engine_timeline():
     names = ("a", "b", "c")
     evs = (
