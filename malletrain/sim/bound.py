@@ -4,8 +4,9 @@
 rescale costs: a good estimate, but not a bound, because which jobs it gets to run
 depends on which of them finish first (malletrain beat it on two mixed job sets).
 This module bounds ``samples_total`` of :class:`malletrain.sim.engine.Simulator`
-for every policy, from the idle-count timeline and the job set alone, in well under
-a minute (no policy is run).
+for every policy, from the idle-count timeline and the job set alone (no policy is
+run): an LP bound in seconds, and optionally a tighter integer-finish bound (a MILP,
+minutes) where submit-order admission is what limits the jobs.
 
 **The replay, as the engine runs it** (``engine.py``). The idle set is constant
 between two trace events (events after ``until`` are dropped, the last interval
@@ -64,14 +65,29 @@ policies make); :attr:`Bound.can_run_dry` says whether it could empty within the
 replay (``K + K * floor((until - start) / d) > jobs``), in which case issue 4's
 comparison of ``samples_total`` is not the right one.
 
-**Where it is loose.** Once a job can run it may run in any segment, next to any
-other job that can, even if the finishes that admitted it are not paid for; on mixed
-job sets (different curves) that lets the bound run more high-rate jobs at once than
-submit-order admission allows. Tried and not kept: admission-order constraints in
-the LP (over time blocks, the running jobs from index ``i >= K`` on are at most the
-finished ones from ``i - K`` on, a finish counted as ``min(1, G_j / T_j)``) tightened
-the evaluation's bounds by at most 0.4 %: an LP counts ten jobs at 90 % as nine
-finishes; deciding finishes needs integer variables.
+**Where the LP bound is loose.** Once a job can run it may run in any segment, next
+to any other job that can, even if the finishes that admitted it are not paid for; on
+mixed job sets (different curves) that lets it run more high-rate jobs at once than
+submit-order admission allows. Admission-order constraints in the LP alone (below,
+with a finish counted as ``min(1, G_j / T_j)``) moved the evaluation's bounds by at
+most 0.4 %: an LP counts ten jobs at 90 % as nine finishes.
+
+**Integer finishes** (:func:`integer_finish_bound`, a MILP, optional). Cut the
+timeline into blocks (one per event, or about ``block_s`` long); let binary
+``f[j, b]`` say that job ``j`` finished by the end of block ``b``, which needs
+``G_j >= T_j`` by then. Admitted jobs form a prefix ``0 .. A-1`` with ``A <= K + N``,
+so the running jobs with index ``>= i`` (``i >= K``) are at most ``A - i <= N - (i -
+K)``, which is at most the finished jobs with index ``>= i - K`` (at most ``i - K``
+finished jobs have a smaller index). Admissions happen at events, so ``N`` is taken
+at the block's last event: its start for a one-event block (``f`` of the block
+before), else its end. Allocations are time shares ``u[j, n]`` per block and
+capacity ``c`` (at most one size per job at a time, ``sum n u <= c``, ``sum u <= K``),
+``n`` on the concave envelope of ``(0, 0)`` and the job's sizes up to ``c``: any
+size between two envelope sizes is matched in nodes and running time by a mix of
+them with at least its rate. Every real run is a feasible point (``f`` its real
+finishes, ``u`` its time shares), so the MILP's optimum, and HiGHS's dual bound on
+it when stopped early, bound ``samples_total``. ``Bound.samples`` is the smaller of
+the two bounds.
 
 ``python -m malletrain.sim.bound`` takes the trace and job flags of ``malletrain
 simulate`` and prints both bounds (docs/evaluation.md, "A proven upper bound").
@@ -80,10 +96,14 @@ simulate`` and prints both bounds (docs/evaluation.md, "A proven upper bound").
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import math
+import os
 import sys
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -308,7 +328,14 @@ class Bound:
     #: only the nodes the scavenger offers, as every registered one does) or ``idle``
     #: (valid for any plan the engine accepts).
     nodes: NodeCount
-    #: The same bound without the ``total_samples`` cap (``mu = 0``), also proven.
+    #: The LP bound (exact DP, caps by multipliers); ``samples`` is the smaller of it
+    #: and the integer-finish bound.
+    samples_lp: float
+    #: The integer-finish bound (:func:`integer_finish_bound`), None when not run or
+    #: when HiGHS proved none in time; whether HiGHS solved that MILP to optimality.
+    samples_milp: float | None
+    milp_optimal: bool | None
+    #: The same LP bound without the ``total_samples`` cap (``mu = 0``), also proven.
     samples_uncapped: float
     #: ``idle node-s x best per-node rate``, the simulator's linear bound.
     samples_linear: float
@@ -430,6 +457,231 @@ class _Master:
         return -float(res.fun), mu
 
 
+@dataclass(frozen=True)
+class _Block:
+    """Consecutive segments, in time order, in which jobs ``0 .. members-1`` can run."""
+
+    members: int
+    capacity: int
+    #: ``seconds[c]``: time during which ``c`` nodes (capped at ``capacity``) could be used.
+    seconds: np.ndarray
+    #: One segment: every job running in it was admitted by its start.
+    single: bool
+
+    @property
+    def duration_s(self) -> float:
+        return float(self.seconds.sum())
+
+
+def _blocks(
+    segments: Sequence[IdleSegment],
+    eligible_from: Sequence[float],
+    runs: Sequence[SimJob],
+    k: int,
+    nodes: NodeCount,
+    block_s: float,
+) -> list[_Block]:
+    """Cut the timeline into blocks of about ``block_s`` (and wherever new jobs can run)."""
+    out: list[_Block] = []
+    cur: list[IdleSegment] = []
+    members = 0
+    for seg in segments:
+        if seg.duration_s <= 0:
+            continue
+        m = sum(t <= seg.start_s for t in eligible_from)  # a prefix (earliest_starts)
+        if cur and (m != members or sum(s.duration_s for s in cur) >= block_s):
+            out.append(_make_block(cur, members, runs, k, nodes))
+            cur = []
+        cur.append(seg)
+        members = m
+    if cur:
+        out.append(_make_block(cur, members, runs, k, nodes))
+    return out
+
+
+def _make_block(
+    segs: Sequence[IdleSegment], members: int, runs: Sequence[SimJob], k: int, nodes: NodeCount
+) -> _Block:
+    counts = np.array([s.offered if nodes == "offered" else s.idle for s in segs])
+    maxes = sorted((runs[p].max_nodes for p in range(members)), reverse=True)
+    cap = int(min(counts.max(), sum(maxes[:k])))
+    secs = np.bincount(np.minimum(counts, cap), [s.duration_s for s in segs], cap + 1)
+    return _Block(members, cap, secs, len(segs) == 1)
+
+
+def concave_sizes(rates: np.ndarray) -> list[int]:
+    """The sizes on the upper concave envelope of ``(0, 0)`` and ``(n, r(n))``.
+
+    Time-sharing other sizes is never better: a size between two envelope sizes is
+    matched, in nodes and in running time, by a mix of them with at least its rate.
+    """
+    hull: list[tuple[int, float]] = [(0, 0.0)]
+    for n in np.flatnonzero(rates):
+        x, y = int(n), float(rates[n])
+        while len(hull) >= 2:
+            (x0, y0), (x1, y1) = hull[-2], hull[-1]
+            if (y1 - y0) * (x - x0) <= (y - y0) * (x1 - x0):  # hull[-1] on or below the chord
+                hull.pop()
+            else:
+                break
+        hull.append((x, y))
+    return [x for x, _ in hull[1:]]
+
+
+@contextlib.contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """HiGHS's MILP prints debugging lines to the process's stdout: send them nowhere."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
+
+
+@dataclass(frozen=True)
+class FinishBound:
+    """The integer-finish bound (module docstring, "Integer finishes")."""
+
+    #: HiGHS's proven bound (dual bound), None if it found none within the time limit.
+    samples: float | None
+    #: Solved to optimality (within HiGHS's gap 1e-4): ``samples`` is the MILP's optimum.
+    optimal: bool
+    wall_s: float
+    blocks: int
+    binaries: int
+
+
+def integer_finish_bound(
+    segments: Sequence[IdleSegment],
+    runs: Sequence[SimJob],
+    max_concurrent_jobs: int,
+    eligible_from: Sequence[float],
+    *,
+    nodes: NodeCount = "offered",
+    block_s: float = 3 * 3600.0,
+    time_limit_s: float = 120.0,
+) -> FinishBound:
+    """Bound with whole finishes and submit-order admission (a MILP, HiGHS via SciPy).
+
+    Per block ``b`` and capacity ``c``, ``u[j, n]`` is the share of that time job ``j``
+    runs on ``n`` nodes (``n`` on the concave envelope of its sizes up to ``c``):
+    ``sum_n u[j, n] <= 1``,
+    ``sum n u <= c``, ``sum u <= K``. ``G_j`` sums ``seconds x r_j(n) x u``; ``y_j <=
+    min(T_j, G_j)`` is maximised. Binary ``f[j, b]`` says ``j`` finished by the end of
+    ``b`` (``T_j f <= G_j`` so far, never undone). Admission: at any time the running
+    jobs with index ``>= i`` (``i >= K``) are at most the finished jobs with index
+    ``>= i - K``, finished by the block's last admission point: its start for a
+    one-segment block (the end of the block before), else its end.
+    """
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix
+
+    t0 = time.perf_counter()
+    k = max_concurrent_jobs
+    blocks = _blocks(segments, eligible_from, runs, k, nodes, block_s)
+    ever = max((b.members for b in blocks), default=0)
+    totals = [j.total_samples for j in runs]
+    rates = [job_rates(j) for j in runs]
+    sizes: dict[tuple[int, int], list[int]] = {}  # (job, capacity) -> envelope sizes
+
+    def fits(j: int, cap: int) -> list[int]:
+        """Envelope sizes among those that fit: reality uses no more than ``cap`` nodes."""
+        if (j, cap) not in sizes:
+            sizes[(j, cap)] = concave_sizes(rates[j][: cap + 1])
+        return sizes[(j, cap)]
+    lo: list[float] = []
+    hi: list[float] = []
+    cost: list[float] = []
+    integral: list[int] = []
+
+    def var(upper: float, c: float = 0.0, binary: bool = False) -> int:
+        lo.append(0.0)
+        hi.append(upper)
+        cost.append(c)
+        integral.append(int(binary))
+        return len(lo) - 1
+
+    y = [var(totals[j] if j < ever else 0.0, -1.0) for j in range(len(runs))]
+    f = {(j, b): var(1.0, binary=True) for b, blk in enumerate(blocks) for j in range(blk.members)}
+    # u per block and capacity: {job: [(var, n)]}
+    cells: list[dict[int, dict[int, list[tuple[int, int]]]]] = []
+    for blk in blocks:
+        cells.append({})
+        for cap in map(int, np.flatnonzero(blk.seconds)):
+            cells[-1][cap] = {
+                j: [(var(1.0), n) for n in fits(j, cap)] for j in range(blk.members)
+            }
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    upper: list[float] = []
+
+    def row(entries: Iterable[tuple[int, float]], ub: float) -> None:
+        r = len(upper)
+        for v, a in entries:
+            rows.append(r)
+            cols.append(v)
+            vals.append(a)
+        upper.append(ub)
+
+    gross: dict[tuple[int, int], list[tuple[int, float]]] = {}  # (job, block) -> terms
+    for b, by_cap in enumerate(cells):
+        for cap, jobs_u in by_cap.items():
+            secs = float(blocks[b].seconds[cap])
+            every = [(v, n) for us in jobs_u.values() for v, n in us]
+            row(((v, float(n)) for v, n in every), float(cap))
+            row(((v, 1.0) for v, _ in every), float(k))
+            for j, us in jobs_u.items():
+                if len(us) > 1:
+                    row(((v, 1.0) for v, _ in us), 1.0)
+                gross.setdefault((j, b), []).extend((v, secs * rates[j][n]) for v, n in us)
+    for j in range(ever):
+        made = [(v, -a) for b in range(len(blocks)) for v, a in gross.get((j, b), [])]
+        row([(y[j], 1.0), *made], 0.0)
+    for (j, b), fv in f.items():
+        so_far = [(v, -a) for b2 in range(b + 1) for v, a in gross.get((j, b2), [])]
+        row([(fv, totals[j]), *so_far], 0.0)
+        if (j, b - 1) in f:
+            row([(f[(j, b - 1)], 1.0), (fv, -1.0)], 0.0)
+    for b, blk in enumerate(blocks):
+        ref = b - 1 if blk.single else b
+        for i in range(k, blk.members):
+            running = [
+                (v, float(blk.seconds[cap]))
+                for cap, jobs_u in cells[b].items()
+                for j, us in jobs_u.items()
+                if j >= i
+                for v, _ in us
+            ]
+            done = []
+            if ref >= 0:
+                done = [(f[(j, ref)], -blk.duration_s) for j in range(i - k, blocks[ref].members)]
+            row(running + done, 0.0)
+    a = coo_matrix((vals, (rows, cols)), shape=(len(upper), len(lo))).tocsr()
+    with _quiet_stdout():
+        res = milp(
+            np.array(cost),
+            constraints=LinearConstraint(a, -np.inf, np.array(upper)),
+            integrality=np.array(integral),
+            bounds=Bounds(np.array(lo), np.array(hi)),
+            options={"time_limit": time_limit_s, "mip_rel_gap": 1e-4},
+        )
+    dual = getattr(res, "mip_dual_bound", None)
+    proven = None if dual is None or not math.isfinite(dual) else -float(dual)
+    return FinishBound(
+        samples=proven,
+        optimal=res.status == 0,
+        wall_s=time.perf_counter() - t0,
+        blocks=len(blocks),
+        binaries=len(f),
+    )
+
+
 def upper_bound(
     segments: Sequence[IdleSegment],
     jobs: Iterable[SimJob],
@@ -438,13 +690,16 @@ def upper_bound(
     nodes: NodeCount = "offered",
     rounds: int = 200,
     submit_origin_s: float | None = None,
+    milp_s: float = 0.0,
+    block_s: float = 3 * 3600.0,
 ) -> Bound:
     """The bound of the module docstring for one replay (``segments`` from :func:`idle_segments`).
 
     ``rounds`` bounds the rounds of the multiplier search (:class:`_Master`); every
     round's value is a valid bound and the smallest is returned, so fewer rounds give a
     looser, never a wrong, bound. ``submit_origin_s``: the trace's ``start_s``, from
-    which jobs' ``submit_s`` count (without it submit times are ignored).
+    which jobs' ``submit_s`` count (without it submit times are ignored). ``milp_s > 0``
+    also runs :func:`integer_finish_bound` (blocks of ``block_s``) for at most that long.
     """
     runs = sorted(jobs, key=lambda j: j.submit_s)  # the engine's (stable) admission order
     k = max_concurrent_jobs
@@ -493,9 +748,18 @@ def upper_bound(
     max_finishes = k * math.floor((until - start) / d) if 0 < d < math.inf else 0
     best_rate = max((j.best_per_node_rate() for j in runs), default=0.0)
     idle_ns = sum(s.idle * s.duration_s for s in segments)
+    milp = None
+    if milp_s > 0 and segments:
+        milp = integer_finish_bound(
+            segments, runs, k, eligible_from, nodes=nodes, block_s=block_s, time_limit_s=milp_s
+        )
+    proven = [best] if milp is None or milp.samples is None else [best, milp.samples]
     return Bound(
-        samples=best,
+        samples=min(proven),
         nodes=nodes,
+        samples_lp=best,
+        samples_milp=None if milp is None else milp.samples,
+        milp_optimal=None if milp is None else milp.optimal,
         samples_uncapped=uncapped,
         samples_linear=idle_ns * best_rate,
         idle_node_seconds=idle_ns,
@@ -528,6 +792,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--rounds", type=int, default=200, help="multiplier LP rounds (default 200)"
     )
+    ap.add_argument(
+        "--milp-s", type=float, default=0.0, metavar="S",
+        help="also run the integer-finish MILP, for at most S seconds per bound (default 0: "
+        "the LP bound only, seconds; the MILP can take minutes)",
+    )
+    ap.add_argument(
+        "--block-s", type=float, default=3 * 3600.0, metavar="S",
+        help="MILP time blocks on traces with more than 500 events (default 10800; "
+        "shorter traces get one block per event)",
+    )
     ap.add_argument("--json", metavar="FILE", help="also write both bounds as JSON here")
     args = ap.parse_args(argv)
     try:
@@ -539,16 +813,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not segments:
         ap.error("the trace has no event before --until-s")
     k = args.max_concurrent_jobs
-    offered, idle = (
-        upper_bound(
-            segments, jobs, k, nodes=nodes, rounds=args.rounds,
-            submit_origin_s=trace.start_s,
+    block_s = 0.0 if len(segments) <= 500 else args.block_s
+
+    def bound(nodes: NodeCount) -> Bound:
+        return upper_bound(
+            segments, jobs, k, nodes=nodes, rounds=args.rounds, submit_origin_s=trace.start_s,
+            milp_s=args.milp_s, block_s=block_s,
         )
-        for nodes in ("offered", "idle")
-    )
+
+    offered = bound("offered")
+    same = all(s.offered == s.idle for s in segments)
+    idle = dataclasses.replace(offered, nodes="idle") if same else bound("idle")
+    milp = "not run"
+    if offered.samples_milp is not None:
+        how = "optimal" if offered.milp_optimal else "HiGHS's bound at the time limit"
+        milp = f"{offered.samples_milp:.6g} ({how})"
     print(
-        f"bound: samples_total <= {offered.samples:.6g} (policies on offered nodes), "
-        f"<= {idle.samples:.6g} (any plan on idle nodes); without the total_samples cap "
+        f"bound: samples_total <= {offered.samples:.6g} (policies on offered nodes; LP "
+        f"{offered.samples_lp:.6g}, integer finishes {milp}), <= {idle.samples:.6g} (any "
+        f"plan on idle nodes); LP without the total_samples cap "
         f"{offered.samples_uncapped:.6g}; linear {offered.samples_linear:.6g}; "
         f"{offered.segments} segments, jobs that can run {offered.jobs_admissible} of "
         f"{offered.jobs_total}, can run dry: {'yes' if offered.can_run_dry else 'no'}"
