@@ -106,6 +106,20 @@ def test_later_jobs_wait_for_finishes():
     assert b.samples == pytest.approx(300.0, rel=1e-6)
 
 
+def test_integer_finishes_make_the_admitted_job_wait_for_a_real_finish():
+    # K = 2, one node. a (10/s, 100 samples) and c (50/s) run first; b (100/s) is third and
+    # can run once a or c has finished. The LP bound only asks that a *could* have finished
+    # by t = 10 (10 s, 10 node-s), so it runs c, then b: 10 x 50 + 20 x 100 = 2500. With
+    # whole finishes b needs a to have run: a 0-10 then b 10-30: 100 + 2000 = 2100.
+    jobs = [job("a", [(1, 10.0)], total=100.0), job("c", [(1, 50.0)]), job("b", [(1, 100.0)])]
+    segs = [seg(0, 10, 1), seg(10, 20, 1), seg(20, 30, 1)]
+    b = upper_bound(segs, jobs, 2, milp_s=10.0, block_s=0.0)
+    assert b.earliest_s == (0.0, 0.0, 10.0)
+    assert b.samples_lp == pytest.approx(2500.0)
+    assert b.samples_milp == pytest.approx(2100.0, rel=1e-6) and b.milp_optimal
+    assert b.samples == b.samples_milp
+
+
 def test_submit_times_count_from_the_trace_start_as_in_the_engine():
     # The trace starts at 0, its first event is at 5; a job submitted at 3 runs from 5 on.
     j = job("j", [(1, 2.0)], submit=3.0)
