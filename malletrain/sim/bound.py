@@ -86,8 +86,11 @@ capacity ``c`` (at most one size per job at a time, ``sum n u <= c``, ``sum u <=
 size between two envelope sizes is matched in nodes and running time by a mix of
 them with at least its rate. Every real run is a feasible point (``f`` its real
 finishes, ``u`` its time shares), so the MILP's optimum, and HiGHS's dual bound on
-it when stopped early, bound ``samples_total``. ``Bound.samples`` is the smaller of
-the two bounds.
+it when stopped early, bound ``samples_total``, up to HiGHS's floating-point
+tolerances (unlike the LP bound, whose value is recomputed exactly by the DP; so read
+a MILP bound within a few 1e-6 of a target as undecided). ``Bound.samples`` is the
+smaller of the two bounds. (A version with rows scaled by ``T_j`` let HiGHS drop the
+small coefficients and report 0: the rows are kept in samples.)
 
 ``python -m malletrain.sim.bound`` takes the trace and job flags of ``malletrain
 simulate`` and prints both bounds (docs/evaluation.md, "A proven upper bound").
