@@ -7,8 +7,8 @@
   solved with SciPy's HiGHS (imported lazily: core stays importable without scipy).
 * :class:`NoLossBound`: not a policy to run on a cluster but a reference for the
   evaluation: the most throughput the admitted jobs can have at each event, rescale
-  costs and windows ignored. Replayed with free rescales it bounds what any policy
-  can reach on a trace (docs/evaluation.md says where the bound is not strict).
+  costs and windows ignored. Replayed with free rescales it estimates what any policy
+  can reach on a trace; the proven upper bound is :mod:`malletrain.sim.bound`.
 """
 
 from __future__ import annotations
@@ -302,7 +302,8 @@ class NoLossBound:
     samples between two events are at most the best summed rate of the admitted jobs
     times the interval, and this policy takes that best at every event, so no policy
     makes more samples on the same admitted jobs. (Which jobs are admitted depends on
-    which finish first, so with finishing jobs it is a reference, not a strict bound.)
+    which finish first, so with finishing jobs it is a reference, not a strict bound:
+    :mod:`malletrain.sim.bound` is the proven one.)
     It reads the true curves and ignores costs and windows: a simulator reference only,
     never for a real cluster (its registry entry has ``curves="true"``, which the
     daemon refuses).
