@@ -27,7 +27,9 @@ pytestmark = pytest.mark.torch
 WORKER = """\
 import os, signal, sys, time
 signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-print("up", os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"], flush=True)
+# one write (< PIPE_BUF, so atomic): the two workers share the agent's stdout, and print()
+# may write the words separately (a run saw "upup 0 2", then " 1 2")
+os.write(1, f"up {os.environ['LOCAL_RANK']} {os.environ['LOCAL_WORLD_SIZE']}\\n".encode())
 if sys.argv[1] == "wait":
     time.sleep(120)
 sys.exit(int(sys.argv[1]))
