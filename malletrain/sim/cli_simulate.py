@@ -19,6 +19,7 @@ from malletrain.core.policies import policy_names
 from malletrain.errors import UserError
 
 if TYPE_CHECKING:
+    from malletrain.sim.jobs import SimJob
     from malletrain.sim.trace import IdleTrace
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _upper_bound(trace: IdleTrace, jobs: list[SimJob], args: argparse.Namespace) -> float | None:
+    """The LP bound of :mod:`malletrain.sim.bound` for this replay (seconds to compute), so
+    that every summary says how far its policy is from what any policy could reach."""
+    from malletrain.sim.bound import idle_segments, upper_bound
+
+    segments = idle_segments(trace, args.until_s)
+    if not segments:
+        return None
+    return upper_bound(segments, jobs, args.max_concurrent_jobs,
+                       submit_origin_s=trace.start_s).samples
+
+
 def run(args: argparse.Namespace) -> int:
     from malletrain.core.policies import POLICIES, PolicyOptions, make_policy
     from malletrain.sim.curves import provider_for
@@ -133,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
     if args.no_rescale_cost:
         jobs = [dataclasses.replace(j, scale_up_s=0.0, scale_down_s=0.0) for j in jobs]
     trace = load_trace(args)
+    bound = _upper_bound(trace, jobs, args)
     spec = POLICIES[args.policy]
     policy = make_policy(args.policy, PolicyOptions(tfwd_s=args.tfwd_s, **REPLAY_POLICY))
     until = trace.end_s if args.until_s is None else min(args.until_s, trace.end_s)
@@ -162,6 +176,8 @@ def run(args: argparse.Namespace) -> int:
             "max_concurrent_jobs": args.max_concurrent_jobs,
             "jobs_file": str(args.jobs),
             "rescale_cost": "none" if args.no_rescale_cost else "jobs file",
+            # proven: no policy's samples_total exceeds it on this replay (sim.bound)
+            "proven_bound_samples": bound,
         },
     )
     print(

@@ -58,7 +58,9 @@ def table(rows: list[dict[str, object]]) -> str:
         out.append(
             f"idle node-seconds {float(first['idle_node_seconds']):.4g}, "  # type: ignore[arg-type]
             f"linear upper bound {float(first['upper_bound_samples']):.4g} samples, "  # type: ignore[arg-type]
-            f"{first['events']} events"
+            + (f"proven upper bound {float(proven):.4g} samples (sim.bound), "  # type: ignore[arg-type]
+               if (proven := first.get("proven_bound_samples")) is not None else "")
+            + f"{first['events']} events"
         )
     return "\n".join(out)
 

@@ -54,6 +54,8 @@ def test_simulate_writes_summary_timeline_and_plot(files, capsys):
     assert s["idle_node_seconds"] == pytest.approx(60 * (6 + 5 + 4 + 5 + 6 + 5))
     assert 0 < s["used_node_seconds"] <= s["idle_node_seconds"]
     assert s["samples_total"] > 0 and s["upper_bound_samples"] >= s["samples_total"]
+    # the proven bound (sim.bound) is tighter than the linear one and still above the replay
+    assert s["samples_total"] <= s["proven_bound_samples"] <= s["upper_bound_samples"] * 1.000001
     rows = list(csv.DictReader((out / "timeline.csv").open()))
     assert rows[0]["time_s"] == "0" and rows[-1]["time_s"] == "360"
     assert [int(r["idle_nodes"]) for r in rows[:3]] == [6, 5, 4]
