@@ -274,9 +274,10 @@ def _yield_s(snapshot: ClusterSnapshot, node: str | None, ended_at: float | None
 
     Only a job that wants the node after our slot is a candidate: one pending (planned on
     it, or with no plan yet but allowed on it) or one that started when our slot ended or
-    later. A job that ran on the node before
-    our slot (Slurm keeps finished jobs for MinJobAge) would otherwise be taken for the one
-    we yielded to and report its whole age as the yield time.
+    later. A job that ran on the node before our slot (Slurm keeps finished jobs for
+    MinJobAge) would otherwise be taken for the one we yielded to, and its whole age
+    reported as the yield time (CI saw 60-120 s). Of several candidates the shortest wait
+    counts: the figure is a lower bound when Slurm's choice is not known.
     """
     if node is None or ended_at is None:
         return None
@@ -285,8 +286,8 @@ def _yield_s(snapshot: ClusterSnapshot, node: str | None, ended_at: float | None
     for j in snapshot.jobs:
         if parse_tag(j.comment) is not None or j.submit_time is None:
             continue
-        # a job Slurm preempts for need not have planned nodes yet: any pending job that
-        # may run on the node is a candidate (the earliest-ending wait is taken)
+        # a job Slurm preempts for need not have planned nodes yet (it may still wait for
+        # other nodes): any pending job allowed on the node is a candidate
         unplanned = (j.state is JobState.PENDING and not j.planned_nodes
                      and not partitions.isdisjoint(j.partition.split(",")))
         on_node = node in j.nodes or node in j.planned_nodes or unplanned
