@@ -42,6 +42,9 @@ class Claim:
     start_at: float
     #: ``"job 42"`` or ``"reservation maint"``: for humans and logs.
     by: str
+    #: When the claiming job was submitted (``None`` for a reservation): a claim due the
+    #: moment its job arrives is Slurm's to serve first (the daemon's ``yield_ahead``).
+    submitted_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,8 @@ def earliest_claims(
         if job.job_id in skip:
             continue
         if job.state is JobState.PENDING and job.start_time is not None and job.planned_nodes:
-            claims.append((Claim(job.start_time, f"job {job.job_id}"), job.planned_nodes))
+            claims.append((Claim(job.start_time, f"job {job.job_id}", job.submit_time),
+                           job.planned_nodes))
     for resv in snapshot.reservations:
         if resv.end_time > now and resv.nodes:
             claims.append((Claim(resv.start_time, f"reservation {resv.name}"), resv.nodes))

@@ -74,6 +74,9 @@ class DecideSettings:
     #: this long, or should already have taken, is given back now (:func:`yield_ahead`);
     #: capped at ``min_slot_time_s`` so a node given back is never placed again at once.
     yield_ahead_s: float = 10.0
+    #: a claim due the moment its job was submitted is left to Slurm's own preemption for
+    #: this long after the submission before its nodes are given back (:func:`yield_ahead`).
+    yield_confirm_s: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -223,7 +226,8 @@ class TickPlan:
     notes: tuple[str, ...] = ()
     #: Held nodes are being given back ahead of a foreign job (:func:`yield_ahead`). Slurm's
     #: backfill plan moves every pass while that job waits, and may name more of our nodes
-    #: next: the loop should look again soon instead of after a whole tick interval.
+    #: next: the loop should look again soon instead of after a whole tick interval. Also
+    #: while a claim is left to Slurm for ``yield_confirm_s``: its end must be seen in time.
     follow_up: bool = False
 
 
@@ -326,8 +330,18 @@ def _time_limit_min(window_s: float | None, s: DecideSettings, job: JobRecord, n
     return max(1, math.floor(limit / 60.0))
 
 
+@dataclass(frozen=True)
+class GiveBack:
+    """What :func:`yield_ahead` found: nodes to give back now, and nodes left to Slurm."""
+
+    #: held node -> the claim it is given back to, this tick.
+    now: dict[str, Claim]
+    #: held node -> a claim due at once whose job Slurm may still preempt for by itself.
+    waiting: dict[str, Claim]
+
+
 def yield_ahead(held: Collection[str], claims: Mapping[str, Claim], now_s: float,
-                ahead_s: float) -> dict[str, Claim]:
+                ahead_s: float, confirm_s: float = 0.0) -> GiveBack:
     """The held nodes to give back to Slurm now, each with the claim that wants it.
 
     A node is given back when the earliest claim on it (a foreign pending job's backfill
@@ -340,13 +354,26 @@ def yield_ahead(held: Collection[str], claims: Mapping[str, Claim], now_s: float
     other node, takes that round off its wait. A claim further ahead is left alone: backfill
     itself starts jobs in such holes, and if the blocking job ends early Slurm preempts at
     once, which no daemon tick can beat.
+
+    Except in the first ``confirm_s`` after the claiming job's submission, when its claim
+    is already due: a job Slurm can start by preemption is served by Slurm's own next pass
+    (within ~1 s), and the nodes its plan names are often not the ones Slurm preempts; giving
+    them back as well left both sets to one job (measured: three nodes idle ~10 s in an e2e
+    run). Such nodes are reported as ``waiting``; past ``confirm_s`` without Slurm starting
+    the job, it is blocked elsewhere and they are given back.
     """
-    out: dict[str, Claim] = {}
+    now: dict[str, Claim] = {}
+    waiting: dict[str, Claim] = {}
     for node in held:
         claim = claims.get(node)
-        if claim is not None and claim.start_at - now_s <= ahead_s:
-            out[node] = claim
-    return out
+        if claim is None or claim.start_at - now_s > ahead_s:
+            continue
+        fresh = claim.submitted_at is not None and now_s - claim.submitted_at < confirm_s
+        if fresh and claim.start_at <= now_s:
+            waiting[node] = claim
+        else:
+            now[node] = claim
+    return GiveBack(now, waiting)
 
 
 # ----------------------------------------------------------------------------- decide
@@ -435,7 +462,9 @@ def decide(world: World, policy: Policy) -> TickPlan:
     held_set = {n for ns in held.values() for n in ns}
     # Held nodes a foreign job is about to take leave the pool: the policy drops them and the
     # difference below asks their members to leave (or parks/holds a slot not yet a member).
-    giving_back = yield_ahead(held_set, claims, now, min(s.yield_ahead_s, s.min_slot_time_s))
+    ahead = yield_ahead(held_set, claims, now, min(s.yield_ahead_s, s.min_slot_time_s),
+                        s.yield_confirm_s)
+    giving_back = ahead.now
     # the planned start as an absolute time keeps the note the same from tick to tick while
     # the plan stands, so the daemon logs it once
     notes.extend(f"{n}: given back ahead of {c.by} (planned start {c.start_at:.0f})"
@@ -629,4 +658,5 @@ def decide(world: World, policy: Policy) -> TickPlan:
                                        f"hung: no progress for {now - since:.0f} s more"))
     return TickPlan(targets=targets, actions=tuple(actions), slot_views=views,
                     allocation=allocation, free_nodes=free, held_nodes=held_nodes,
-                    hole_start_s=holes, notes=tuple(notes), follow_up=bool(giving_back))
+                    hole_start_s=holes, notes=tuple(notes),
+                    follow_up=bool(giving_back or ahead.waiting))

@@ -223,6 +223,14 @@ class SlurmSettings:
         "preempt its slot; 0 = only when the plan is overdue. Capped at min_slot_time_s.",
         min=0, max=600,
     ))
+    yield_confirm_s: float = field(default=1.0, metadata=_m(
+        "A regular job planned onto scavenged nodes the moment it is submitted is left to "
+        "Slurm's own preemption for this many seconds after its submission (Slurm's next "
+        "scheduling or backfill pass; it often preempts other nodes than the plan names); "
+        "only if it still waits then are the planned nodes given back. About the larger of "
+        "1 s and bf_interval; 0 = give back at once.",
+        min=0, max=60,
+    ))
     slurm_conf: Path | None = field(default=None, metadata=_m(
         "SLURM_CONF for every Slurm command; null = the daemon's environment (or Slurm's "
         "default, /etc/slurm/slurm.conf).",

@@ -301,16 +301,30 @@ def test_yield_ahead_gives_back_held_nodes_whose_claim_is_due_or_overdue():
     claims = {"n1": Claim(NOW + 5, "job 99"), "n2": Claim(NOW - 3, "job 98"),
               "n3": Claim(NOW + 300, "job 97"), "n5": Claim(NOW, "reservation maint")}
     held = ["n1", "n2", "n3", "n4"]
-    assert yield_ahead(held, claims, NOW, 10) == {"n1": claims["n1"], "n2": claims["n2"]}
-    assert yield_ahead(held, claims, NOW, 0) == {"n2": claims["n2"]}  # overdue only
-    assert yield_ahead([], claims, NOW, 10) == {}  # free nodes are not its business
+    assert yield_ahead(held, claims, NOW, 10).now == {"n1": claims["n1"], "n2": claims["n2"]}
+    assert yield_ahead(held, claims, NOW, 0).now == {"n2": claims["n2"]}  # overdue only
+    assert yield_ahead([], claims, NOW, 10).now == {}  # free nodes are not its business
+    assert yield_ahead(held, claims, NOW, 10).waiting == {}
 
 
-def _held_on_n1_n2(claim_in_s, policy_name="equal-share"):
+def test_a_claim_due_as_its_job_arrives_is_left_to_slurm_for_confirm_s():
+    claims = {"n1": Claim(NOW, "job 99", submitted_at=NOW - 0.4),  # due on arrival
+              "n2": Claim(NOW + 5, "job 98", submitted_at=NOW - 0.4),  # ahead: give back
+              "n3": Claim(NOW - 1, "job 97", submitted_at=NOW - 1.5),  # Slurm had its pass
+              "n4": Claim(NOW, "reservation maint")}  # no submission: give back
+    out = yield_ahead(["n1", "n2", "n3", "n4"], claims, NOW, 10, confirm_s=1.0)
+    assert out.waiting == {"n1": claims["n1"]}
+    assert out.now == {n: claims[n] for n in ("n2", "n3", "n4")}
+    # confirm_s=0 restores giving back at once
+    assert yield_ahead(["n1"], claims, NOW, 10, confirm_s=0.0).now == {"n1": claims["n1"]}
+
+
+def _held_on_n1_n2(claim_in_s, policy_name="equal-share", submitted_ago_s=None):
     """Two running members on n1, n2; a regular 1-node job planned on n2 in claim_in_s."""
     bob = Job(job_id=99, name="big", user="bob", partition="batch", state=JobState.PENDING,
               node_count=2, planned_nodes=("n2", "n3"), start_time=NOW + claim_in_s,
-              state_reason="Resources")
+              state_reason="Resources",
+              submit_time=None if submitted_ago_s is None else NOW - submitted_ago_s)
     busy = Job(job_id=98, name="other", user="bob", partition="batch", state=JobState.RUNNING,
                node_count=1, nodes=("n3",))
     slots = [SlotRecord("m1", 0, 11, last_status="running", last_node="n1"),
@@ -338,6 +352,18 @@ def test_a_held_node_a_regular_job_is_due_on_is_given_back_before_slurm_preempts
         assert [n.name for n in plan.held_nodes] == ["n1"]
         assert any("n2: given back ahead of job 99" in note for note in plan.notes)
         assert plan.follow_up  # the plan moves while job 99 waits: look again soon
+
+
+def test_a_held_node_due_to_a_job_just_submitted_is_kept_until_slurm_had_its_pass():
+    # in the first second after the submission Slurm's own pass preempts for the job (often
+    # on other nodes than its plan names): the daemon keeps n2 but looks again soon
+    plan = _held_on_n1_n2(0.0, submitted_ago_s=0.3)
+    assert sorted(plan.targets["m1"]) == ["n1", "n2"]
+    assert not kinds(plan, Leave) and not plan.notes
+    assert plan.follow_up
+    # still planned there a second after the submission: Slurm did not preempt; give it back
+    later = _held_on_n1_n2(0.0, submitted_ago_s=1.2)
+    assert later.targets["m1"] == ("n1",) and Leave("m1", 1) in later.actions
 
 
 def test_a_held_node_with_a_claim_further_ahead_is_kept():
