@@ -18,6 +18,7 @@ import pytest
 
 from malletrain.core.lifecycle import JobPhase, Lifecycle, advance
 from malletrain.core.policies import make_policy
+from malletrain.core.scavenger import earliest_claims
 from malletrain.daemon.decide import CoordView, DecideSettings, Leave, Registration, World, decide
 from malletrain.daemon.slots import slot_tag
 from malletrain.daemon.spec import JobSpec
@@ -57,6 +58,9 @@ def test_a_held_node_a_pinned_regular_job_is_planned_onto_is_given_back(clean_cl
     now = time.time()
     claim_in_s = snap.job(big).start_time - now
     assert 20 < claim_in_s <= 62, claim_in_s  # the end of n2's 1-minute job
+    # the claim carries the job's submission (yield_confirm_s counts from it)
+    submitted = earliest_claims(snap, now)["n1"].submitted_at
+    assert submitted is not None and now - 60 < submitted <= now, submitted
 
     def plan(**settings: float):
         world = World(
