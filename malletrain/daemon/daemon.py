@@ -83,6 +83,7 @@ def decide_settings(settings: Settings, **overrides: float) -> DecideSettings:
         max_slot_time_s=settings.slurm.max_slot_time_s,
         yield_ahead_s=settings.slurm.yield_ahead_s,
         yield_confirm_s=settings.slurm.yield_confirm_s,
+        yield_unplanned_s=settings.slurm.yield_unplanned_s,
         heartbeat_timeout_s=settings.coordinator.heartbeat_timeout_s,
     )
     return replace(base, **overrides)  # type: ignore[arg-type]

@@ -28,7 +28,7 @@ records them.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from malletrain.core.cluster import ClusterSnapshot, JobState, NodeState
@@ -41,9 +41,10 @@ from malletrain.core.model import (
     Policy,
     ThroughputModel,
 )
-from malletrain.core.scavenger import UNUSABLE_FLAGS, Claim, earliest_claims, idle_nodes
+from malletrain.core.scavenger import UNUSABLE_FLAGS, earliest_claims, idle_nodes
 from malletrain.daemon.slots import SlotStatus, SlotView, classify, parse_member, parse_tag
 from malletrain.daemon.store import JobRecord, SlotRecord
+from malletrain.daemon.yielding import Unplanned, serve_unplanned, yield_ahead
 
 P = JobPhase
 
@@ -77,6 +78,9 @@ class DecideSettings:
     #: a claim due the moment its job was submitted is left to Slurm's own preemption for
     #: this long after the submission before its nodes are given back (:func:`yield_ahead`).
     yield_confirm_s: float = 1.0
+    #: a regular job pending without a plan up to this long after its submission is served
+    #: from held nodes if it needs them (:func:`~malletrain.daemon.yielding.serve_unplanned`).
+    yield_unplanned_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -330,52 +334,6 @@ def _time_limit_min(window_s: float | None, s: DecideSettings, job: JobRecord, n
     return max(1, math.floor(limit / 60.0))
 
 
-@dataclass(frozen=True)
-class GiveBack:
-    """What :func:`yield_ahead` found: nodes to give back now, and nodes left to Slurm."""
-
-    #: held node -> the claim it is given back to, this tick.
-    now: dict[str, Claim]
-    #: held node -> a claim due at once whose job Slurm may still preempt for by itself.
-    waiting: dict[str, Claim]
-
-
-def yield_ahead(held: Collection[str], claims: Mapping[str, Claim], now_s: float,
-                ahead_s: float, confirm_s: float = 0.0) -> GiveBack:
-    """The held nodes to give back to Slurm now, each with the claim that wants it.
-
-    A node is given back when the earliest claim on it (a foreign pending job's backfill
-    plan or a reservation; :func:`~malletrain.core.scavenger.earliest_claims` without our
-    own slot jobs) starts within ``ahead_s`` or is overdue. Why: the slot's time limit was
-    set inside the node's window, but the plan moves: a pending job due now but blocked on
-    another node (still running or completing a regular job) takes ours by preemption the
-    moment it can start, so its start then waits for one more round (signal, the slot's
-    exit, the node's epilog, a scheduling pass). Leaving first, while it still waits for the
-    other node, takes that round off its wait. A claim further ahead is left alone: backfill
-    itself starts jobs in such holes, and if the blocking job ends early Slurm preempts at
-    once, which no daemon tick can beat.
-
-    Except in the first ``confirm_s`` after the claiming job's submission, when its claim
-    is already due: a job Slurm can start by preemption is served by Slurm's own next pass
-    (within ~1 s), and the nodes its plan names are often not the ones Slurm preempts; giving
-    them back as well left both sets to one job (measured: three nodes idle ~10 s in an e2e
-    run). Such nodes are reported as ``waiting``; past ``confirm_s`` without Slurm starting
-    the job, it is blocked elsewhere and they are given back.
-    """
-    now: dict[str, Claim] = {}
-    waiting: dict[str, Claim] = {}
-    for node in held:
-        claim = claims.get(node)
-        if claim is None or claim.start_at - now_s > ahead_s:
-            continue
-        fresh = claim.submitted_at is not None and now_s - claim.submitted_at < confirm_s
-        if fresh and claim.start_at <= now_s:
-            waiting[node] = claim
-        else:
-            now[node] = claim
-    return GiveBack(now, waiting)
-
-
 # ----------------------------------------------------------------------------- decide
 
 _FOREIGN_BUSY = frozenset({JobState.RUNNING, JobState.COMPLETING, JobState.CONFIGURING,
@@ -450,16 +408,26 @@ def decide(world: World, policy: Policy) -> TickPlan:
         return None if c is None else max(0.0, c.start_at - now)
 
     held: dict[str, list[str]] = {}
+    placing: set[str] = set()  # held by a slot not started yet: the cheapest to give back
+    freeing: set[str] = set()  # on their way back to Slurm
     for job in managed:
         mine: list[str] = []
+        cv = world.coord.get(job.job_id, CoordView())
         for v in views[job.job_id]:
             rec = records[job.job_id][v.slot]
             if v.status is SlotStatus.RUNNING and v.node and rec.leaving_since_s is None:
                 mine.append(v.node)
+                if _sigtermed(v.slot, cv):
+                    freeing.add(v.node)
             elif v.status is SlotStatus.PLACING and rec.placed_node:
                 mine.append(rec.placed_node)
+                placing.add(rec.placed_node)
+            elif v.status in (SlotStatus.RUNNING, SlotStatus.ENDING) and v.node:
+                freeing.add(v.node)
         held[job.job_id] = mine
     held_set = {n for ns in held.values() for n in ns}
+    freeing.update(n for j in snap.jobs if parse_tag(j.comment) is None
+                   and j.state is JobState.COMPLETING for n in j.nodes)
     # Held nodes a foreign job is about to take leave the pool: the policy drops them and the
     # difference below asks their members to leave (or parks/holds a slot not yet a member).
     ahead = yield_ahead(held_set, claims, now, min(s.yield_ahead_s, s.min_slot_time_s),
@@ -469,6 +437,17 @@ def decide(world: World, policy: Policy) -> TickPlan:
     # the plan stands, so the daemon logs it once
     notes.extend(f"{n}: given back ahead of {c.by} (planned start {c.start_at:.0f})"
                  for n, c in sorted(giving_back.items()))
+    unplanned = serve_unplanned(
+        snap, now_s=now, confirm_s=s.yield_confirm_s, max_age_s=s.yield_unplanned_s,
+        held=sorted(held_set - giving_back.keys() - freeing, key=lambda n: (n not in placing, n)),
+        freeing=sorted(freeing - giving_back.keys()),
+        free=sorted(n.name for n in snap.nodes if n.state is NodeState.IDLE
+                    and not (n.flags & UNUSABLE_FLAGS) and n.name not in held_set
+                    and n.name not in claims),
+    ) if s.yield_unplanned_s > 0 else Unplanned()
+    notes.extend(f"{n}: given back to {c.by} (pending, not planned yet)"
+                 for n, c in sorted(unplanned.give_back.items()))
+    giving_back = {**giving_back, **unplanned.give_back}
     # Nodes our slots occupy in any state are still holes (Slurm did not take them back):
     # the policy's hole-length model must not mistake our own use of a node for its end.
     # A hole lasts until a job that is NOT ours takes the node (or it goes down). Our own
@@ -493,7 +472,7 @@ def decide(world: World, policy: Policy) -> TickPlan:
     }
     free = tuple(
         IdleNode(n.name, n.window_s, idle_age_s=now - holes[n.name]) for n in idle_now
-        if n.name not in held_set and n.name in holes
+        if n.name not in held_set and n.name in holes and n.name not in unplanned.withheld
         and (n.window_s is None or n.window_s > s.min_slot_time_s)
     )
     kept = held_set - giving_back.keys()
@@ -659,4 +638,4 @@ def decide(world: World, policy: Policy) -> TickPlan:
     return TickPlan(targets=targets, actions=tuple(actions), slot_views=views,
                     allocation=allocation, free_nodes=free, held_nodes=held_nodes,
                     hole_start_s=holes, notes=tuple(notes),
-                    follow_up=bool(giving_back or ahead.waiting))
+                    follow_up=bool(giving_back or ahead.waiting or unplanned.waiting))

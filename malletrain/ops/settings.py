@@ -231,6 +231,13 @@ class SlurmSettings:
         "1 s and bf_interval; 0 = give back at once.",
         min=0, max=60,
     ))
+    yield_unplanned_s: float = field(default=10.0, metadata=_m(
+        "A regular job still pending with no plan from Slurm yield_confirm_s after its "
+        "submission, whose nodes scavenger slots hold, gets them given back at once, until "
+        "this many seconds after its submission (later, something else blocks it). Free "
+        "nodes such a job is about to take are not scavenged meanwhile. 0 = off.",
+        min=0, max=600,
+    ))
     slurm_conf: Path | None = field(default=None, metadata=_m(
         "SLURM_CONF for every Slurm command; null = the daemon's environment (or Slurm's "
         "default, /etc/slurm/slurm.conf).",

@@ -19,11 +19,11 @@ from malletrain.daemon.decide import (
     Transit,
     World,
     decide,
-    yield_ahead,
 )
 from malletrain.daemon.slots import slot_tag
 from malletrain.daemon.spec import JobSpec
 from malletrain.daemon.store import JobRecord, SlotRecord
+from malletrain.daemon.yielding import yield_ahead
 
 NOW = 10_000.0
 PARTS = ("batch", "scavenger")
@@ -400,3 +400,31 @@ def test_our_own_released_slot_planned_on_its_node_is_not_a_claim():
                         [record(state=JobPhase.STARTING, max_nodes=1)]), POLICY)
     assert plan.targets["m1"] == ("n1",)
     assert not kinds(plan, Hold) and not plan.notes
+
+
+def test_decide_gives_a_held_node_to_an_unplanned_job_and_does_not_grow_onto_free_ones():
+    # m1 runs on n1, n2 and may grow onto idle n3; regular job 28 needs 2 nodes, submitted
+    # 1.5 s ago, no plan: n3 is withheld and one of m1's nodes is given back
+    jobs = [slot_job(11, "m1", 0, JobState.RUNNING, nodes=["n1"]),
+            slot_job(12, "m1", 1, JobState.RUNNING, nodes=["n2"]),
+            slot_job(13, "m1", 2, JobState.PENDING, "JobHeldUser"),
+            Job(job_id=28, name="reg", user="bob", partition="batch", state=JobState.PENDING,
+                state_reason="Resources", node_count=2, submit_time=NOW - 1.5)]
+    slots = [SlotRecord("m1", 0, 11, last_status="running", last_node="n1"),
+             SlotRecord("m1", 1, 12, last_status="running", last_node="n2"),
+             SlotRecord("m1", 2, 13)]
+    cv = CoordView(epoch=3, members=("s0-r0", "s1-r0"),
+                   live={"s0-r0": Registration("n1", NOW - 60),
+                         "s1-r0": Registration("n2", NOW - 60)},
+                   samples_total=1000, progress_at_s=NOW - 1)
+    nodes = [node("n1", NodeState.ALLOCATED), node("n2", NodeState.ALLOCATED), node("n3")]
+    w = world(nodes, jobs, slots, [record(state=JobPhase.RUNNING, max_nodes=3)], {"m1": cv})
+    plan = decide(w, make_policy("equal-share"))
+    assert plan.targets["m1"] == ("n2",)
+    assert Leave("m1", 0) in plan.actions and not kinds(plan, Place)
+    assert plan.notes == ("n1: given back to job 28 (pending, not planned yet)",)
+    assert plan.follow_up
+    # off: the old behaviour (grow onto n3, keep both)
+    off = decide(world(nodes, jobs, slots, [record(state=JobPhase.RUNNING, max_nodes=3)],
+                       {"m1": cv}, yield_unplanned_s=0), make_policy("equal-share"))
+    assert sorted(off.targets["m1"]) == ["n1", "n2", "n3"]

@@ -192,12 +192,13 @@ def test_slot_settings_reach_the_decision(tmp_path):
 
     s = load_settings(write(tmp_path, (
         "slurm:\n  yield_ahead_s: 3\n  min_slot_time_s: 120\n  max_slot_time_s: 900\n"
-        "  scavenger_partition: scav\n  yield_confirm_s: 2.5\n"
+        "  scavenger_partition: scav\n  yield_confirm_s: 2.5\n  yield_unplanned_s: 0\n"
         "coordinator:\n  heartbeat_timeout_s: 45\n"
     )))
     d = decide_settings(s)
     assert (d.yield_ahead_s, d.min_slot_time_s, d.max_slot_time_s) == (3.0, 120.0, 900.0)
     assert d.yield_confirm_s == 2.5 and decide_settings(Settings()).yield_confirm_s == 1.0
+    assert d.yield_unplanned_s == 0.0 and decide_settings(Settings()).yield_unplanned_s == 10.0
     assert (d.scavenger_partition, d.heartbeat_timeout_s) == ("scav", 45.0)
     assert decide_settings(Settings()).yield_ahead_s == 10.0
     with pytest.raises(SettingsError, match=r"slurm\.yield_ahead_s"):

@@ -1,0 +1,153 @@
+"""Which held nodes to give back to Slurm before it asks: pure functions of one tick's view.
+
+Slurm takes a scavenged node back by preempting its slot: a signal, the slot's exit, the
+node's epilog, then a scheduling pass starts the regular job. The daemon can save that round
+when it knows a regular job wants a node, by giving the node back first (the slot's member
+leaves at a step boundary, like any shrink). Two cases, two functions:
+
+* :func:`yield_ahead`: a pending job's backfill plan (or a reservation) names a held node
+  and is due within seconds;
+* :func:`serve_unplanned`: a pending job that Slurm has neither started nor planned yet
+  seconds after its submission, while the nodes it could use are ours. Slurm 22.05 does this
+  in bursts: while the victims of earlier preemptions are completing, its passes plan the
+  next job instead of preempting for it (docs/slurm-backend.md §9), so the job waited 2-3 s
+  for a plan before anything was given back (e2e runs).
+
+Both leave the first ``confirm_s`` after a submission to Slurm: a job it can start by
+preemption is served by its own next pass, often on other nodes than a plan names, and
+giving back as well left both sets to one job (an e2e run: three nodes idle ~10 s).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from malletrain.core.cluster import ClusterSnapshot, Job, JobState
+from malletrain.core.scavenger import Claim
+from malletrain.daemon.slots import parse_tag
+
+#: Reasons of a pending job that waits only for nodes (or for its turn): the jobs Slurm
+#: would start as soon as nodes are free. Held jobs, dependencies, limits... are not.
+WAITING_REASONS = frozenset({"", "None", "Resources", "Priority"})
+
+
+@dataclass(frozen=True)
+class GiveBack:
+    """What :func:`yield_ahead` found: nodes to give back now, and nodes left to Slurm."""
+
+    #: held node -> the claim it is given back to, this tick.
+    now: dict[str, Claim]
+    #: held node -> a claim due at once whose job Slurm may still preempt for by itself.
+    waiting: dict[str, Claim]
+
+
+def yield_ahead(held: Collection[str], claims: Mapping[str, Claim], now_s: float,
+                ahead_s: float, confirm_s: float = 0.0) -> GiveBack:
+    """The held nodes to give back to Slurm now, each with the claim that wants it.
+
+    A node is given back when the earliest claim on it (a foreign pending job's backfill
+    plan or a reservation; :func:`~malletrain.core.scavenger.earliest_claims` without our
+    own slot jobs) starts within ``ahead_s`` or is overdue. Why: the slot's time limit was
+    set inside the node's window, but the plan moves: a pending job due now but blocked on
+    another node (still running or completing a regular job) takes ours by preemption the
+    moment it can start, so its start then waits for one more round (signal, the slot's
+    exit, the node's epilog, a scheduling pass). Leaving first, while it still waits for the
+    other node, takes that round off its wait. A claim further ahead is left alone: backfill
+    itself starts jobs in such holes, and if the blocking job ends early Slurm preempts at
+    once, which no daemon tick can beat.
+
+    Except in the first ``confirm_s`` after the claiming job's submission, when its claim
+    is already due: such nodes are reported as ``waiting`` (module docstring); past
+    ``confirm_s`` without Slurm starting the job, it is blocked elsewhere and they go back.
+    """
+    now: dict[str, Claim] = {}
+    waiting: dict[str, Claim] = {}
+    for node in held:
+        claim = claims.get(node)
+        if claim is None or claim.start_at - now_s > ahead_s:
+            continue
+        fresh = claim.submitted_at is not None and now_s - claim.submitted_at < confirm_s
+        if fresh and claim.start_at <= now_s:
+            waiting[node] = claim
+        else:
+            now[node] = claim
+    return GiveBack(now, waiting)
+
+
+@dataclass(frozen=True)
+class Unplanned:
+    """What :func:`serve_unplanned` found."""
+
+    #: held node -> the unplanned job it is given back to, this tick (``start_at`` is the
+    #: job's submission: there is no planned start).
+    give_back: dict[str, Claim] = field(default_factory=dict)
+    #: free nodes such a job is about to take: not offered to the policy (no growth there).
+    withheld: frozenset[str] = frozenset()
+    #: a job younger than ``confirm_s`` would need held nodes: look again soon.
+    waiting: bool = False
+
+
+def _is_unplanned(job: Job, now_s: float, max_age_s: float) -> bool:
+    return (
+        job.state is JobState.PENDING and not job.planned_nodes
+        and parse_tag(job.comment) is None
+        and job.state_reason in WAITING_REASONS
+        and job.submit_time is not None and 0.0 <= now_s - job.submit_time <= max_age_s
+    )
+
+
+def serve_unplanned(snapshot: ClusterSnapshot, *, now_s: float, held: Sequence[str],
+                    freeing: Collection[str], free: Collection[str], confirm_s: float,
+                    max_age_s: float) -> Unplanned:
+    """Give back held nodes to regular jobs Slurm has not started or planned yet.
+
+    ``held``: the nodes our slots hold (running members not leaving, placed slots), in the
+    order to give them back (cheapest first); ``freeing``: nodes that are ours or a regular
+    job's but on their way back to Slurm (members leaving, slots Slurm signalled or
+    completing, regular jobs completing); ``free``: idle nodes no plan names.
+
+    Pending regular jobs submitted at most ``max_age_s`` ago, waiting only for nodes and with
+    no plan, are served in submission order (Slurm's priority within a tier, as far as the
+    snapshot tells): each takes free nodes first (withheld from the policy: Slurm's next
+    pass starts it there), then freeing ones (Slurm has already preempted for someone), and
+    only then held ones, given back once the job is ``confirm_s`` old. A job the offered
+    nodes cannot hold even with all of ours is left alone (Slurm plans it later, and
+    :func:`yield_ahead` acts on the plan); so is one older than ``max_age_s`` (Slurm has
+    had its passes: something else blocks it). Partitions bound which nodes a job may use;
+    what else narrows its choice (``--nodelist``, features) is not in the snapshot.
+    """
+    parts = {n.name: frozenset(n.partitions) for n in snapshot.nodes}
+    pending = sorted((j for j in snapshot.jobs if _is_unplanned(j, now_s, max_age_s)),
+                     key=lambda j: (j.submit_time or 0.0, j.job_id))
+    free_left, freeing_left = list(free), list(freeing)
+    held_left = list(held)
+    withheld: set[str] = set()
+    give_back: dict[str, Claim] = {}
+    waiting = False
+    for job in pending:
+        allowed = frozenset(p for p in job.partition.split(",") if p)
+        need = max(1, job.node_count)
+
+        def usable(nodes: list[str], allowed: frozenset[str] = allowed) -> list[str]:
+            return [n for n in nodes if not parts.get(n, frozenset()).isdisjoint(allowed)]
+
+        f, g, h = usable(free_left), usable(freeing_left), usable(held_left)
+        if len(f) + len(g) + len(h) < need:
+            continue
+        take_free = f[:need]
+        take_freeing = g[:need - len(take_free)]
+        take_held = h[:need - len(take_free) - len(take_freeing)]
+        withheld.update(take_free)
+        free_left = [n for n in free_left if n not in take_free]
+        freeing_left = [n for n in freeing_left if n not in take_freeing]
+        held_left = [n for n in held_left if n not in take_held]
+        if not take_held:
+            continue
+        assert job.submit_time is not None  # _is_unplanned
+        if now_s - job.submit_time < confirm_s:
+            waiting = True
+            continue
+        claim = Claim(job.submit_time, f"job {job.job_id}", job.submit_time)
+        give_back.update(dict.fromkeys(take_held, claim))
+    return Unplanned(give_back, frozenset(withheld), waiting)
