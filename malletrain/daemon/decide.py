@@ -338,6 +338,7 @@ def _time_limit_min(window_s: float | None, s: DecideSettings, job: JobRecord, n
 
 _FOREIGN_BUSY = frozenset({JobState.RUNNING, JobState.COMPLETING, JobState.CONFIGURING,
                            JobState.SUSPENDED})
+_FOREIGN_RUNNING = frozenset({JobState.RUNNING, JobState.CONFIGURING, JobState.SUSPENDED})
 _NOT_HOLES = frozenset({NodeState.DOWN, NodeState.DRAINED, NodeState.DRAINING,
                         NodeState.FUTURE, NodeState.RESERVED})
 _MANAGED = (P.QUEUED, P.STARTING, P.RUNNING, P.STALLED, P.EVICTED)
@@ -428,6 +429,9 @@ def decide(world: World, policy: Policy) -> TickPlan:
     held_set = {n for ns in held.values() for n in ns}
     freeing.update(n for j in snap.jobs if parse_tag(j.comment) is None
                    and j.state is JobState.COMPLETING for n in j.nodes)
+    # a node Slurm has already given to a regular job is not on its way to anyone else
+    freeing -= {n for j in snap.jobs if parse_tag(j.comment) is None
+                and j.state in _FOREIGN_RUNNING for n in j.nodes}
     # Held nodes a foreign job is about to take leave the pool: the policy drops them and the
     # difference below asks their members to leave (or parks/holds a slot not yet a member).
     ahead = yield_ahead(held_set, claims, now, min(s.yield_ahead_s, s.min_slot_time_s),

@@ -15,7 +15,10 @@ leaves at a step boundary, like any shrink). Two cases, two functions:
 
 Both leave the first ``confirm_s`` after a submission to Slurm: a job it can start by
 preemption is served by its own next pass, often on other nodes than a plan names, and
-giving back as well left both sets to one job (an e2e run: three nodes idle ~10 s).
+giving back as well left both sets to one job (an e2e run: three nodes idle ~10 s). Slurm
+reports submission times in whole seconds (truncated), so the real wait is between
+``confirm_s - 1`` and ``confirm_s``: with the default 1 s, at most one Slurm pass, so that a
+job Slurm will not serve by itself pays at most about a second for it.
 """
 
 from __future__ import annotations

@@ -428,3 +428,23 @@ def test_decide_gives_a_held_node_to_an_unplanned_job_and_does_not_grow_onto_fre
     off = decide(world(nodes, jobs, slots, [record(state=JobPhase.RUNNING, max_nodes=3)],
                        {"m1": cv}, yield_unplanned_s=0), make_policy("equal-share"))
     assert sorted(off.targets["m1"]) == ["n1", "n2", "n3"]
+
+
+def test_a_completing_slot_on_a_node_slurm_already_gave_away_does_not_serve_the_next_job():
+    # the e2e burst at 14:39:59: slot 16 completes on n3, which Slurm has already allocated
+    # to regular job 27; job 28 (1 node, no plan) can only be served from m1's n1
+    jobs = [slot_job(11, "m1", 0, JobState.RUNNING, nodes=["n1"]),
+            slot_job(16, "m1", 1, JobState.COMPLETING, nodes=["n3"]),
+            Job(job_id=27, name="reg", user="bob", partition="batch", state=JobState.RUNNING,
+                node_count=1, nodes=("n3",), submit_time=NOW - 2, start_time=NOW - 0.5),
+            Job(job_id=28, name="reg", user="bob", partition="batch", state=JobState.PENDING,
+                state_reason="Resources", node_count=1, submit_time=NOW - 1.5)]
+    slots = [SlotRecord("m1", 0, 11, last_status="running", last_node="n1"),
+             SlotRecord("m1", 1, 16, last_status="running", last_node="n3")]
+    cv = CoordView(epoch=3, members=("s0-r0",), live={"s0-r0": Registration("n1", NOW - 60)},
+                   samples_total=1000, progress_at_s=NOW - 1)
+    nodes = [node("n1", NodeState.ALLOCATED), node("n3", NodeState.ALLOCATED)]
+    plan = decide(world(nodes, jobs, slots, [record(state=JobPhase.RUNNING)], {"m1": cv}),
+                  make_policy("equal-share"))
+    assert plan.notes == ("n1: given back to job 28 (pending, not planned yet)",)
+    assert Leave("m1", 0) in plan.actions
