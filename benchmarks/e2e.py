@@ -34,6 +34,12 @@ already holds its node but its worker is still starting (the newcomer's start-up
 the machine, paid once per hole), and is the figure comparable with the issue's target
 ("after start-up"). Both are printed.
 
+``--aa`` replays the stream a second time without scavenging before the scavenging phase
+and prints Slurm's own run-to-run difference the same way (the second baseline's wait minus
+the first's): the delay figure is a difference of two waits that each depend on where a
+submission falls in Slurm's 1 s scheduling tick, so part of it is Slurm's noise, not
+malletrain's cost.
+
 Prints one line per regular job, then the last line
 ``e2e yield_delay_s_max=<x> yield_delay_s_p50=<y> scavenged_fraction=<z> lost_steps=<n>``.
 
@@ -203,6 +209,9 @@ class Bench:
                   f"{[j.nodes for j in stream]}, run s {[j.run_s for j in stream]}", flush=True)
             base = self.run_stream(stream, "base")
             self.wait_regular_done()
+            if self.args.aa:  # the same stream again, Slurm alone: its own run-to-run spread
+                self.run_stream(stream, "base2")
+                self.wait_regular_done()
             daemon = self.start_daemon()
             mall = [daemon.submit_example("mt-alice", tag, "1-4", self.args.samples,
                                           step_sleep_s=0.05, batch_per_rank=16,
@@ -262,7 +271,7 @@ class Bench:
             lost += len(failed)
         log_dir = self.base / "cluster" / "log"
         ms = {}
-        for tag in ("base", "scav"):
+        for tag in ("base", "base2", "scav") if self.args.aa else ("base", "scav"):
             ids = self.ids.get(tag, {})
             by_slurm = {tr.slurm_job_id: tr for tr in
                         yield_trace.regular_traces(log_dir, set(ids.values()))}
@@ -300,9 +309,18 @@ class Bench:
                   f"p50 {statistics.median(delays_whole_s):.2f} s")
         dmax = max(delays) if delays else float("nan")
         dp50 = statistics.median(delays) if delays else float("nan")
+        aa = ""
+        if self.args.aa:
+            # Slurm's own spread: the second baseline's wait minus the first's, per job
+            same = [ms["base2"][i] - ms["base"][i] for i in ms["base"] if i in ms["base2"]]
+            if same:
+                print(f"# Slurm alone, twice (A/A): delay max {max(same):.2f} s, p50 "
+                      f"{statistics.median(same):.2f} s, per job "
+                      f"{[round(d, 2) for d in same]}")
+                aa = f" slurm_aa_delay_s_max={max(same):.2f}"
         print(f"e2e yield_delay_s_max={dmax:.2f} yield_delay_s_p50={dp50:.2f} "
               f"scavenged_fraction={frac:.3f} scavenged_fraction_after_startup="
-              f"{frac_after:.3f} lost_steps={lost}", flush=True)
+              f"{frac_after:.3f} lost_steps={lost}{aa}", flush=True)
         return 0
 
 
@@ -321,6 +339,9 @@ def main() -> int:
                     help="run the dev cluster with an Epilog, as sites have (default: yes)")
     ap.add_argument("--scheduler-parameters", default="",
                     help="override the dev cluster's SchedulerParameters (to compare settings)")
+    ap.add_argument("--aa", action="store_true",
+                    help="replay the stream twice without scavenging first, and print Slurm's "
+                    "own run-to-run wait difference (an A/A check of the delay figure)")
     ap.add_argument("--policy", default="malletrain",
                     help="allocator.policy for the daemon (equal-share for comparison)")
     return Bench(ap.parse_args()).main()
