@@ -388,6 +388,67 @@ class MalleTrainPolicy:
     #: (``ThroughputModel.measured_max_nodes``; ``None`` there: the curve is trusted).
     explore_free_only: bool = True
 
+    #: Finish-aware valuation (0: off; replays: 0.5, malletrain.sim.cli_simulate.REPLAY_POLICY):
+    #: while jobs wait for an admission slot, a job that can finish within
+    #: ``finish_horizon_s`` at its present rate counts its samples ``1 + beta_j`` times,
+    #: ``beta_j = finish_weight x sigma / r_j`` (at most ``finish_weight_cap``), ``sigma``
+    #: what one more admitted job would add at the plan's node price. See finish_weights.
+    finish_weight: float = 0.0
+    finish_horizon_s: float = 24 * 3600.0
+    finish_weight_cap: float = 1.0
+
+    @staticmethod
+    def slot_rate(inp: AllocationInput, counts: np.ndarray) -> float:
+        """``sigma``: what one more admitted job would add per second, given a plan's counts.
+
+        The queued job's curve is unknown until it runs, so it is taken as the mean curve
+        ``rbar`` of the admitted jobs; it would take ``n`` nodes at the plan's node price
+        ``lambda`` (0 if the plan leaves nodes free, else the smallest last-node marginal
+        rate among the jobs holding nodes): ``sigma = max_n rbar(n) - lambda n``. Where
+        nodes are scarce a slot is worth little (the newcomer only takes nodes from the
+        others); where they are left free it is worth a whole job's rate.
+        """
+        if not inp.jobs:
+            return 0.0
+        hi = max(j.max_nodes for j in inp.jobs)
+        curves = np.stack([rates_upto(j.throughput, hi) for j in inp.jobs])
+        lam = 0.0
+        if int(counts.sum()) >= len(inp.nodes):
+            marg = [
+                float(curves[i, n] - curves[i, n - 1]) for i, n in enumerate(counts.tolist()) if n
+            ]
+            lam = max(0.0, min(marg, default=0.0))
+        rbar = curves.mean(axis=0)
+        return float(np.max(rbar - lam * np.arange(hi + 1)))
+
+    def finish_weights(self, inp: AllocationInput, sigma: float) -> np.ndarray:
+        """``beta_j`` per job of ``inp.jobs``: the extra weight of its samples (0 for most).
+
+        Why: with a concurrency limit and a queue, a job's finish admits the next job,
+        which adds ``sigma`` samples/s (:meth:`slot_rate`). A job with ``R`` samples left
+        at rate ``r`` finishes in ``R / r`` s; each sample it makes now brings that finish,
+        and so the next admission, ``1 / r`` s earlier, worth ``sigma / r`` samples. So a
+        sample of job j is worth ``1 + finish_weight x sigma / r_j`` (``finish_weight``
+        < 1 discounts the guess; capped at ``finish_weight_cap``). Only jobs whose finish
+        is within ``finish_horizon_s`` count: beyond it the allocation the finish time
+        assumes will have been re-decided many times, and the slot's worth is discounted to
+        nothing. The value table is linear in a job's rates (work and losses alike), so
+        weighting its row maximises the weighted samples exactly. Needs
+        ``MalleableJob.remaining_samples`` (declared by the user, not learned); jobs
+        without it get 0, and so does every job when ``inp.queued_jobs == 0`` (a finish
+        admits nobody). Measured in docs/evaluation.md ("Finish-aware valuation").
+        """
+        beta = np.zeros(len(inp.jobs))
+        if self.finish_weight <= 0 or sigma <= 0 or inp.queued_jobs == 0:
+            return beta
+        for i, job in enumerate(inp.jobs):
+            left = job.remaining_samples
+            r = job.throughput.rate(len(job.nodes)) if job.nodes else 0.0
+            if left is None or r <= 0 or left / r > self.finish_horizon_s:
+                continue
+            beta[i] = min(self.finish_weight_cap, self.finish_weight * sigma / r)
+        return beta
+
     def state_dict(self) -> dict[str, Any]:
         """What the policy learned (the hole-length distribution), for the daemon's store."""
         return {"holes": self.holes.model.to_dict()}
@@ -530,6 +591,17 @@ class MalleTrainPolicy:
         if not inp.jobs:
             return {}, 0.0, w, []
         count_arr, objective = solve_counts(values, len(inp.nodes))
+        if (
+            self.finish_weight > 0
+            and inp.queued_jobs != 0
+            and any(j.remaining_samples is not None for j in inp.jobs)
+        ):
+            # finish-aware: price the slot at the unweighted plan, then solve the weighted
+            # table (exact for the weighted samples; see finish_weights)
+            beta = self.finish_weights(inp, self.slot_rate(inp, count_arr))
+            if beta.any():
+                values = values * (1.0 + beta)[:, None]
+                count_arr, objective = solve_counts(values, len(inp.nodes))
         counts = {job.job_id: int(n) for job, n in zip(inp.jobs, count_arr, strict=True)}
         # growth order: the largest value per new node picks from the pool first
         gain: list[tuple[float, int, str]] = []
@@ -628,6 +700,8 @@ def malletrain_policy(
     estimate_horizon_s: float | None = None,
     reclaim_group_s: float = 0.0,
     explore_free_only: bool = True,
+    finish_weight: float = 0.0,
+    finish_horizon_s: float = 24 * 3600.0,
 ) -> MalleTrainPolicy:
     return MalleTrainPolicy(
         name=name,
@@ -637,4 +711,6 @@ def malletrain_policy(
         estimate_horizon_s=estimate_horizon_s,
         reclaim_group_s=reclaim_group_s,
         explore_free_only=explore_free_only,
+        finish_weight=finish_weight,
+        finish_horizon_s=finish_horizon_s,
     )

@@ -82,6 +82,13 @@ class MalleableJob:
     #: intervals at its current size; 0 = exact). The policy asks for a larger gain
     #: before moving nodes away from a job whose rate it knows only this well.
     rate_noise: float = 0.0
+    #: Samples the job still has to do before it is complete, if the user declared the
+    #: job's total (e.g. epochs x dataset size); ``None``: not declared (runs until it
+    #: ends). A declaration, not a measurement and not the throughput curve, so a policy
+    #: that learns curves online may use it (the simulator fills it from the jobs file's
+    #: ``total_samples`` minus the progress made). MalleTrainPolicy's ``finish_weight``
+    #: reads it to value a job that can finish soon (its finish lets a queued job in).
+    remaining_samples: float | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,9 @@ class AllocationInput:
     #: Every node a policy may hand out: free idle nodes and nodes held by the jobs below.
     nodes: tuple[IdleNode, ...]
     jobs: tuple[MalleableJob, ...]
+    #: Submitted malleable jobs waiting for an admission slot (not in ``jobs``): a job
+    #: that finishes lets the next one in. ``None``: not known (a policy assumes some wait).
+    queued_jobs: int | None = None
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,11 @@ class PolicyOptions:
     #: malletrain: unplanned nodes that turned idle within one slot of this many seconds
     #: share one reclaim event (0: off).
     reclaim_group_s: float = 0.0
+    #: malletrain's finish-aware valuation (MalleTrainPolicy.finish_weight; 0: off; replays
+    #: set 0.5) and the horizon within which a finish counts. Needs
+    #: MalleableJob.remaining_samples (declared by the user) and AllocationInput.queued_jobs.
+    finish_weight: float = 0.0
+    finish_horizon_s: float = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,8 @@ def _malletrain(name: str) -> Callable[[PolicyOptions], Policy]:
             hole_prior_floor=opts.hole_prior_floor,
             estimate_horizon_s=opts.estimate_horizon_s,
             reclaim_group_s=opts.reclaim_group_s,
+            finish_weight=opts.finish_weight,
+            finish_horizon_s=opts.finish_horizon_s,
         )
 
     return factory

@@ -27,8 +27,16 @@ log = logging.getLogger(__name__)
 #: malletrain's settings for replays, on top of core's defaults (the daemon has its own,
 #: ``LIVE_POLICY`` in malletrain.daemon.daemon): unplanned nodes valued over 300 s and
 #: nodes idle since the same moment reclaimed together. Measured on Philly slices,
-#: docs/evaluation.md "Reducing Philly's losses"; not yet tried live.
-REPLAY_POLICY = {"estimate_horizon_s": 300.0, "reclaim_group_s": 1.0}
+#: docs/evaluation.md "Reducing Philly's losses"; not yet tried live. Finish-aware
+#: valuation (a job that can finish within 24 h counts its samples more while jobs wait
+#: for a slot; reads the jobs' declared remaining samples): docs/evaluation.md
+#: "Finish-aware valuation".
+REPLAY_POLICY = {
+    "estimate_horizon_s": 300.0,
+    "reclaim_group_s": 1.0,
+    "finish_weight": 0.5,
+    "finish_horizon_s": 86400.0,
+}
 
 
 def add_replay_arguments(p: argparse.ArgumentParser) -> None:

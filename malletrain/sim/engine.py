@@ -325,9 +325,16 @@ class Simulator:
                     scale_up_s=up_s,
                     scale_down_s=down_s,
                     submit_order=run.order,
+                    # declared by the user (total_samples), not the curve: every policy may see it
+                    remaining_samples=max(0.0, run.job.total_samples - run.done),
                 )
             )
-        inp = AllocationInput(now_s=t, nodes=nodes, jobs=tuple(mjobs))
+        queued = 0
+        for run in self.runs[self._next_submit :]:
+            if self.trace.start_s + run.job.submit_s > t:
+                break
+            queued += 1
+        inp = AllocationInput(now_s=t, nodes=nodes, jobs=tuple(mjobs), queued_jobs=queued)
         t0 = time.perf_counter()
         plan = self.policy.decide(inp)
         self.result.decision_s.append(time.perf_counter() - t0)

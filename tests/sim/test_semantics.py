@@ -179,3 +179,15 @@ def test_submit_times_count_from_the_start_of_the_slice():
     assert [j.job_id for j in pol.seen[2].jobs] == ["k"]
     s = res.summary()
     assert s["mean_jct_s"] == pytest.approx(25.0) and s["makespan_s"] is None
+
+
+def test_policy_sees_remaining_samples_and_the_queue():
+    """Each job's declared total minus its progress, and how many submitted jobs wait."""
+    jobs = [job("first", total=100), job("second", total=50), job("third"), job("late", submit=15)]
+    tr = trace((0, [0, 1], []), (10, [], []), (20, [], []))
+    _, pol = run(tr, jobs, {0: {"first": ("a",), "second": ("b",)}}, max_concurrent_jobs=2)
+    left = [{j.job_id: j.remaining_samples for j in inp.jobs} for inp in pol.seen]
+    assert left[0] == {"first": 100.0, "second": 50.0}
+    assert left[1] == {"first": pytest.approx(90.0), "second": pytest.approx(40.0)}
+    # "late" is submitted at t=15: it waits only from then on
+    assert [inp.queued_jobs for inp in pol.seen] == [1, 1, 2]
