@@ -434,8 +434,8 @@ def decide(world: World, policy: Policy) -> TickPlan:
                 and j.state in _FOREIGN_RUNNING for n in j.nodes}
     # Held nodes a foreign job is about to take leave the pool: the policy drops them and the
     # difference below asks their members to leave (or parks/holds a slot not yet a member).
-    ahead = yield_ahead(held_set, claims, now, min(s.yield_ahead_s, s.min_slot_time_s),
-                        s.yield_confirm_s)
+    ahead_s = min(s.yield_ahead_s, s.min_slot_time_s)
+    ahead = yield_ahead(held_set, claims, now, ahead_s, s.yield_confirm_s)
     giving_back = ahead.now
     # the planned start as an absolute time keeps the note the same from tick to tick while
     # the plan stands, so the daemon logs it once
@@ -443,13 +443,14 @@ def decide(world: World, policy: Policy) -> TickPlan:
                  for n, c in sorted(giving_back.items()))
     unplanned = serve_unplanned(
         snap, now_s=now, confirm_s=s.yield_confirm_s, max_age_s=s.yield_unplanned_s,
+        ahead_s=ahead_s,
         held=sorted(held_set - giving_back.keys() - freeing, key=lambda n: (n not in placing, n)),
         freeing=sorted(freeing - giving_back.keys()),
         free=sorted(n.name for n in snap.nodes if n.state is NodeState.IDLE
                     and not (n.flags & UNUSABLE_FLAGS) and n.name not in held_set
-                    and n.name not in claims),
+                    and (n.name not in claims or claims[n.name].start_at - now > ahead_s)),
     ) if s.yield_unplanned_s > 0 else Unplanned()
-    notes.extend(f"{n}: given back to {c.by} (pending, not planned yet)"
+    notes.extend(f"{n}: given back to {c.by} (pending, not planned to start yet)"
                  for n, c in sorted(unplanned.give_back.items()))
     giving_back = {**giving_back, **unplanned.give_back}
     # Nodes our slots occupy in any state are still holes (Slurm did not take them back):

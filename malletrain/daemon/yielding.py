@@ -7,8 +7,8 @@ leaves at a step boundary, like any shrink). Two cases, two functions:
 
 * :func:`yield_ahead`: a pending job's backfill plan (or a reservation) names a held node
   and is due within seconds;
-* :func:`serve_unplanned`: a pending job that Slurm has neither started nor planned yet
-  seconds after its submission, while the nodes it could use are ours. Slurm 22.05 does this
+* :func:`serve_unplanned`: a pending job that Slurm has neither started nor planned to start
+  soon, seconds after its submission, while the nodes it could use are ours. Slurm 22.05 does this
   in bursts: while the victims of earlier preemptions are completing, its passes plan the
   next job instead of preempting for it (docs/slurm-backend.md §9), so the job waited 2-3 s
   for a plan before anything was given back (e2e runs).
@@ -91,37 +91,51 @@ class Unplanned:
     waiting: bool = False
 
 
-def _is_unplanned(job: Job, now_s: float, max_age_s: float) -> bool:
+def _is_unserved(job: Job, now_s: float, ahead_s: float, max_age_s: float) -> bool:
+    """A fresh regular job waiting for nodes that no plan says Slurm starts within ahead_s."""
+    due_soon = (bool(job.planned_nodes) and job.start_time is not None
+                and job.start_time - now_s <= ahead_s)
     return (
-        job.state is JobState.PENDING and not job.planned_nodes
+        job.state is JobState.PENDING and not due_soon
         and parse_tag(job.comment) is None
         and job.state_reason in WAITING_REASONS
         and job.submit_time is not None and 0.0 <= now_s - job.submit_time <= max_age_s
     )
 
 
+def _first(nodes: list[str], preferred: Collection[str]) -> list[str]:
+    """``nodes`` with the ``preferred`` ones first, each part in its given order."""
+    return [n for n in nodes if n in preferred] + [n for n in nodes if n not in preferred]
+
+
 def serve_unplanned(snapshot: ClusterSnapshot, *, now_s: float, held: Sequence[str],
                     freeing: Collection[str], free: Collection[str], confirm_s: float,
-                    max_age_s: float) -> Unplanned:
-    """Give back held nodes to regular jobs Slurm has not started or planned yet.
+                    max_age_s: float, ahead_s: float = 0.0) -> Unplanned:
+    """Give back held nodes to regular jobs Slurm has neither started nor planned to start.
 
     ``held``: the nodes our slots hold (running members not leaving, placed slots), in the
     order to give them back (cheapest first); ``freeing``: nodes that are ours or a regular
     job's but on their way back to Slurm (members leaving, slots Slurm signalled or
-    completing, regular jobs completing); ``free``: idle nodes no plan names.
+    completing, regular jobs completing); ``free``: idle nodes no plan due within ``ahead_s``
+    names.
 
-    Pending regular jobs submitted at most ``max_age_s`` ago, waiting only for nodes and with
-    no plan, are served in submission order (Slurm's priority within a tier, as far as the
+    Pending regular jobs submitted at most ``max_age_s`` ago, waiting only for nodes, with no
+    plan or a plan not due within ``ahead_s`` (:func:`yield_ahead` acts on a due one), are
+    served in submission order (Slurm's priority within a tier, as far as the
     snapshot tells): each takes free nodes first (withheld from the policy: Slurm's next
     pass starts it there), then freeing ones (Slurm has already preempted for someone), and
     only then held ones, given back once the job is ``confirm_s`` old. A job the offered
     nodes cannot hold even with all of ours is left alone (Slurm plans it later, and
     :func:`yield_ahead` acts on the plan); so is one older than ``max_age_s`` (Slurm has
-    had its passes: something else blocks it). Partitions bound which nodes a job may use;
-    what else narrows its choice (``--nodelist``, features) is not in the snapshot.
+    had its passes: something else blocks it). A plan that is not due is often stale: made
+    while a node it could have was still being freed (e2e run 8: such a plan kept a job
+    waiting 2.3 s); such a job is served only if it needs held nodes (with enough free ones
+    something else holds it back), and the nodes its plan names are taken first.
+    Partitions bound which nodes a job may use; what else narrows its choice
+    (``--nodelist``, features) is not in the snapshot.
     """
     parts = {n.name: frozenset(n.partitions) for n in snapshot.nodes}
-    pending = sorted((j for j in snapshot.jobs if _is_unplanned(j, now_s, max_age_s)),
+    pending = sorted((j for j in snapshot.jobs if _is_unserved(j, now_s, ahead_s, max_age_s)),
                      key=lambda j: (j.submit_time or 0.0, j.job_id))
     free_left, freeing_left = list(free), list(freeing)
     held_left = list(held)
@@ -135,9 +149,13 @@ def serve_unplanned(snapshot: ClusterSnapshot, *, now_s: float, held: Sequence[s
         def usable(nodes: list[str], allowed: frozenset[str] = allowed) -> list[str]:
             return [n for n in nodes if not parts.get(n, frozenset()).isdisjoint(allowed)]
 
-        f, g, h = usable(free_left), usable(freeing_left), usable(held_left)
+        planned = frozenset(job.planned_nodes)
+        f, g, h = (_first(usable(nodes), planned)
+                   for nodes in (free_left, freeing_left, held_left))
         if len(f) + len(g) + len(h) < need:
             continue
+        if job.planned_nodes and len(f) + len(g) >= need:
+            continue  # Slurm planned it later although enough nodes are free: not ours to fix
         take_free = f[:need]
         take_freeing = g[:need - len(take_free)]
         take_held = h[:need - len(take_free) - len(take_freeing)]
@@ -147,7 +165,7 @@ def serve_unplanned(snapshot: ClusterSnapshot, *, now_s: float, held: Sequence[s
         held_left = [n for n in held_left if n not in take_held]
         if not take_held:
             continue
-        assert job.submit_time is not None  # _is_unplanned
+        assert job.submit_time is not None  # _is_unserved
         if now_s - job.submit_time < confirm_s:
             waiting = True
             continue

@@ -422,7 +422,7 @@ def test_decide_gives_a_held_node_to_an_unplanned_job_and_does_not_grow_onto_fre
     plan = decide(w, make_policy("equal-share"))
     assert plan.targets["m1"] == ("n2",)
     assert Leave("m1", 0) in plan.actions and not kinds(plan, Place)
-    assert plan.notes == ("n1: given back to job 28 (pending, not planned yet)",)
+    assert plan.notes == ("n1: given back to job 28 (pending, not planned to start yet)",)
     assert plan.follow_up
     # off: the old behaviour (grow onto n3, keep both)
     off = decide(world(nodes, jobs, slots, [record(state=JobPhase.RUNNING, max_nodes=3)],
@@ -446,5 +446,5 @@ def test_a_completing_slot_on_a_node_slurm_already_gave_away_does_not_serve_the_
     nodes = [node("n1", NodeState.ALLOCATED), node("n3", NodeState.ALLOCATED)]
     plan = decide(world(nodes, jobs, slots, [record(state=JobPhase.RUNNING)], {"m1": cv}),
                   make_policy("equal-share"))
-    assert plan.notes == ("n1: given back to job 28 (pending, not planned yet)",)
+    assert plan.notes == ("n1: given back to job 28 (pending, not planned to start yet)",)
     assert Leave("m1", 0) in plan.actions

@@ -18,10 +18,11 @@ NOW = 10_000.0
 PARTS = ("batch", "scavenger")
 
 
-def regular(job_id, nodes, submitted_ago_s, *, reason="Resources", planned=(), partition="batch"):
+def regular(job_id, nodes, submitted_ago_s, *, reason="Resources", planned=(), partition="batch",
+            planned_in_s=0.0):
     return Job(job_id=job_id, name="reg", user="bob", partition=partition,
                state=JobState.PENDING, state_reason=reason, node_count=nodes,
-               planned_nodes=tuple(planned), start_time=NOW if planned else None,
+               planned_nodes=tuple(planned), start_time=NOW + planned_in_s if planned else None,
                submit_time=NOW - submitted_ago_s)
 
 
@@ -32,9 +33,10 @@ def snap(*jobs, nodes=()):
                                        for n in names))
 
 
-def serve(snapshot, held=(), freeing=(), free=(), confirm_s=1.0, max_age_s=10.0):
+def serve(snapshot, held=(), freeing=(), free=(), confirm_s=1.0, max_age_s=10.0, ahead_s=10.0):
     return serve_unplanned(snapshot, now_s=NOW, held=list(held), freeing=list(freeing),
-                           free=list(free), confirm_s=confirm_s, max_age_s=max_age_s)
+                           free=list(free), confirm_s=confirm_s, max_age_s=max_age_s,
+                           ahead_s=ahead_s)
 
 
 def test_a_job_slurm_has_not_planned_after_confirm_s_gets_held_nodes_in_order():
@@ -68,10 +70,23 @@ def test_slurm_gets_confirm_s_to_serve_a_new_job_itself():
     assert sorted(out.give_back) == ["n1", "n2"]
 
 
+def test_a_fresh_job_planned_far_ahead_is_served_like_an_unplanned_one_its_nodes_first():
+    # e2e run 8, job 40: a plan made while n6 was still being freed put it on n3 (held) and
+    # n7 (a regular job's) two minutes ahead; n6 is idle now: withhold n6, give back n3
+    job = regular(40, 2, 1.1, planned=("n3", "n7"), planned_in_s=120.0)
+    out = serve(snap(job), held=["n1", "n2", "n3"], free=["n6"])
+    assert list(out.give_back) == ["n3"] and out.withheld == {"n6"}
+    # planned later although enough nodes are free: something else holds it, leave it be
+    assert serve(snap(job), held=["n3"], free=["n5", "n6"]) == serve(snap(), held=["n3"])
+    # due within ahead_s: yield_ahead gives back its planned nodes, not this
+    soon = regular(41, 2, 1.1, planned=("n3", "n7"), planned_in_s=5.0)
+    assert not serve(snap(soon), held=["n1", "n3"], free=["n6"]).give_back
+
+
 def test_jobs_left_alone():
     held = ["n1", "n2", "n3"]
     cases = [
-        regular(30, 2, 1.5, planned=("n1", "n2")),  # planned: yield_ahead's business
+        regular(30, 2, 1.5, planned=("n1", "n2")),  # due now: yield_ahead's business
         regular(31, 2, 30.0),  # pending unplanned for 30 s: something else blocks it
         regular(32, 2, 1.5, reason="Dependency"),  # not waiting for nodes
         regular(33, 9, 1.5),  # does not fit even with all our nodes
