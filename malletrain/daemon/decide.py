@@ -41,7 +41,7 @@ from malletrain.core.model import (
     Policy,
     ThroughputModel,
 )
-from malletrain.core.scavenger import UNUSABLE_FLAGS, earliest_claims, idle_nodes
+from malletrain.core.scavenger import UNUSABLE_FLAGS, earliest_claims, idle_nodes, is_idle
 from malletrain.daemon.slots import SlotStatus, SlotView, classify, parse_member, parse_tag
 from malletrain.daemon.store import JobRecord, SlotRecord
 from malletrain.daemon.yielding import Unplanned, serve_unplanned, yield_ahead
@@ -336,9 +336,8 @@ def _time_limit_min(window_s: float | None, s: DecideSettings, job: JobRecord, n
 
 # ----------------------------------------------------------------------------- decide
 
-_FOREIGN_BUSY = frozenset({JobState.RUNNING, JobState.COMPLETING, JobState.CONFIGURING,
-                           JobState.SUSPENDED})
 _FOREIGN_RUNNING = frozenset({JobState.RUNNING, JobState.CONFIGURING, JobState.SUSPENDED})
+_FOREIGN_BUSY = _FOREIGN_RUNNING | {JobState.COMPLETING}
 _NOT_HOLES = frozenset({NodeState.DOWN, NodeState.DRAINED, NodeState.DRAINING,
                         NodeState.FUTURE, NodeState.RESERVED})
 _MANAGED = (P.QUEUED, P.STARTING, P.RUNNING, P.STALLED, P.EVICTED)
@@ -427,11 +426,10 @@ def decide(world: World, policy: Policy) -> TickPlan:
                 freeing.add(v.node)
         held[job.job_id] = mine
     held_set = {n for ns in held.values() for n in ns}
-    freeing.update(n for j in snap.jobs if parse_tag(j.comment) is None
-                   and j.state is JobState.COMPLETING for n in j.nodes)
+    regular = [j for j in snap.jobs if parse_tag(j.comment) is None]
+    freeing.update(n for j in regular if j.state is JobState.COMPLETING for n in j.nodes)
     # a node Slurm has already given to a regular job is not on its way to anyone else
-    freeing -= {n for j in snap.jobs if parse_tag(j.comment) is None
-                and j.state in _FOREIGN_RUNNING for n in j.nodes}
+    freeing -= {n for j in regular if j.state in _FOREIGN_RUNNING for n in j.nodes}
     # Held nodes a foreign job is about to take leave the pool: the policy drops them and the
     # difference below asks their members to leave (or parks/holds a slot not yet a member).
     ahead_s = min(s.yield_ahead_s, s.min_slot_time_s)
@@ -446,8 +444,7 @@ def decide(world: World, policy: Policy) -> TickPlan:
         ahead_s=ahead_s,
         held=sorted(held_set - giving_back.keys() - freeing, key=lambda n: (n not in placing, n)),
         freeing=sorted(freeing - giving_back.keys()),
-        free=sorted(n.name for n in snap.nodes if n.state is NodeState.IDLE
-                    and not (n.flags & UNUSABLE_FLAGS) and n.name not in held_set
+        free=sorted(n.name for n in snap.nodes if is_idle(n) and n.name not in held_set
                     and (n.name not in claims or claims[n.name].start_at - now > ahead_s)),
     ) if s.yield_unplanned_s > 0 else Unplanned()
     notes.extend(f"{n}: given back to {c.by} (pending, not planned to start yet)"
@@ -460,10 +457,7 @@ def decide(world: World, policy: Policy) -> TickPlan:
     # not look like its end to the policy's hole-length model, so every such node stays in
     # the pool: free idle nodes with their windows, held nodes with theirs, and the rest
     # (our leftovers) with a zero window, i.e. worth nothing right now.
-    foreign = {
-        n for j in snap.jobs
-        if parse_tag(j.comment) is None and j.state in _FOREIGN_BUSY for n in j.nodes
-    }
+    foreign = {n for j in regular if j.state in _FOREIGN_BUSY for n in j.nodes}
     hole_names = {
         n.name for n in snap.nodes
         if s.scavenger_partition in n.partitions and n.name not in foreign
