@@ -229,6 +229,8 @@ class Bench:
                 time.sleep(0.5)
             samples = {"usable": 0.0, "training": 0.0, "starting": 0.0}
             last = [time.monotonic()]
+            # one line per 1 s sample, to trace a scavenging shortfall after the run
+            trace = (self.base / "samples.jsonl").open("w")
 
             def sample(by_id: dict) -> None:
                 now = time.monotonic()
@@ -237,11 +239,18 @@ class Bench:
                 last[0] = now
                 regular: set[str] = set()
                 slots_running = 0
+                slot_nodes: dict[str, list[str]] = {}  # slot state -> nodes
                 for x in by_id.values():
+                    state = str(x.get("job_state"))
                     if str(x.get("comment", "")).startswith("malletrain:"):
-                        slots_running += x.get("job_state") == "RUNNING"
-                    elif x.get("job_state") in ("RUNNING", "COMPLETING"):
+                        slots_running += state == "RUNNING"
+                        slot_nodes.setdefault(state, []).extend(
+                            expand_hostlist(x.get("nodes", "")) or ["-"])
+                    elif state in ("RUNNING", "COMPLETING"):
                         regular.update(expand_hostlist(x.get("nodes", "")))
+                    elif state == "PENDING":
+                        slot_nodes.setdefault("regular_pending", []).append(
+                            f"{x.get('job_id')}:{x.get('state_reason', '')}")
                 rows = [r for r in daemon.jobs().values() if r["state"] not in
                         ("completed", "cancelled", "failed")]
                 cap = sum(r["max_nodes"] for r in rows)
@@ -250,8 +259,14 @@ class Bench:
                 samples["training"] += members
                 # slots that hold a node whose worker is not in the membership yet
                 samples["starting"] += max(0, slots_running - members)
+                trace.write(json.dumps({
+                    "t": round(now, 2), "usable": min(NODES - len(regular), cap),
+                    "training": members, "starting": max(0, slots_running - members),
+                    "regular": sorted(regular), "slots": slot_nodes,
+                    "jobs": {r["job_id"]: [r["state"], r["members"]] for r in rows}}) + "\n")
 
             scav = self.run_stream(stream, "scav", sampler=sample)
+            trace.close()
             self.wait_regular_done()
             rows = daemon.jobs()
         finally:
