@@ -44,7 +44,13 @@ from malletrain.core.model import (
 from malletrain.core.scavenger import UNUSABLE_FLAGS, earliest_claims, idle_nodes, is_idle
 from malletrain.daemon.slots import SlotStatus, SlotView, classify, parse_member, parse_tag
 from malletrain.daemon.store import JobRecord, SlotRecord
-from malletrain.daemon.yielding import Unplanned, serve_unplanned, yield_ahead
+from malletrain.daemon.yielding import (
+    RUNNING_STATES,
+    Unplanned,
+    serve_unplanned,
+    stale_plans,
+    yield_ahead,
+)
 
 P = JobPhase
 
@@ -336,7 +342,7 @@ def _time_limit_min(window_s: float | None, s: DecideSettings, job: JobRecord, n
 
 # ----------------------------------------------------------------------------- decide
 
-_FOREIGN_RUNNING = frozenset({JobState.RUNNING, JobState.CONFIGURING, JobState.SUSPENDED})
+_FOREIGN_RUNNING = RUNNING_STATES
 _FOREIGN_BUSY = _FOREIGN_RUNNING | {JobState.COMPLETING}
 _NOT_HOLES = frozenset({NodeState.DOWN, NodeState.DRAINED, NodeState.DRAINING,
                         NodeState.FUTURE, NodeState.RESERVED})
@@ -433,7 +439,17 @@ def decide(world: World, policy: Policy) -> TickPlan:
     # Held nodes a foreign job is about to take leave the pool: the policy drops them and the
     # difference below asks their members to leave (or parks/holds a slot not yet a member).
     ahead_s = min(s.yield_ahead_s, s.min_slot_time_s)
-    ahead = yield_ahead(held_set, claims, now, ahead_s, s.yield_confirm_s)
+    # a due plan naming a node another regular job got cannot start as made: its job is
+    # served like an unplanned one, and its plan claims nothing to give back ahead of
+    stale = stale_plans(snap, now)
+    live_claims = (earliest_claims(snap, now, exclude_job_ids=own_ids | stale) if stale
+                   else claims)
+
+    def claimed_soon(node: str) -> bool:
+        c = live_claims.get(node)
+        return c is not None and c.start_at - now <= ahead_s
+
+    ahead = yield_ahead(held_set, live_claims, now, ahead_s, s.yield_confirm_s)
     giving_back = ahead.now
     # the planned start as an absolute time keeps the note the same from tick to tick while
     # the plan stands, so the daemon logs it once
@@ -441,11 +457,11 @@ def decide(world: World, policy: Policy) -> TickPlan:
                  for n, c in sorted(giving_back.items()))
     unplanned = serve_unplanned(
         snap, now_s=now, confirm_s=s.yield_confirm_s, max_age_s=s.yield_unplanned_s,
-        ahead_s=ahead_s,
+        ahead_s=ahead_s, stale=stale,
         held=sorted(held_set - giving_back.keys() - freeing, key=lambda n: (n not in placing, n)),
-        freeing=sorted(freeing - giving_back.keys()),
+        freeing=sorted(n for n in freeing - giving_back.keys() if not claimed_soon(n)),
         free=sorted(n.name for n in snap.nodes if is_idle(n) and n.name not in held_set
-                    and (n.name not in claims or claims[n.name].start_at - now > ahead_s)),
+                    and not claimed_soon(n.name)),
     ) if s.yield_unplanned_s > 0 else Unplanned()
     notes.extend(f"{n}: given back to {c.by} (pending, not planned to start yet)"
                  for n, c in sorted(unplanned.give_back.items()))

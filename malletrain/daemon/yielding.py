@@ -33,6 +33,37 @@ from malletrain.daemon.slots import parse_tag
 #: Reasons of a pending job that waits only for nodes (or for its turn): the jobs Slurm
 #: would start as soon as nodes are free. Held jobs, dependencies, limits... are not.
 WAITING_REASONS = frozenset({"", "None", "Resources", "Priority"})
+#: States in which a job occupies its nodes (not on their way back to Slurm).
+RUNNING_STATES = frozenset({JobState.RUNNING, JobState.CONFIGURING, JobState.SUSPENDED})
+#: Slurm's times are whole seconds: a plan waiting for a job at its time limit starts at that
+#: job's end_time, give or take this.
+STALE_MARGIN_S = 1.0
+
+
+def stale_plans(snapshot: ClusterSnapshot, now_s: float) -> frozenset[int]:
+    """Pending regular jobs whose plan is due but cannot start as made.
+
+    A plan is stale when it is due and names a node that a regular job runs on which is
+    expected to end after the planned start (``end_time``: its start plus its time limit):
+    Slurm made the plan before that job took the node, and re-plans only at its next backfill
+    pass. Acting on it gives back the plan's other nodes and leaves the job waiting for that
+    pass (e2e run 13: job 31's plan, made while job 30 was pending, named a node job 30 then
+    got; the daemon gave back the other one and the job waited 2.3 s). Such a job is served
+    like an unplanned one (:func:`serve_unplanned`), its plan's nodes first. A plan that
+    waits for a job at its time limit is not stale (:func:`yield_ahead` is for it), nor is
+    one on our own slots' nodes (Slurm preempts them) or on a job with no known end.
+    """
+    ends: dict[str, float] = {}  # node -> when the regular jobs on it are expected to end
+    for j in snapshot.jobs:
+        if j.state in RUNNING_STATES and j.end_time is not None and parse_tag(j.comment) is None:
+            for n in j.nodes:
+                ends[n] = max(ends.get(n, j.end_time), j.end_time)
+    return frozenset(
+        j.job_id for j in snapshot.jobs
+        if j.state is JobState.PENDING and j.start_time is not None and j.start_time <= now_s
+        and any(ends.get(n, j.start_time) > j.start_time + STALE_MARGIN_S
+                for n in j.planned_nodes)
+    )
 
 
 @dataclass(frozen=True)
@@ -91,10 +122,11 @@ class Unplanned:
     waiting: bool = False
 
 
-def _is_unserved(job: Job, now_s: float, ahead_s: float, max_age_s: float) -> bool:
-    """A fresh regular job waiting for nodes that no plan says Slurm starts within ahead_s."""
+def _is_unserved(job: Job, now_s: float, ahead_s: float, max_age_s: float,
+                 stale: Collection[int]) -> bool:
+    """A fresh regular job waiting for nodes that no valid plan starts within ahead_s."""
     due_soon = (bool(job.planned_nodes) and job.start_time is not None
-                and job.start_time - now_s <= ahead_s)
+                and job.start_time - now_s <= ahead_s and job.job_id not in stale)
     return (
         job.state is JobState.PENDING and not due_soon
         and parse_tag(job.comment) is None
@@ -110,14 +142,18 @@ def _first(nodes: list[str], preferred: Collection[str]) -> list[str]:
 
 def serve_unplanned(snapshot: ClusterSnapshot, *, now_s: float, held: Sequence[str],
                     freeing: Collection[str], free: Collection[str], confirm_s: float,
-                    max_age_s: float, ahead_s: float = 0.0) -> Unplanned:
+                    max_age_s: float, ahead_s: float = 0.0,
+                    stale: Collection[int] = ()) -> Unplanned:
     """Give back held nodes to regular jobs Slurm has neither started nor planned to start.
 
     ``held``: the nodes our slots hold (running members not leaving, placed slots), in the
     order to give them back (cheapest first); ``freeing``: nodes that are ours or a regular
     job's but on their way back to Slurm (members leaving, slots Slurm signalled or
-    completing, regular jobs completing); ``free``: idle nodes no plan due within ``ahead_s``
-    names.
+    completing, regular jobs completing); ``free``: idle nodes. Neither ``freeing`` nor
+    ``free`` may hold nodes a valid plan due within ``ahead_s`` names: they go to that plan's
+    job (e2e run 14: a 2-node job was counted as served by two leaving nodes another job's
+    due plan named, and waited 1.1 s for its own plan). ``stale``: jobs whose due plan
+    cannot start as made (:func:`stale_plans`), served like unplanned ones.
 
     Pending regular jobs submitted at most ``max_age_s`` ago, waiting only for nodes, with no
     plan or a plan not due within ``ahead_s`` (:func:`yield_ahead` acts on a due one), are
@@ -130,12 +166,14 @@ def serve_unplanned(snapshot: ClusterSnapshot, *, now_s: float, held: Sequence[s
     had its passes: something else blocks it). A plan that is not due is often stale: made
     while a node it could have was still being freed (e2e run 8: such a plan kept a job
     waiting 2.3 s); such a job is served only if it needs held nodes (with enough free ones
-    something else holds it back), and the nodes its plan names are taken first.
+    something else holds it back), and the nodes its plan names are taken first; a job with
+    a stale due plan is served in full (its free nodes withheld, held ones given back).
     Partitions bound which nodes a job may use; what else narrows its choice
     (``--nodelist``, features) is not in the snapshot.
     """
     parts = {n.name: frozenset(n.partitions) for n in snapshot.nodes}
-    pending = sorted((j for j in snapshot.jobs if _is_unserved(j, now_s, ahead_s, max_age_s)),
+    pending = sorted((j for j in snapshot.jobs
+                      if _is_unserved(j, now_s, ahead_s, max_age_s, stale)),
                      key=lambda j: (j.submit_time or 0.0, j.job_id))
     free_left, freeing_left = list(free), list(freeing)
     held_left = list(held)
@@ -154,7 +192,7 @@ def serve_unplanned(snapshot: ClusterSnapshot, *, now_s: float, held: Sequence[s
                    for nodes in (free_left, freeing_left, held_left))
         if len(f) + len(g) + len(h) < need:
             continue
-        if job.planned_nodes and len(f) + len(g) >= need:
+        if job.planned_nodes and job.job_id not in stale and len(f) + len(g) >= need:
             continue  # Slurm planned it later although enough nodes are free: not ours to fix
         take_free = f[:need]
         take_freeing = g[:need - len(take_free)]

@@ -448,3 +448,52 @@ def test_a_completing_slot_on_a_node_slurm_already_gave_away_does_not_serve_the_
                   make_policy("equal-share"))
     assert plan.notes == ("n1: given back to job 28 (pending, not planned to start yet)",)
     assert Leave("m1", 0) in plan.actions
+
+
+def _m1_on(nodes_held, extra_jobs, *, leaving=()):
+    """m1 holds ``nodes_held`` (slot i on the i-th); ``leaving``: of them, members leaving."""
+    jobs, slots, live = [], [], {}
+    for i, n in enumerate(nodes_held):
+        jobs.append(slot_job(11 + i, "m1", i, JobState.RUNNING, nodes=[n]))
+        slots.append(SlotRecord("m1", i, 11 + i, last_status="running", last_node=n,
+                                leaving_since_s=NOW - 0.3 if n in leaving else None))
+        if n not in leaving:
+            live[f"s{i}-r0"] = Registration(n, NOW - 60)
+    cv = CoordView(epoch=3, members=tuple(live), live=live, samples_total=1000,
+                   progress_at_s=NOW - 1)
+    nodes = [node(n, NodeState.ALLOCATED) for n in nodes_held]
+    nodes += [node(n, NodeState.ALLOCATED) for j in extra_jobs for n in j.nodes
+              if n not in nodes_held]
+    return world(nodes, jobs + list(extra_jobs), slots,
+                 [record(state=JobPhase.RUNNING, max_nodes=4)], {"m1": cv})
+
+
+def test_a_job_whose_due_plan_went_stale_gets_its_held_planned_node_and_one_more():
+    # e2e run 13, 17:27:15.46: job 31 (2 nodes) was planned on n5 and n6, then job 30 got n6;
+    # giving back n5 alone left job 31 waiting 1.5 s for Slurm's next plan
+    job30 = Job(job_id=30, name="reg", user="bob", partition="batch", state=JobState.RUNNING,
+                node_count=2, nodes=("n4", "n6"), submit_time=NOW - 2, start_time=NOW - 0.3,
+                end_time=NOW + 119.7)  # -t 2
+    job31 = Job(job_id=31, name="reg", user="bob", partition="batch", state=JobState.PENDING,
+                state_reason="Resources", node_count=2, planned_nodes=("n5", "n6"),
+                start_time=NOW - 0.5, submit_time=NOW - 1.5)
+    plan = decide(_m1_on(["n2", "n3", "n5"], [job30, job31]), make_policy("equal-share"))
+    assert sorted(plan.notes) == [
+        "n2: given back to job 31 (pending, not planned to start yet)",
+        "n5: given back to job 31 (pending, not planned to start yet)"]
+    assert plan.targets["m1"] == ("n3",) and plan.follow_up
+
+
+def test_leaving_nodes_another_jobs_due_plan_names_do_not_serve_a_later_job():
+    # e2e run 14, 17:31:54.2: m1's members on n5, n6 leave for job 27 (due plan there); job
+    # 28 (2 nodes, no plan) was counted as served by them and waited 1.1 s for its own plan
+    job27 = Job(job_id=27, name="reg", user="bob", partition="batch", state=JobState.PENDING,
+                state_reason="Resources", node_count=2, planned_nodes=("n5", "n6"),
+                start_time=NOW, submit_time=NOW - 1.3)
+    job28 = Job(job_id=28, name="reg", user="bob", partition="batch", state=JobState.PENDING,
+                state_reason="Priority", node_count=2, submit_time=NOW - 1.2)
+    plan = decide(_m1_on(["n3", "n4", "n5", "n6"], [job27, job28], leaving=("n5", "n6")),
+                  make_policy("equal-share"))
+    assert sorted(plan.notes) == [
+        "n3: given back to job 28 (pending, not planned to start yet)",
+        "n4: given back to job 28 (pending, not planned to start yet)"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from malletrain.core.cluster import ClusterSnapshot, Job, JobState, Node, NodeState
 from malletrain.daemon.slots import slot_tag
-from malletrain.daemon.yielding import serve_unplanned
+from malletrain.daemon.yielding import serve_unplanned, stale_plans
 
 NOW = 10_000.0
 PARTS = ("batch", "scavenger")
@@ -33,10 +33,18 @@ def snap(*jobs, nodes=()):
                                        for n in names))
 
 
-def serve(snapshot, held=(), freeing=(), free=(), confirm_s=1.0, max_age_s=10.0, ahead_s=10.0):
+def serve(snapshot, held=(), freeing=(), free=(), confirm_s=1.0, max_age_s=10.0, ahead_s=10.0,
+          stale=()):
     return serve_unplanned(snapshot, now_s=NOW, held=list(held), freeing=list(freeing),
                            free=list(free), confirm_s=confirm_s, max_age_s=max_age_s,
-                           ahead_s=ahead_s)
+                           ahead_s=ahead_s, stale=stale)
+
+
+def running(job_id, nodes, *, comment="", ends_in_s=119.0):
+    return Job(job_id=job_id, name="reg", user="bob", partition="batch",
+               state=JobState.RUNNING, node_count=len(nodes), nodes=tuple(nodes),
+               submit_time=NOW - 5, start_time=NOW - 1, comment=comment,
+               end_time=None if ends_in_s is None else NOW + ends_in_s)
 
 
 def test_a_job_slurm_has_not_planned_after_confirm_s_gets_held_nodes_in_order():
@@ -98,3 +106,31 @@ def test_jobs_left_alone():
     for job in cases:
         out = serve(snap(job), held=held)
         assert not out.give_back and not out.withheld and not out.waiting, job.job_id
+
+
+def test_a_due_plan_naming_a_node_another_regular_job_got_is_stale():
+    # e2e run 13: job 31's plan (n5, n6) was made while job 30 was pending; job 30 then got n6
+    job31 = regular(31, 2, 0.8, planned=("n5", "n6"))
+    assert stale_plans(snap(job31, running(30, ["n4", "n6"])), NOW) == {31}
+    # not stale: the plan waits for a job at its time limit (yield_ahead's case), an end
+    # not known, our own slot on the node (Slurm preempts it), a plan not due yet, no plan
+    for ends_in_s in (0.0, -3.0, None):
+        assert stale_plans(snap(job31, running(30, ["n6"], ends_in_s=ends_in_s)), NOW) == set()
+    ours = running(13, ["n6"], comment=slot_tag("m1", 0))
+    assert stale_plans(snap(job31, ours), NOW) == frozenset()
+    later = regular(32, 2, 0.8, planned=("n5", "n6"), planned_in_s=5.0)
+    assert stale_plans(snap(later, running(30, ["n6"])), NOW) == frozenset()
+    assert stale_plans(snap(regular(33, 2, 0.8), running(30, ["n6"])), NOW) == frozenset()
+
+
+def test_a_job_with_a_stale_due_plan_is_served_in_full_its_planned_nodes_first():
+    job31 = regular(31, 2, 1.5, planned=("n5", "n6"))
+    scene = snap(job31, running(30, ["n4", "n6"]))
+    out = serve(scene, held=["n2", "n3", "n5"], stale={31})
+    assert sorted(out.give_back) == ["n2", "n5"]  # n5 (its plan's) first, then the cheapest
+    assert {c.by for c in out.give_back.values()} == {"job 31"}
+    # free nodes serve it first (withheld, even though it has a plan), held ones after
+    out = serve(scene, held=["n2", "n5"], free=["n8"], stale={31})
+    assert list(out.give_back) == ["n5"] and out.withheld == {"n8"}
+    # not known stale: a due plan is yield_ahead's business
+    assert not serve(scene, held=["n2", "n3", "n5"]).give_back
