@@ -40,6 +40,7 @@ from malletrain.core.model import ThroughputModel
 from malletrain.core.policies import PolicyOptions, make_policy
 from malletrain.core.profiler import ProfilingAdvisor
 from malletrain.daemon.actuator import Actuator
+from malletrain.daemon.arrivals import ArrivalProbe
 from malletrain.daemon.channel import ChannelServer, Peer
 from malletrain.daemon.decide import (
     CoordView,
@@ -211,6 +212,10 @@ class Daemon:
         self._job_nodes: dict[str, tuple[str, ...]] = {}
         self._job_members: dict[str, int] = {}
         self._profile_points: dict[str, int] = {}
+        #: for the arrival probe (daemon/arrivals.py): the last snapshot's job ids, and
+        #: whether any node is held (only then can a new job's start wait for the daemon)
+        self.seen_job_ids: frozenset[int] = frozenset()
+        self.holds_nodes = False
         #: the JSON last written per ("profile", kind) / ("policy", name): save only changes
         self._saved: dict[tuple[str, str], str] = {}
         self.instance = self._instance_id()
@@ -407,6 +412,8 @@ class Daemon:
             for y in outcome.yields_s:
                 self.metrics.observe_yield(y)
         self._last_plan = plan
+        self.seen_job_ids = frozenset(j.job_id for j in snap.jobs)
+        self.holds_nodes = bool(plan.held_nodes) or any(plan.targets.values())
         self._publish_metrics(plan, slurm_up=not self.cache.stale, snap=snap)
         self._save_profiles()
         if self.metrics is not None:
@@ -657,6 +664,8 @@ def run_daemon(settings: Settings, config_path: str | None, backend: SlurmBacken
     daemon = Daemon(settings, backend, metrics=metrics, decide_overrides=decide_overrides,
                     wake=signals.wake)
     channel = ChannelServer(settings.submit.socket_path, daemon.handle).start()
+    probe = ArrivalProbe(backend.pending_job_ids, signals.wake,
+                         settings.slurm.arrival_probe_s).start()
     notifier.ready(f"scavenging through partition {settings.slurm.scavenger_partition}")
     log.info("daemon running (instance %s, coordinator %s, socket %s)", daemon.instance,
              daemon.coordinator.address, settings.submit.socket_path)
@@ -666,11 +675,13 @@ def run_daemon(settings: Settings, config_path: str | None, backend: SlurmBacken
                 settings = reload_config(config_path, settings, metrics=metrics,
                                          notifier=notifier)
                 daemon.apply_settings(settings)
+                probe.interval_s = settings.slurm.arrival_probe_s
             plan = None
             try:
                 plan = daemon.tick()
             except Exception:
                 log.exception("tick failed; the next tick starts from a fresh snapshot")
+            probe.expect(daemon.seen_job_ids, armed=daemon.holds_nodes)
             notifier.watchdog()
             sleep_s = settings.allocator.tick_interval_s
             if plan is not None and plan.follow_up:
@@ -680,6 +691,7 @@ def run_daemon(settings: Settings, config_path: str | None, backend: SlurmBacken
         notifier.stopping("stopping: the tick in progress has finished")
         log.info("stopping (signal %s)", signals.stop_signal)
         channel.stop()
+        probe.stop()
         if server is not None:
             server.stop()
         daemon.close()

@@ -238,6 +238,13 @@ class SlurmSettings:
         "nodes such a job is about to take are not scavenged meanwhile. 0 = off.",
         min=0, max=600,
     ))
+    arrival_probe_s: float = field(default=0.25, metadata=_m(
+        "Between ticks, while scavenger slots hold nodes, ask Slurm for the ids of pending "
+        "jobs this often (one short squeue answer) and start a tick at once when a new one "
+        "appears, so that what is given back to a new regular job does not wait for the "
+        "next tick. 0 = off (new jobs are seen at the next tick).",
+        min=0, max=60,
+    ))
     slurm_conf: Path | None = field(default=None, metadata=_m(
         "SLURM_CONF for every Slurm command; null = the daemon's environment (or Slurm's "
         "default, /etc/slurm/slurm.conf).",

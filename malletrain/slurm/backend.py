@@ -40,7 +40,12 @@ from malletrain.slurm.errors import (
     SlurmUnavailableError,
 )
 from malletrain.slurm.hostlist import compress_hostlist
-from malletrain.slurm.parse import SnapshotTexts, build_snapshot, check_json_errors
+from malletrain.slurm.parse import (
+    SnapshotTexts,
+    build_snapshot,
+    check_json_errors,
+    parse_job_ids,
+)
 from malletrain.slurm.sbatch import SbatchSpec, parse_job_id
 
 log = logging.getLogger(__name__)
@@ -56,6 +61,9 @@ SNAPSHOT_COMMANDS: Mapping[str, tuple[str, ...]] = {
     "planned": ("squeue", "--all", "--noheader", "--states=PENDING", "--format=%A %S %Y"),
     "topology": ("scontrol", "show", "topology"),
 }
+
+#: The arrival probe between ticks: the ids of pending jobs, one short text answer.
+PENDING_IDS_COMMAND = ("squeue", "--all", "--noheader", "--states=PENDING", "--format=%A")
 
 #: stderr fragments that mean "Slurm is not answering right now" (retry), not "no".
 _RETRYABLE_MARKERS = (
@@ -122,6 +130,11 @@ class SlurmBackend(Protocol):
 
     def update(self, job_id: int, **fields: str | int | Sequence[str]) -> None:
         """``scontrol update JobId=ID Key=Value...``, keys from :data:`UPDATABLE_FIELDS`."""
+        ...
+
+    def pending_job_ids(self) -> frozenset[int]:
+        """The ids of pending jobs: a query far cheaper than :meth:`snapshot`, for the
+        daemon's arrival probe between ticks (:class:`~malletrain.daemon.arrivals.ArrivalProbe`)."""
         ...
 
 
@@ -268,6 +281,9 @@ class CliBackend:
     def snapshot(self) -> ClusterSnapshot:
         taken_at = self._clock()
         return build_snapshot(taken_at, self.snapshot_texts())
+
+    def pending_job_ids(self) -> frozenset[int]:
+        return parse_job_ids(self._check(PENDING_IDS_COMMAND))
 
     def slurm_version(self) -> str:
         """The client's Slurm version as ``"22.05"`` (``sinfo --version``, no slurmctld needed)."""

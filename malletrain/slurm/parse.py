@@ -372,6 +372,16 @@ def parse_planned(text: str, warnings: list[str] | None = None) -> dict[int, Pla
 _KEY_RE = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/.]*)=")
 
 
+def parse_job_ids(text: str) -> frozenset[int]:
+    """Job ids, one per line (``squeue --noheader --format=%A``); other lines are skipped.
+
+    The arrival probe between ticks (:data:`~malletrain.slurm.backend.PENDING_IDS_COMMAND`)
+    only compares ids with the last snapshot's, so an odd line costs nothing but a wake-up.
+    """
+    return frozenset(int(t) for t in (line.strip() for line in text.splitlines())
+                     if t.isdigit())
+
+
 def parse_key_values(line: str) -> dict[str, str]:
     """One ``scontrol show ... -o`` line -> {key: value}; values may contain spaces."""
     out: dict[str, str] = {}

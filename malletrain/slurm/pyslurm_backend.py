@@ -96,6 +96,10 @@ class PyslurmBackend:
         return ClusterSnapshot(taken_at=taken_at, nodes=nodes, partitions=parts, jobs=jobs,
                                reservations=resvs, warnings=tuple(warns))
 
+    def pending_job_ids(self) -> frozenset[int]:
+        # one short squeue answer; pyslurm would load every job's full record to filter them
+        return self._cli.pending_job_ids()
+
     @staticmethod
     def _node(n: Any, warns: list[str]) -> Node:
         raw = str(getattr(n, "state", "UNKNOWN") or "UNKNOWN")

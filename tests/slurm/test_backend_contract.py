@@ -132,6 +132,8 @@ def test_hold_release_and_planned_start_of_a_pending_job(backend, clean_cluster)
     assert job.state is JobState.PENDING
     assert job.planned_nodes == tuple(f"n{i}" for i in range(1, 9))
     assert job.start_time == run_job.end_time
+    # the arrival probe's query: pending ids only (not the running job)
+    assert backend.pending_job_ids() == {wide}
     backend.hold(wide)
     held = wait_job(backend, wide, lambda j: j.state_reason.startswith("JobHeld"))
     assert held.state is JobState.PENDING
