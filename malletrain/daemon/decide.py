@@ -342,8 +342,7 @@ def _time_limit_min(window_s: float | None, s: DecideSettings, job: JobRecord, n
 
 # ----------------------------------------------------------------------------- decide
 
-_FOREIGN_RUNNING = RUNNING_STATES
-_FOREIGN_BUSY = _FOREIGN_RUNNING | {JobState.COMPLETING}
+_FOREIGN_BUSY = RUNNING_STATES | {JobState.COMPLETING}
 _NOT_HOLES = frozenset({NodeState.DOWN, NodeState.DRAINED, NodeState.DRAINING,
                         NodeState.FUTURE, NodeState.RESERVED})
 _MANAGED = (P.QUEUED, P.STARTING, P.RUNNING, P.STALLED, P.EVICTED)
@@ -435,7 +434,7 @@ def decide(world: World, policy: Policy) -> TickPlan:
     regular = [j for j in snap.jobs if parse_tag(j.comment) is None]
     freeing.update(n for j in regular if j.state is JobState.COMPLETING for n in j.nodes)
     # a node Slurm has already given to a regular job is not on its way to anyone else
-    freeing -= {n for j in regular if j.state in _FOREIGN_RUNNING for n in j.nodes}
+    freeing -= {n for j in regular if j.state in RUNNING_STATES for n in j.nodes}
     # Held nodes a foreign job is about to take leave the pool: the policy drops them and the
     # difference below asks their members to leave (or parks/holds a slot not yet a member).
     ahead_s = min(s.yield_ahead_s, s.min_slot_time_s)
