@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from malletrain.core.lifecycle import IllegalTransition, JobPhase
-from malletrain.daemon.decide import (
+from malletrain.daemon.store import Store
+from malletrain.daemon.tick import (
     Action,
     Cancel,
     ClearMarks,
@@ -29,7 +30,6 @@ from malletrain.daemon.decide import (
     Publish,
     Transit,
 )
-from malletrain.daemon.store import Store
 from malletrain.errors import UserError
 from malletrain.ops.logs import job_context
 from malletrain.slurm.backend import SlurmBackend

@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
-    from malletrain.daemon.daemon import run_daemon
+    from malletrain.daemon.loop import run_daemon
     from malletrain.ops.logs import configure_logging
     from malletrain.ops.settings import load_settings
     from malletrain.slurm.backend import select_backend

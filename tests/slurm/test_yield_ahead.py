@@ -19,10 +19,10 @@ import pytest
 from malletrain.core.lifecycle import JobPhase, Lifecycle, advance
 from malletrain.core.policies import make_policy
 from malletrain.core.scavenger import earliest_claims
-from malletrain.daemon.decide import CoordView, DecideSettings, Leave, Registration, World, decide
 from malletrain.daemon.slots import slot_tag
 from malletrain.daemon.spec import JobSpec
 from malletrain.daemon.store import JobRecord, SlotRecord
+from malletrain.daemon.tick import CoordView, DecideSettings, Leave, Registration, World, decide
 from malletrain.slurm.backend import select_backend
 from malletrain.slurm.hostlist import expand_hostlist
 

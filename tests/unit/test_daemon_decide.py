@@ -6,7 +6,10 @@ from malletrain.core.cluster import ClusterSnapshot, Job, JobState, Node, NodeSt
 from malletrain.core.lifecycle import JobPhase, Lifecycle, advance
 from malletrain.core.policies import make_policy
 from malletrain.core.scavenger import Claim
-from malletrain.daemon.decide import (
+from malletrain.daemon.slots import slot_tag
+from malletrain.daemon.spec import JobSpec
+from malletrain.daemon.store import JobRecord, SlotRecord
+from malletrain.daemon.tick import (
     Cancel,
     CoordView,
     DecideSettings,
@@ -20,10 +23,7 @@ from malletrain.daemon.decide import (
     World,
     decide,
 )
-from malletrain.daemon.slots import slot_tag
-from malletrain.daemon.spec import JobSpec
-from malletrain.daemon.store import JobRecord, SlotRecord
-from malletrain.daemon.yielding import yield_ahead
+from malletrain.daemon.tick.yielding import yield_ahead
 
 NOW = 10_000.0
 PARTS = ("batch", "scavenger")
@@ -275,7 +275,7 @@ def test_a_job_without_progress_reports_is_stalled_then_failed():
 
 
 def test_a_slot_near_its_time_limit_is_extended_only_as_far_as_the_window_allows():
-    from malletrain.daemon.decide import Extend
+    from malletrain.daemon.tick import Extend
 
     def running_slot(claim_in_s):
         sj = Job(job_id=11, name="mt.m1.s0", user="alice", partition="scavenger",

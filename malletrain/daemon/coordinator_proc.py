@@ -1,0 +1,77 @@
+"""The coordinator as a process of its own, beside the daemon (started, found, stopped).
+
+The coordinator (the membership store the workers talk to) runs as a SEPARATE process,
+started detached by the daemon when none answers at the configured address, so that a
+``kill -9`` of the daemon does not touch training: the workers keep stepping, and the
+restarted daemon attaches to the same coordinator and carries on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from malletrain.errors import PermanentError, RetryableError
+from malletrain.ops.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def coordinator_files(settings: Settings) -> tuple[Path, Path, Path]:
+    base = settings.state.database_path.parent
+    return base / "coordinator.addr", base / "coordinator.pid", base / "coordinator.log"
+
+
+def ensure_coordinator(settings: Settings, timeout_s: float = 60.0) -> Any:
+    """Attach to the running coordinator, or start one detached and attach to it."""
+    from malletrain.elastic.coordinator import Coordinator
+
+    addr_file, pid_file, log_file = coordinator_files(settings)
+    candidates = []
+    if addr_file.exists():
+        candidates.append(addr_file.read_text().strip())
+    if settings.coordinator.port:
+        candidates.append(f"{settings.coordinator.host}:{settings.coordinator.port}")
+    for address in candidates:
+        try:
+            coord = Coordinator.attach(address, timeout_s=2.0)
+            log.info("attached to the running coordinator at %s", address)
+            return coord
+        except (RetryableError, PermanentError) as exc:
+            log.info("no coordinator at %s (%s)", address, exc)
+    addr_file.unlink(missing_ok=True)
+    addr_file.parent.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "malletrain.cli", "coordinator",
+            "--host", settings.coordinator.host, "--port", str(settings.coordinator.port),
+            "--address-file", str(addr_file)]
+    with open(log_file, "ab") as out:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                start_new_session=True, close_fds=True)
+    pid_file.write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise PermanentError(f"the coordinator exited at start (see {log_file})")
+        if addr_file.exists() and addr_file.read_text().strip():
+            address = addr_file.read_text().strip()
+            log.info("started the coordinator (pid %d) at %s", proc.pid, address)
+            return Coordinator.attach(address, timeout_s=10.0)
+        time.sleep(0.1)
+    raise RetryableError(f"the coordinator did not come up within {timeout_s:.0f} s")
+
+
+def stop_coordinator(settings: Settings) -> None:
+    """Stop a coordinator started by :func:`ensure_coordinator` (demo/tests; not on restart)."""
+    addr_file, pid_file, _ = coordinator_files(settings)
+    if pid_file.exists():
+        with contextlib.suppress(ValueError, ProcessLookupError):
+            os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
+        pid_file.unlink(missing_ok=True)
+    addr_file.unlink(missing_ok=True)

@@ -1,0 +1,81 @@
+"""The service's main loop: signals, reload, metrics server, systemd notifications.
+
+Signals: SIGTERM/SIGINT stop the loop after the tick in progress (its Slurm actions finish
+and are recorded); SIGHUP reloads the config between ticks. Between ticks the loop sleeps
+``tick_interval_s`` (shorter while nodes are being given back: ``TickPlan.follow_up``), and
+wakes early on a submission, a cancellation or a new pending job at Slurm (the arrival
+probe, :mod:`malletrain.daemon.arrivals`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from malletrain.daemon.arrivals import ArrivalProbe
+from malletrain.daemon.channel import ChannelServer
+from malletrain.daemon.daemon import Daemon
+from malletrain.ops.metrics import Metrics
+from malletrain.ops.settings import Settings
+from malletrain.slurm.backend import SlurmBackend
+
+log = logging.getLogger(__name__)
+
+#: Seconds to the next tick while nodes are being given back ahead of a regular job
+#: (``TickPlan.follow_up``): its backfill plan moves each pass and may name more of our
+#: nodes; e2e runs saw a second give-back wait one whole 1 s tick, which the job waited too.
+FOLLOW_UP_TICK_S = 0.25
+
+
+def run_daemon(settings: Settings, config_path: str | None, backend: SlurmBackend,
+               *, decide_overrides: Mapping[str, float] | None = None) -> int:
+    """The service's main loop (signals, reload, metrics, systemd notifications)."""
+    from prometheus_client import CollectorRegistry
+
+    from malletrain.ops.metrics import serve
+    from malletrain.ops.service import ControlSignals, reload_config
+    from malletrain.ops.systemd import Notifier
+
+    signals = ControlSignals(stop_deadline_s=settings.daemon.stop_timeout_s)
+    signals.install()
+    notifier = Notifier.from_environment()
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    server = serve(settings.metrics.address, registry) if settings.metrics.enabled else None
+    daemon = Daemon(settings, backend, metrics=metrics, decide_overrides=decide_overrides,
+                    wake=signals.wake)
+    channel = ChannelServer(settings.submit.socket_path, daemon.handle).start()
+    probe = ArrivalProbe(backend.pending_job_ids, signals.wake,
+                         settings.slurm.arrival_probe_s).start()
+    notifier.ready(f"scavenging through partition {settings.slurm.scavenger_partition}")
+    log.info("daemon running (instance %s, coordinator %s, socket %s)", daemon.instance,
+             daemon.coordinator.address, settings.submit.socket_path)
+    try:
+        while not signals.stop_requested:
+            if signals.take_reload():
+                settings = reload_config(config_path, settings, metrics=metrics,
+                                         notifier=notifier)
+                daemon.apply_settings(settings)
+                probe.interval_s = settings.slurm.arrival_probe_s
+            plan = None
+            try:
+                plan = daemon.tick()
+            except Exception:
+                log.exception("tick failed; the next tick starts from a fresh snapshot")
+            probe.expect(daemon.seen_job_ids, armed=daemon.holds_nodes)
+            notifier.watchdog()
+            sleep_s = settings.allocator.tick_interval_s
+            if plan is not None and plan.follow_up:
+                sleep_s = min(sleep_s, FOLLOW_UP_TICK_S)
+            signals.wait(notifier.max_sleep_s(sleep_s))
+    finally:
+        notifier.stopping("stopping: the tick in progress has finished")
+        log.info("stopping (signal %s)", signals.stop_signal)
+        channel.stop()
+        probe.stop()
+        if server is not None:
+            server.stop()
+        daemon.close()
+        signals.restore()
+    return 0
+

@@ -1,0 +1,97 @@
+"""The Job Monitor: per job, what the coordinator says, fed to the Profiling Advisor.
+
+Each tick it reads every active job's membership, live registrations, departures, newest
+progress report and finish record from the coordinator (a :class:`CoordView`), writes the
+progress to the store, and teaches the advisor the job's throughput at its current size.
+The advisor's models are then handed to the tick's pure decision.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any
+
+from malletrain.core.lifecycle import JobPhase
+from malletrain.core.model import ThroughputModel
+from malletrain.core.profiler import ProfilingAdvisor
+from malletrain.daemon.store import JobRecord, Store
+from malletrain.daemon.tick import CoordView, JobModel, Registration
+
+log = logging.getLogger(__name__)
+
+
+class JobMonitor:
+    def __init__(self, advisor: ProfilingAdvisor, store: Store) -> None:
+        self.advisor = advisor
+        self.store = store
+        #: job -> (time, samples) of the last progress report fed to the advisor
+        self._last_progress: dict[str, tuple[float, int]] = {}
+
+    def observe(self, coordinator: Any, jobs: list[JobRecord]) -> dict[str, CoordView]:
+        out: dict[str, CoordView] = {}
+        for job in jobs:
+            if job.state is JobPhase.SUBMITTING or job.state.terminal:
+                continue
+            jid = job.job_id
+            try:
+                m = coordinator.membership(jid)
+                live = coordinator.live_members(jid)
+                prog = coordinator.progress(jid)
+                fin = coordinator.result(jid)
+                gone = coordinator.departures(jid)
+            except Exception as exc:  # the store may be restarting; keep going
+                log.warning("coordinator read for %s failed: %s", jid, exc)
+                continue
+            out[jid] = CoordView(
+                epoch=m.epoch if m else 0,
+                members=tuple(m.members) if m else (),
+                live={k: Registration(v.node, v.registered_at_s) for k, v in live.items()},
+                departed={d.member_id: d.time_s for d in gone},
+                sigtermed=frozenset(d.member_id for d in gone if d.reason == "sigterm"),
+                samples_total=prog.samples_total if prog else None,
+                samples_per_s=prog.samples_per_s if prog else 0.0,
+                progress_at_s=prog.time_s if prog else None,
+                finished_samples=fin.samples_total if fin else None,
+            )
+            self._learn(job, out[jid], prog)
+        return out
+
+    def _learn(self, job: JobRecord, cv: CoordView, prog: Any) -> None:
+        """Progress reports feed the Profiling Advisor and the store."""
+        if prog is None:
+            return
+        last = self._last_progress.get(job.job_id)
+        if last is not None and last[0] == prog.time_s:
+            return
+        self.advisor.register(job.job_id, job.spec.kind)
+        nodes = max(1, len(prog.members) or prog.world_size // max(1, job.spec.nproc_per_node))
+        # A report without new samples (the group is forming, or a step is slower than the
+        # report interval) says nothing about throughput; feeding it would teach the advisor
+        # a rate of 0 and make the allocator evict a job that merely started. Hangs are the
+        # stalled-job detector's business, not the curve's.
+        if last is None or prog.samples_total > last[1]:
+            self._last_progress[job.job_id] = (prog.time_s, prog.samples_total)
+            self.advisor.observe(job.job_id, prog.time_s, nodes, float(prog.samples_total))
+        total = prog.samples_total if cv.finished_samples is None else cv.finished_samples
+        self.store.update_job(job.job_id, samples_total=int(total),
+                              samples_per_s=float(prog.samples_per_s),
+                              last_progress_s=float(prog.time_s))
+
+    def models(self, jobs: list[JobRecord]) -> dict[str, JobModel]:
+        out = {}
+        for job in jobs:
+            self.advisor.register(job.job_id, job.spec.kind)
+            up, down = self.advisor.scale_costs(job.job_id)
+            start = self.advisor.start_cost_s(job.job_id)
+            model = self.advisor.model(job.job_id)
+            if model.rate(job.spec.max_nodes) <= 0.0:
+                # nothing measured worth the name yet: compete as a linear job, never as
+                # "worth nothing" (that would evict it)
+                model = ThroughputModel(((1, 1.0),), optimistic_slope=1.0)
+            # how far the curve is measured: the policy explores beyond it on free nodes only
+            model = replace(model, measured_max_nodes=max(
+                self.advisor.measured_sizes(job.job_id), default=0))
+            out[job.job_id] = JobModel(model, up, down, start,
+                                       self.advisor.rate_noise(job.job_id))
+        return out

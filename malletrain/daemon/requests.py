@@ -1,0 +1,169 @@
+"""Users' requests on the submit channel: submit, attach, abort, cancel, jobs.
+
+Each request comes with its sender's identity from ``SO_PEERCRED``
+(:mod:`malletrain.daemon.channel`); a user acts on their own jobs only (root on any).
+Requests run on the channel's threads: they touch the store (SQLite, thread-safe) and
+Slurm for a fresh look at slots being attached, never the tick's own objects.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from malletrain.core.cluster import JobState
+from malletrain.core.lifecycle import JobPhase
+from malletrain.daemon.channel import Peer
+from malletrain.daemon.slots import slot_tag
+from malletrain.daemon.spec import JobSpec, SpecError
+from malletrain.daemon.store import JobRecord, Store
+from malletrain.errors import PermanentError, RetryableError
+from malletrain.ops.settings import Settings
+from malletrain.slurm.backend import SlurmBackend
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One line of ``malletrain jobs``."""
+
+    job_id: str
+    user: str
+    name: str
+    state: str
+    nodes: tuple[str, ...]
+    #: members of the current membership (nodes actually training; <= len(nodes))
+    members: int
+    min_nodes: int
+    max_nodes: int
+    samples_total: int
+    samples_per_s: float
+    profile_points: int
+    rescales_up: int
+    rescales_down: int
+    preemptions: int
+    message: str
+
+
+class RequestHandler:
+    def __init__(self, settings: Settings, store: Store, backend: SlurmBackend, *,
+                 coordinator: Any, state_dir: Path,
+                 rows: Callable[[], list[JobRow]], wake: Callable[[], None]) -> None:
+        self.settings = settings  # replaced on reload
+        self.store = store
+        self.backend = backend
+        self.coordinator = coordinator
+        self.state_dir = state_dir
+        self.rows = rows
+        self.wake = wake
+
+    def handle(self, peer: Peer, req: Mapping[str, Any]) -> dict[str, Any]:
+        op = req.get("op")
+        if op == "submit":
+            return self._submit(peer, req)
+        if op == "attach":
+            return self._attach(peer, req)
+        if op == "abort":
+            return self._abort(peer, req)
+        if op == "jobs":
+            return {"jobs": [asdict(row) for row in self.rows()]}
+        if op == "cancel":
+            return self._cancel(peer, req)
+        raise PermanentError(f"unknown request {op!r}")
+
+    def _submit(self, peer: Peer, req: Mapping[str, Any]) -> dict[str, Any]:
+        spec = JobSpec.from_dict(req.get("spec"))
+        self._check_limits(peer, spec)
+        rec = self.store.create_job(peer.uid, peer.user, spec)
+        log.info("job %s submitted by %s (uid %d): %s, %d-%d nodes", rec.job_id, peer.user,
+                 peer.uid, spec.name, spec.min_nodes, spec.max_nodes)
+        slurm = self.settings.slurm
+        return {
+            "job_id": rec.job_id,
+            "coordinator": self.coordinator.address,
+            "state_dir": str(self.state_dir),
+            "partition": slurm.scavenger_partition,
+            "qos": slurm.qos,
+            "account": slurm.account,
+        }
+
+    def _check_limits(self, peer: Peer, spec: JobSpec) -> None:
+        lim = self.settings.limits
+        if spec.max_nodes > lim.max_nodes_per_job:
+            raise SpecError(f"--max-nodes {spec.max_nodes} is above this site's limit of "
+                            f"{lim.max_nodes_per_job}")
+        if lim.max_time_s is not None and (spec.time_limit_s is None
+                                           or spec.time_limit_s > lim.max_time_s):
+            raise SpecError(f"--time must be at most {lim.max_time_s:.0f} s at this site")
+        if self.store.count_jobs(peer.uid) >= lim.max_jobs_per_user:
+            raise RetryableError(f"you already have {lim.max_jobs_per_user} malleable jobs "
+                                 "(limits.max_jobs_per_user); wait for one to finish")
+        if self.store.count_jobs() >= lim.max_jobs_total:
+            raise RetryableError("the daemon is full (limits.max_jobs_total); try later")
+
+    def _own(self, peer: Peer, req: Mapping[str, Any]) -> JobRecord:
+        job_id = req.get("job_id")
+        if not isinstance(job_id, str) or len(job_id) > 64:
+            raise PermanentError("job_id: expected a job id like m12")
+        rec = self.store.job(job_id)
+        if rec is None:
+            raise PermanentError(f"no job {job_id}")
+        if rec.uid != peer.uid and peer.uid != 0:
+            raise PermanentError(f"job {job_id} belongs to {rec.user}, not to you")
+        return rec
+
+    def _attach(self, peer: Peer, req: Mapping[str, Any]) -> dict[str, Any]:
+        rec = self._own(peer, req)
+        if rec.uid != peer.uid:
+            raise PermanentError("only the job's owner attaches its slot jobs")
+        if rec.state is not JobPhase.SUBMITTING:
+            raise PermanentError(f"job {rec.job_id} is {rec.state.value}, not submitting")
+        ids = req.get("slots")
+        if (not isinstance(ids, list) or len(ids) != rec.spec.max_nodes
+                or not all(isinstance(i, int) and not isinstance(i, bool) and i > 0
+                           for i in ids) or len(set(ids)) != len(ids)):
+            raise PermanentError(f"slots: expected {rec.spec.max_nodes} distinct Slurm job ids")
+        self._check_slots(peer, rec, ids)
+        self.store.add_slots(rec.job_id, list(ids))
+        self.store.transition(rec.job_id, JobPhase.QUEUED,
+                              f"{len(ids)} slot jobs attached ({ids[0]}..{ids[-1]})")
+        self.wake()
+        return {"job_id": rec.job_id}
+
+    def _check_slots(self, peer: Peer, rec: JobRecord, ids: list[int]) -> None:
+        """Every slot job is the user's own, tagged, pending, single-node, scavenging."""
+        snap = self.backend.snapshot()  # fresh: the slots were submitted a moment ago
+        for k, sid in enumerate(ids):
+            sj = snap.job(sid)
+            problem = None
+            if sj is None:
+                problem = "is unknown to Slurm"
+            elif sj.user != peer.user:
+                problem = f"belongs to {sj.user}, not to {peer.user}"
+            elif sj.comment != slot_tag(rec.job_id, k):
+                problem = f"is not tagged {slot_tag(rec.job_id, k)!r}"
+            elif sj.partition != self.settings.slurm.scavenger_partition:
+                problem = f"is in partition {sj.partition}, not the scavenger partition"
+            elif sj.state is not JobState.PENDING or sj.node_count > 1:
+                problem = "is not a pending single-node job"
+            if problem:
+                raise PermanentError(f"slot job {sid} {problem}")
+
+    def _abort(self, peer: Peer, req: Mapping[str, Any]) -> dict[str, Any]:
+        rec = self._own(peer, req)
+        if rec.state is JobPhase.SUBMITTING:
+            self.store.transition(rec.job_id, JobPhase.CANCELLED, "submission aborted")
+        return {"job_id": rec.job_id}
+
+    def _cancel(self, peer: Peer, req: Mapping[str, Any]) -> dict[str, Any]:
+        rec = self._own(peer, req)
+        if rec.state.terminal or rec.state in (JobPhase.CANCELLING, JobPhase.COMPLETING):
+            return {"job_id": rec.job_id, "state": rec.state.value}
+        to = JobPhase.CANCELLED if rec.state is JobPhase.SUBMITTING else JobPhase.CANCELLING
+        self.store.transition(rec.job_id, to, f"cancelled by {peer.user}")
+        self.wake()
+        return {"job_id": rec.job_id, "state": to.value}

@@ -1,0 +1,60 @@
+"""Step 4 of a tick: how many and which nodes each managed job should hold (the policy).
+
+The policy (:mod:`malletrain.core.policies`) is the same code the simulator runs; here it
+gets the pool's nodes and one :class:`~malletrain.core.model.MalleableJob` per managed job,
+capped at the slots the job still has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from malletrain.core.model import AllocationInput, MalleableJob, Plan, Policy, ThroughputModel
+from malletrain.daemon.slots import SlotStatus
+from malletrain.daemon.store import JobRecord
+from malletrain.daemon.tick.pool import Pool
+from malletrain.daemon.tick.views import JobSlots
+from malletrain.daemon.tick.world import JobModel
+
+#: slot states that can still run the job on a node (ENDING slots are on their way out)
+_PLACEABLE = (SlotStatus.PARKED, SlotStatus.PLACING, SlotStatus.RUNNING, SlotStatus.ENDED)
+#: a job with no model yet competes as a linear job (never as "worth nothing")
+_UNKNOWN = JobModel(ThroughputModel(((1, 1.0),), 1.0), 3.0, 1.0)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    plan: Plan | None = None
+    #: job -> the nodes it should hold (only nodes actually on offer)
+    targets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+def policy_jobs(managed: tuple[JobRecord, ...], slots: Mapping[str, JobSlots],
+                held: Mapping[str, tuple[str, ...]], models: Mapping[str, JobModel]
+                ) -> tuple[MalleableJob, ...]:
+    out = []
+    for job in managed:
+        usable = sum(1 for v in slots[job.job_id].views if v.status in _PLACEABLE)
+        max_n = min(job.spec.max_nodes, usable)
+        if max_n < job.spec.min_nodes:
+            continue
+        model = models.get(job.job_id) or _UNKNOWN
+        out.append(MalleableJob(
+            job_id=job.job_id, min_nodes=job.spec.min_nodes, max_nodes=max_n,
+            nodes=held[job.job_id], throughput=model.throughput,
+            scale_up_s=model.scale_up_s, scale_down_s=model.scale_down_s,
+            submit_order=job.seq, start_s=model.start_s, rate_noise=model.rate_noise))
+    return tuple(out)
+
+
+def allocate(now_s: float, pool: Pool, jobs: tuple[MalleableJob, ...], policy: Policy
+             ) -> Allocation:
+    if not jobs:
+        return Allocation()
+    plan = policy.decide(AllocationInput(
+        now_s=now_s, nodes=pool.free + pool.held + pool.leaving, jobs=jobs))
+    offered = pool.offered
+    # zero-window leftovers are offered to keep the hole model honest, never to be used
+    return Allocation(plan, {k: tuple(n for n in v if n in offered)
+                             for k, v in plan.assignments.items()})

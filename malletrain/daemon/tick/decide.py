@@ -1,0 +1,49 @@
+"""One tick's decision: ``decide(world, policy) -> TickPlan``, a pipeline of pure steps.
+
+Level-triggered (Ray autoscaler v2 style): the plan is recomputed from the WHOLE current
+view every tick. Nothing depends on having seen an earlier event, so a restarted daemon, a
+lost event or a half-applied tick is repaired by the next tick; a submission or a
+cancellation only makes the next tick come sooner. The data flows one way::
+
+    World ─► views ─► screen ─► pool ─► allocate ─► per job: reconcile ─► membership
+             (slots)  (managed)  (windows, (policy:     (slot actions:    (publish,
+                                 give-back) targets)    place, park...)   phases)
+
+The caller (:mod:`malletrain.daemon.daemon`) applies the actions through the actuator.
+"""
+
+from __future__ import annotations
+
+from malletrain.core.model import Policy
+from malletrain.daemon.tick.actions import Action, TickPlan
+from malletrain.daemon.tick.allocate import allocate, policy_jobs
+from malletrain.daemon.tick.membership import membership_actions
+from malletrain.daemon.tick.pool import build_pool
+from malletrain.daemon.tick.reconcile import JobContext, reconcile
+from malletrain.daemon.tick.screen import screen
+from malletrain.daemon.tick.views import job_slots
+from malletrain.daemon.tick.world import World
+
+
+def decide(world: World, policy: Policy) -> TickPlan:
+    slots = job_slots(world)
+    screened = screen(world, slots)
+    pool = build_pool(world, screened.managed, slots)
+    jobs = policy_jobs(screened.managed, slots, pool.holdings.held, world.models)
+    allocation = allocate(world.now_s, pool, jobs, policy)
+    actions: list[Action] = list(screened.actions)
+    notes = list(pool.give_back.notes)
+    windows = pool.windows
+    for job in screened.managed:
+        ctx = JobContext(job, world.coord_of(job.job_id),
+                         frozenset(allocation.targets.get(job.job_id, ())), windows,
+                         world.snapshot, world.now_s, world.settings)
+        diff = reconcile(ctx, slots[job.job_id])
+        actions += diff.actions
+        notes += diff.notes
+        actions += membership_actions(ctx, diff)
+    return TickPlan(
+        targets=allocation.targets, actions=tuple(actions),
+        slot_views={jid: js.views for jid, js in slots.items()}, allocation=allocation.plan,
+        free_nodes=pool.free, held_nodes=pool.held, hole_start_s=pool.hole_start_s,
+        notes=tuple(notes), follow_up=pool.give_back.follow_up)

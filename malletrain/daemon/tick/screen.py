@@ -1,0 +1,88 @@
+"""Step 2 of a tick: which jobs take part in the allocation, and which are wound down.
+
+A job that is done or going away (completing, cancelling, terminal) gets its slots
+cancelled and, once none is busy, its final phase. A managed job that hit a stop condition
+(finished, time limit, repeated start failures, slots cancelled behind our back) leaves the
+allocation with a transition. The rest are *managed*: the next steps allocate nodes to them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from malletrain.core.lifecycle import JobPhase
+from malletrain.daemon.slots import SlotStatus
+from malletrain.daemon.store import JobRecord
+from malletrain.daemon.tick.actions import Action, Cancel, Transit
+from malletrain.daemon.tick.views import JobSlots
+from malletrain.daemon.tick.world import CoordView, DecideSettings, World
+
+P = JobPhase
+
+#: phases whose jobs hold, or wait for, scavenged nodes
+MANAGED = (P.QUEUED, P.STARTING, P.RUNNING, P.STALLED, P.EVICTED)
+#: slot states from which a slot can still serve its job
+USABLE = (SlotStatus.PARKED, SlotStatus.PLACING, SlotStatus.RUNNING, SlotStatus.ENDING,
+          SlotStatus.ENDED)
+
+
+@dataclass(frozen=True)
+class Screened:
+    managed: tuple[JobRecord, ...]
+    actions: tuple[Action, ...]
+
+
+def screen(world: World, slots: Mapping[str, JobSlots]) -> Screened:
+    managed: list[JobRecord] = []
+    actions: list[Action] = []
+    for job in world.jobs:
+        if job.state in (P.COMPLETING, P.CANCELLING) or job.state.terminal:
+            actions += wind_down(job, slots[job.job_id], world.now_s, world.settings)
+        elif job.state in MANAGED:
+            stop = stop_condition(job, slots[job.job_id], world.coord_of(job.job_id),
+                                  world.now_s, world.settings)
+            if stop is None:
+                managed.append(job)
+            else:
+                actions.append(stop)
+        # else submitting: the user is still submitting the slots
+    return Screened(tuple(managed), tuple(actions))
+
+
+def wind_down(job: JobRecord, js: JobSlots, now_s: float, s: DecideSettings) -> list[Action]:
+    """Cancel a finishing or cancelled job's slots; its final phase once none is busy."""
+    grace_over = now_s - job.lifecycle.since_s() > s.finish_grace_s
+    actions: list[Action] = []
+    busy = False
+    for v in js.views:
+        if v.status in (SlotStatus.PARKED, SlotStatus.PLACING) or (
+            v.status is SlotStatus.RUNNING and (job.state is not P.COMPLETING or grace_over)
+        ):
+            actions.append(Cancel(job.job_id, v.slot, v.slurm_job_id))
+            busy = True
+        elif v.status in (SlotStatus.RUNNING, SlotStatus.ENDING):
+            busy = True
+    if not busy and job.state is P.COMPLETING:
+        actions.append(Transit(job.job_id, P.COMPLETED,
+                               f"finished after {job.samples_total} samples"))
+    elif not busy and job.state is P.CANCELLING:
+        actions.append(Transit(job.job_id, P.CANCELLED, "slot jobs cancelled"))
+    return actions
+
+
+def stop_condition(job: JobRecord, js: JobSlots, cv: CoordView, now_s: float,
+                   s: DecideSettings) -> Transit | None:
+    """Why a managed job leaves the allocation now, or None."""
+    jid = job.job_id
+    if cv.finished_samples is not None:
+        return Transit(jid, P.COMPLETING, f"stop condition reached: {cv.finished_samples} samples")
+    if job.spec.time_limit_s is not None and now_s > job.created_s + job.spec.time_limit_s:
+        return Transit(jid, P.CANCELLING, f"time limit of {job.spec.time_limit_s} s reached")
+    if job.start_failures >= s.max_start_failures:
+        return Transit(jid, P.FAILED, f"slot jobs failed {job.start_failures} times right after "
+                       "starting; see their output (--output)")
+    if not any(v.status in USABLE for v in js.views):
+        return Transit(jid, P.CANCELLING,
+                       "all slot jobs were cancelled or vanished outside malletrain")
+    return None

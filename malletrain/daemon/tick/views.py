@@ -1,0 +1,72 @@
+"""Step 1 of a tick: every slot job as the daemon sees it, and who lives in it.
+
+A slot is a pending, placed or running single-node Slurm job of the user
+(:mod:`malletrain.daemon.slots`); its member is the worker process that registered from it
+with the coordinator. Both are read here once per tick, for every later step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from malletrain.core.cluster import ClusterSnapshot
+from malletrain.daemon.slots import SlotView, classify, parse_member, parse_tag
+from malletrain.daemon.store import SlotRecord
+from malletrain.daemon.tick.world import CoordView, Registration, World
+
+
+@dataclass(frozen=True)
+class JobSlots:
+    """One job's slots: what Slurm shows (views) beside what the store remembers (records)."""
+
+    views: tuple[SlotView, ...]
+    records: Mapping[int, SlotRecord]
+
+
+def slot_views(snapshot: ClusterSnapshot, job_id: str, records: Sequence[SlotRecord]
+               ) -> tuple[SlotView, ...]:
+    out = []
+    for r in records:
+        sj = snapshot.job(r.slurm_job_id)
+        # a recycled job id that is not our slot any more counts as gone
+        if sj is not None and sj.comment and parse_tag(sj.comment) != (job_id, r.slot):
+            sj = None
+        status = classify(sj)
+        node = sj.nodes[0] if sj is not None and sj.nodes else None
+        out.append(SlotView(job_id, r.slot, r.slurm_job_id, status, node,
+                            sj.time_limit_s if sj else None, sj.start_time if sj else None,
+                            sj.end_time if sj else None))
+    return tuple(out)
+
+
+def job_slots(world: World) -> dict[str, JobSlots]:
+    """Every job's slots, classified from the snapshot."""
+    out = {}
+    for j in world.jobs:
+        recs = world.slots.get(j.job_id, ())
+        out[j.job_id] = JobSlots(slot_views(world.snapshot, j.job_id, recs),
+                                 {r.slot: r for r in recs})
+    return out
+
+
+def slot_member(slot: int, live: Mapping[str, Registration]) -> str | None:
+    """The newest incarnation of ``slot`` that is registered and has not departed."""
+    best: tuple[int, str] | None = None
+    for m in live:
+        parsed = parse_member(m)
+        if parsed is None or parsed[0] != slot:
+            continue
+        if best is None or parsed[1] > best[0]:
+            best = (parsed[1], m)
+    return None if best is None else best[1]
+
+
+def sigtermed(slot: int, cv: CoordView) -> bool:
+    """Whether the newest incarnation of ``slot`` that ever registered left on SIGTERM."""
+    newest: tuple[int, str] | None = None
+    for m in (*cv.live, *cv.departed):
+        parsed = parse_member(m)
+        if parsed is not None and parsed[0] == slot and (newest is None or parsed[1] > newest[0]):
+            newest = (parsed[1], m)
+    return newest is not None and newest[1] not in cv.live and newest[1] in cv.sigtermed
