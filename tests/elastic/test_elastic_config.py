@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from elastic_harness import EXAMPLE, REPO
 
-from malletrain.elastic.worker import ElasticConfig, is_peer_failure
+from malletrain.elastic.config import ElasticConfig
+from malletrain.elastic.faults import is_peer_failure
 from malletrain.errors import ConfigError, PermanentError
 
 pytestmark = pytest.mark.torch

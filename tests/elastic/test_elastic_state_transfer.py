@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from malletrain.elastic.worker import _flatten_by_dtype, join_tensors, split_tensors
+from malletrain.elastic.transfer import flatten_by_dtype, join_tensors, split_tensors
 
 pytestmark = pytest.mark.torch
 
@@ -44,7 +44,7 @@ def test_round_trip_through_flat_buffers_is_exact():
     buf = io.BytesIO()
     torch.save(skeleton, buf)
     received = torch.load(io.BytesIO(buf.getvalue()), weights_only=True)
-    flats = _flatten_by_dtype(tensors)
+    flats = flatten_by_dtype(tensors)
     assert len(flats) == len(received["groups"])  # one buffer per dtype
     views = []
     for (dtype_name, shapes), flat in zip(received["groups"], flats, strict=True):

@@ -1,0 +1,96 @@
+"""Where a worker process belongs and the timeouts it uses, from its environment.
+
+The environment contract (set by the slot launcher, :mod:`malletrain.daemon.slots`) is
+described in :mod:`malletrain.elastic.coordinator`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from malletrain.elastic import protocol as p
+from malletrain.elastic.coordinator import parse_address
+from malletrain.errors import ConfigError
+
+
+def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={raw!r}: not a number") from None
+    if value <= 0:
+        raise ConfigError(f"environment variable {name}={raw!r}: must be > 0")
+    return value
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    if not raw.isdigit():
+        raise ConfigError(f"environment variable {name}={raw!r}: not a non-negative integer")
+    return int(raw)
+
+
+@dataclass(frozen=True)
+class ElasticConfig:
+    """Where this process belongs and the timeouts it uses (env contract: coordinator.py)."""
+
+    coordinator: str
+    job_id: str
+    member_id: str
+    state_dir: Path | None = None
+    local_rank: int = 0
+    local_world_size: int = 1
+    #: "auto": nccl for a CUDA device, gloo otherwise (MALLETRAIN_BACKEND overrides)
+    backend: str = "auto"
+    step_timeout_s: float = 10.0
+    sync_timeout_s: float = 120.0
+    join_timeout_s: float = 30.0
+    heal_wait_s: float = 2.0
+    report_interval_s: float = 1.0
+    poll_interval_s: float = 0.05
+    #: after SIGTERM, the process is forced out (os._exit) after this long, whatever it does.
+    sigterm_deadline_s: float = 4.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> ElasticConfig:
+        env = os.environ if env is None else env
+        missing = [
+            k
+            for k in ("MALLETRAIN_COORDINATOR", "MALLETRAIN_JOB_ID", "MALLETRAIN_MEMBER_ID")
+            if not env.get(k)
+        ]
+        if missing:
+            raise ConfigError(
+                f"missing environment variable(s) {', '.join(missing)}: an elastic worker is "
+                "started by the malletrain daemon, or by hand next to `malletrain coordinator`"
+            )
+        parse_address(env["MALLETRAIN_COORDINATOR"])  # host:port, or a one-line error
+        p.check_id("job id", env["MALLETRAIN_JOB_ID"])
+        p.check_id("member id", env["MALLETRAIN_MEMBER_ID"])
+        state_dir = env.get("MALLETRAIN_STATE_DIR") or None
+        cfg = cls(
+            coordinator=env["MALLETRAIN_COORDINATOR"],
+            job_id=env["MALLETRAIN_JOB_ID"],
+            member_id=env["MALLETRAIN_MEMBER_ID"],
+            state_dir=Path(state_dir) if state_dir else None,
+            local_rank=_env_int(env, "LOCAL_RANK", 0),
+            local_world_size=_env_int(env, "LOCAL_WORLD_SIZE", 1) or 1,
+            step_timeout_s=_env_float(env, "MALLETRAIN_STEP_TIMEOUT_S", cls.step_timeout_s),
+            sync_timeout_s=_env_float(env, "MALLETRAIN_SYNC_TIMEOUT_S", cls.sync_timeout_s),
+            join_timeout_s=_env_float(env, "MALLETRAIN_JOIN_TIMEOUT_S", cls.join_timeout_s),
+            heal_wait_s=_env_float(env, "MALLETRAIN_HEAL_WAIT_S", cls.heal_wait_s),
+            backend=env.get("MALLETRAIN_BACKEND") or cls.backend,
+            sigterm_deadline_s=_env_float(
+                env, "MALLETRAIN_SIGTERM_DEADLINE_S", cls.sigterm_deadline_s
+            ),
+        )
+        return replace(cfg, **overrides)

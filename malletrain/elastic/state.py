@@ -1,0 +1,122 @@
+"""A worker's shared state: what every part of :class:`~malletrain.elastic.worker.ElasticJob`
+reads and writes (training position, membership, the coordinator link), declared once.
+
+The runtime is one object split by reason to change: the step loop
+(:mod:`.worker`), forming groups (:mod:`.rendezvous`), moving state (:mod:`.statesync`),
+the coordinator link (:mod:`.link`), SIGTERM (:mod:`.signals`) and the background watcher
+(:mod:`.watcher`). Each part that is a mix-in inherits :class:`WorkerState` for the
+attributes and the few calls that cross parts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping
+from enum import Enum, StrEnum
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from malletrain.elastic import protocol as p
+from malletrain.elastic.config import ElasticConfig
+from malletrain.elastic.rules import ScalingRule
+from malletrain.elastic.transfer import Stateful
+
+if TYPE_CHECKING:
+    from malletrain.elastic.link import CoordinatorLink
+    from malletrain.elastic.signals import SigtermWatch
+
+log = logging.getLogger(__name__)
+
+
+class ExitReason(StrEnum):
+    FINISHED = "finished"  # total_samples reached
+    REMOVED = "removed"  # a published membership left this member out (planned leave)
+    SIGTERM = "sigterm"  # preempted
+    EVICTED = "evicted"  # job evicted to zero; the state was saved (or there was none)
+    STATE_LOST = "state_lost"  # the job had progressed but no replica/snapshot holds it
+
+
+class Outcome(Enum):
+    """How an attempt to form an epoch's group ended."""
+
+    FORMED = 1
+    RETRY = 2
+    FAILED = 3
+
+
+class Leave(Exception):
+    """Internal: this process leaves the job (reason in ``ElasticJob.exit_reason``)."""
+
+
+class WorkerState:
+    config: ElasticConfig
+    link: CoordinatorLink
+    sigterm: SigtermWatch
+    module: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    rule: ScalingRule
+    extra_state: Mapping[str, Stateful]
+    device: torch.device
+    backend: str
+    # training position: identical on every replica, moved with the state
+    step: int
+    samples_total: int
+    has_state: bool
+    # membership
+    epoch: int
+    membership: p.Membership | None
+    rank: int
+    world_size: int
+    _ddp: DistributedDataParallel | None
+    _formed_epoch: int
+    _registered_seq: int
+    _step_started: float | None
+    _first_of_epoch: bool
+    _snapshot_load_s: float
+    exit_reason: ExitReason | None
+    last_reconfig: dict[str, float]
+
+    @property
+    def member_id(self) -> str:
+        return self.config.member_id
+
+    def _teardown(self) -> None:
+        self._ddp = None
+        self._step_started = None
+        if dist.is_initialized():
+            if self.backend == "nccl":
+                # a communicator may be hung or broken: abort it, destroy could block
+                with contextlib.suppress(Exception):
+                    dist.distributed_c10d._abort_process_group()
+            try:
+                dist.destroy_process_group()
+            except Exception as exc:  # a broken group may fail to shut down cleanly
+                log.debug("destroy_process_group: %s", exc)
+
+    def _announce(self, reason: p.DepartureReason) -> None:
+        self.link.announce(reason, self.epoch or None, self.step)
+
+    def _store_failed(self, exc: BaseException) -> None:
+        if self.link.reconnect(exc) and self._formed_epoch == 0:
+            self._registered_seq = -1  # a restarted coordinator forgot us: register again
+
+    def _register(self) -> None:
+        if self.config.local_rank != 0:
+            return
+        self._registered_seq = self.link.js.register(self.link.member_info())
+        log.info("registered as %s (seq %d)", self.member_id, self._registered_seq)
+
+    # calls across parts (defined by the part named)
+
+    def _save_snapshot(self) -> None:  # statesync
+        raise NotImplementedError
+
+    def _sync_state(self) -> None:  # statesync
+        raise NotImplementedError
+
+    def _maybe_report(self, force: bool) -> None:  # worker
+        raise NotImplementedError

@@ -1,0 +1,135 @@
+"""A new group's state: the freshest replica (or a snapshot) sent to the ranks that lag.
+
+The file system is touched only when a job is evicted to zero nodes: the last group's rank
+0 saves a snapshot (:mod:`.snapshot`), and the next group's sync restores it when it is
+newer than every live replica.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from malletrain.elastic import protocol as p
+from malletrain.elastic import snapshot
+from malletrain.elastic.faults import SyncError
+from malletrain.elastic.state import ExitReason, Leave, WorkerState
+from malletrain.elastic.transfer import receive_state, send_state
+
+log = logging.getLogger(__name__)
+
+
+class StateSync(WorkerState):
+    def _payload(self) -> dict[str, Any]:
+        return {
+            "model": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "extra": {k: v.state_dict() for k, v in self.extra_state.items()},
+            "position": {"step": self.step, "samples_total": self.samples_total},
+        }
+
+    def _apply(self, payload: dict[str, Any]) -> None:
+        self.module.load_state_dict(payload["model"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        for k, v in self.extra_state.items():
+            if k in payload.get("extra", {}):
+                v.load_state_dict(payload["extra"][k])
+        self.step = int(payload["position"]["step"])
+        self.samples_total = int(payload["position"]["samples_total"])
+        self.has_state = True
+
+    def _sync_state(self) -> None:
+        """Send the freshest state (by step; a newer snapshot wins over live state) to laggards."""
+        snap = snapshot.find_latest(self.config.state_dir, self.config.job_id)
+        mine = torch.tensor(
+            [int(self.has_state), self.step, -1 if snap is None else snap.step],
+            dtype=torch.int64,
+            device=self.device,
+        )
+        gathered = [torch.zeros_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(gathered, mine)
+        table = [t.cpu().tolist() for t in gathered]
+        src, target_step, use_snapshot = p.choose_source(table)
+        if target_step < 0:
+            self._refuse_if_state_lost()
+        if use_snapshot:
+            needy = [r for r in range(self.world_size) if r != src]
+        else:
+            needy = [
+                r for r, (h, s, _) in enumerate(table)
+                if r != src and (target_step < 0 or not h or s != target_step)
+            ]
+        if use_snapshot and self.rank == src:
+            self._restore(snap)
+        if needy:
+            self._send_to(src, needy)
+
+    def _restore(self, snap: snapshot.SnapshotRef | None) -> None:
+        t_load = time.monotonic()
+        loaded = snapshot.load(snap, self.config.job_id) if snap is not None else None
+        if loaded is None:  # load() renamed it aside, so the retry picks the next one
+            raise SyncError(f"snapshot {snap} became unreadable during the state sync")
+        self._apply(loaded)
+        self._snapshot_load_s = time.monotonic() - t_load
+        log.warning("restored snapshot of step %d from %s", self.step, snap)
+
+    def _send_to(self, src: int, needy: list[int]) -> None:
+        """Broadcast the state from ``src`` to ``needy`` (in a subgroup if not everybody)."""
+        group: Any = None
+        if len(needy) + 1 < self.world_size:
+            group = dist.new_group(sorted([src, *needy]))  # every rank must call it
+        if self.rank != src and self.rank not in needy:
+            return
+        if self.rank == src:
+            send_state(self._payload(), src, group, self.device)
+        else:
+            self._apply(receive_state(src, self.rank, group, self.device))
+        if group is not None:
+            dist.destroy_process_group(group)
+
+    def _refuse_if_state_lost(self) -> None:
+        """No replica and no snapshot has state: fine for a new job, fatal for a running one.
+
+        If the coordinator has seen progress, the job's state is gone (evicted to zero
+        without a usable MALLETRAIN_STATE_DIR, or the last replica died): starting over from
+        step 0 would silently throw the training away, so every rank leaves instead. Rank 0
+        decides and broadcasts, so all ranks do the same.
+        """
+        flag = torch.zeros(1, dtype=torch.int64)
+        if self.rank == 0:
+            try:
+                progress = self.link.js.progress()
+            except (RuntimeError, OSError):
+                progress = None
+            if progress is not None and progress.step > 0:
+                flag[0] = progress.step
+        flag = flag.to(self.device)
+        dist.broadcast(flag, src=0)
+        lost_step = int(flag.item())
+        if lost_step:
+            log.error(
+                "job %s reached step %d before, but no replica and no snapshot in "
+                "MALLETRAIN_STATE_DIR holds its state: refusing to restart from step 0",
+                self.config.job_id, lost_step,
+            )
+            self._teardown()
+            self._announce("crashed")
+            self.exit_reason = ExitReason.STATE_LOST
+            raise Leave
+
+    def _save_snapshot(self) -> None:
+        """Evicted to zero: write the state to MALLETRAIN_STATE_DIR (rank 0 of the last group)."""
+        if not self.has_state:
+            return
+        if self.config.state_dir is None:
+            log.error("evicted to zero without MALLETRAIN_STATE_DIR: training state is lost")
+            return
+        t0 = time.monotonic()
+        path = snapshot.save(self.config.state_dir, self.config.job_id, self.step, self._payload())
+        self.last_reconfig["snapshot_save_s"] = time.monotonic() - t0
+        log.warning("saved snapshot of step %d to %s in %.2f s", self.step, path,
+                    time.monotonic() - t0)

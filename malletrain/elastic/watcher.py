@@ -1,0 +1,91 @@
+"""The worker's background thread: the newest epoch, progress reports, stuck NCCL steps."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import torch.distributed as dist
+
+from malletrain.elastic import protocol as p
+from malletrain.elastic.jobstore import JobStore
+
+if TYPE_CHECKING:
+    from malletrain.elastic.worker import ElasticJob
+
+log = logging.getLogger(__name__)
+
+
+class Watcher:
+    """Background link to the coordinator: polls the newest epoch, sends progress.
+
+    The main thread never talks to the store during steps, so a slow, frozen or restarted
+    coordinator cannot stall training: the job keeps its current membership, this thread
+    reconnects (own client, short timeouts) and rank 0 re-publishes its epoch if the
+    restarted store lost it.
+    """
+
+    def __init__(self, job: ElasticJob) -> None:
+        self.job = job
+        self.latest_epoch = 0
+        self.pending_report: p.ProgressReport | None = None
+        self.down_since: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="malletrain-watcher", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, join_timeout_s: float = 0.0) -> None:
+        self._stop.set()
+        if join_timeout_s > 0 and self._thread.is_alive():
+            self._thread.join(join_timeout_s)
+
+    def _run(self) -> None:
+        cfg = self.job.config
+        js: JobStore | None = None
+        reconnected = False
+        while not self._stop.is_set():
+            try:
+                if js is None:
+                    js = self.job.link.own_client(2.0)
+                    if reconnected:
+                        log.warning("coordinator reachable again")
+                        self.job.reseed(js)
+                    self.down_since = None
+                self._abort_overrun_step()
+                self.latest_epoch = js.latest_epoch()
+                report = self.pending_report
+                if report is not None:
+                    self.pending_report = None
+                    js.set_progress(report)
+            except (RuntimeError, OSError, ValueError) as exc:
+                if self.down_since is None:
+                    log.warning("coordinator unreachable (%s); training on, reconnecting", exc)
+                    self.down_since = time.monotonic()
+                js, reconnected = None, True
+                self._stop.wait(1.0)
+                continue
+            self._stop.wait(cfg.poll_interval_s)
+
+    def _abort_overrun_step(self) -> None:
+        """NCCL only: a step past ``step_timeout_s`` is aborted from here.
+
+        A hung NCCL collective blocks the main thread in a CUDA sync with no host-side
+        timeout; aborting the communicators makes it raise, and the step is healed like any
+        peer failure. (gloo's own timeout already bounds its collectives; abort would not
+        unblock them.) UNVERIFIED: no GPU was available where this was written.
+        """
+        job = self.job
+        started = job._step_started
+        if job.backend != "nccl" or started is None:
+            return
+        if time.monotonic() - started > job.config.step_timeout_s:
+            log.error("step in flight for more than %.1f s: aborting the NCCL group",
+                      job.config.step_timeout_s)
+            job._step_started = None
+            with contextlib.suppress(Exception):
+                dist.distributed_c10d._abort_process_group()
