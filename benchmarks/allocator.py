@@ -28,9 +28,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from malletrain.core.allocator import MalleTrainPolicy
+from malletrain.core.allocator import malletrain_policy
 from malletrain.core.baselines import freetrain_milp
 from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
+from malletrain.core.policies import CORE, REPLAY, make_policy
 
 
 def instance(
@@ -106,7 +107,7 @@ def main() -> None:
     args = ap.parse_args()
 
     n_nodes, n_jobs = 5000, 500
-    policy = MalleTrainPolicy(horizon_s=1800.0)
+    policy = make_policy("malletrain", CORE)
     inputs = [
         instance(n_nodes, n_jobs, args.seed + k, jobs_seed=args.seed)
         for k in range(args.decisions + 1)
@@ -123,8 +124,8 @@ def main() -> None:
         f"dp: {n_nodes} nodes x {n_jobs} jobs, {len(times_ms)} decisions: "
         f"p50 {p50:.1f} ms, max {max(times_ms):.1f} ms"
     )
-    # the simulator's replay settings (cli_simulate.REPLAY_POLICY): same inputs
-    replay = MalleTrainPolicy(horizon_s=1800.0, estimate_horizon_s=300.0, reclaim_group_s=1.0)
+    # the simulator's replay settings (preset REPLAY): same inputs
+    replay = make_policy("malletrain", REPLAY)
     replay.decide(inputs[0])
     replay_ms = []
     for inp in inputs[1:]:
@@ -150,7 +151,7 @@ def main() -> None:
         for k in range(args.decisions + 1)
     ]
     # interleaved (off, on) on each input, so that load bursts hit both alike
-    pols = {on: MalleTrainPolicy(horizon_s=1800.0, explore_free_only=on) for on in (False, True)}
+    pols = {on: malletrain_policy(CORE, explore_free_only=on) for on in (False, True)}
     ms: dict[bool, list[float]] = {False: [], True: []}
     for pol in pols.values():
         pol.decide(scarce[0])
@@ -172,7 +173,7 @@ def main() -> None:
         inp = instance(nodes_k, jobs_k, args.seed + 1000 + nodes_k, jobs_seed=args.seed + nodes_k)
         res = freetrain_milp(inp, tfwd_s=10.0, time_limit_s=args.milp_limit_s, node_level=True)
         t0 = time.perf_counter()
-        MalleTrainPolicy(horizon_s=1800.0).decide(inp)
+        make_policy("malletrain", CORE).decide(inp)
         dp_ms = (time.perf_counter() - t0) * 1000
         optimal = res.counts is not None and "Optimal" in res.status
         print(

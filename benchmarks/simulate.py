@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from malletrain.core.cluster import ClusterSnapshot, Node, NodeState
-from malletrain.core.policies import POLICIES, PolicyOptions, make_policy
+from malletrain.core.policies import CORE, POLICIES, make_policy
 from malletrain.sim.curves import provider_for
 from malletrain.sim.engine import Simulator
 from malletrain.sim.jobs import SimJob
@@ -94,7 +94,7 @@ def jobs(count: int) -> list[SimJob]:
 
 
 def run(trace: IdleTrace, policy: str, full: bool) -> tuple[float, int, float]:
-    pol = make_policy(policy, PolicyOptions())
+    pol = make_policy(policy, CORE)
     sim = Simulator(trace, jobs(30), pol, provider_for(POLICIES[policy].curves))
     if full:
         sim.view = FullSnapshotView(trace.node_names)

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from malletrain.core.allocator import rates_upto, solve_counts
+from malletrain.core.knapsack import solve_counts
 from malletrain.core.model import AllocationInput, MalleableJob, Plan
 from malletrain.core.placement import assign_nodes
+from malletrain.core.valuation import rates_upto
 
 log = logging.getLogger(__name__)
 

@@ -18,37 +18,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 from malletrain.core.model import Policy
+from malletrain.core.options import CORE, LIVE, PRESETS, REPLAY, PolicyOptions
+
+__all__ = ["CORE", "LIVE", "POLICIES", "PRESETS", "REPLAY", "PolicyOptions", "PolicySpec",
+           "make_policy", "policy_names"]
 
 CurveSource = Literal["true", "learned", "none"]
-
-
-@dataclass(frozen=True)
-class PolicyOptions:
-    """Knobs a caller may set; each policy reads the ones that concern it."""
-
-    #: FreeTrain's look-ahead (seconds): the value of one second of throughput.
-    tfwd_s: float = 10.0
-    #: malletrain's cap on any node's window (seconds): beyond it nothing is predictable.
-    horizon_s: float = 1800.0
-    #: Wall-clock limit for one MILP solve (FreeTrain).
-    milp_time_limit_s: float = 10.0
-    #: malletrain's fixed hysteresis on top of the one from measured rate noise (0 on
-    #: exact replays; the daemon sets it, see malletrain.daemon.daemon.LIVE_POLICY).
-    keep_margin: float = 0.0
-    #: malletrain's hole-model prior floor (HoleLengthModel.prior_floor).
-    hole_prior_floor: float = 0.0
-    #: malletrain's horizon for windows estimated from idle age (no plan), capped by
-    #: ``horizon_s``; None = ``horizon_s``. Replays set 300 s and the grouping below
-    #: (malletrain.sim.cli_simulate.REPLAY_POLICY); the daemon keeps both off for now.
-    estimate_horizon_s: float | None = None
-    #: malletrain: unplanned nodes that turned idle within one slot of this many seconds
-    #: share one reclaim event (0: off).
-    reclaim_group_s: float = 0.0
-    #: malletrain's finish-aware valuation (MalleTrainPolicy.finish_weight; 0: off; replays
-    #: set 0.5) and the horizon within which a finish counts. Needs
-    #: MalleableJob.remaining_samples (declared by the user) and AllocationInput.queued_jobs.
-    finish_weight: float = 0.0
-    finish_horizon_s: float = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -75,16 +50,7 @@ def _malletrain(name: str) -> Callable[[PolicyOptions], Policy]:
     def factory(opts: PolicyOptions) -> Policy:
         from malletrain.core.allocator import malletrain_policy
 
-        return malletrain_policy(
-            name=name,
-            horizon_s=opts.horizon_s,
-            keep_margin=opts.keep_margin,
-            hole_prior_floor=opts.hole_prior_floor,
-            estimate_horizon_s=opts.estimate_horizon_s,
-            reclaim_group_s=opts.reclaim_group_s,
-            finish_weight=opts.finish_weight,
-            finish_horizon_s=opts.finish_horizon_s,
-        )
+        return malletrain_policy(opts, name=name)
 
     return factory
 
@@ -143,4 +109,4 @@ def make_policy(name: str, options: PolicyOptions | None = None) -> Policy:
         spec = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
-    return spec.factory(options or PolicyOptions())
+    return spec.factory(options or CORE)

@@ -32,7 +32,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     from malletrain.daemon.loop import run_daemon
     from malletrain.ops.logs import configure_logging
     from malletrain.ops.settings import load_settings
-    from malletrain.slurm.backend import select_backend
+    from malletrain.slurm.select import select_backend
 
     settings = load_settings(args.config)
     configure_logging(settings.logging.level, settings.logging.format, exclusive=True)

@@ -27,7 +27,7 @@ from typing import Any
 
 from malletrain.core.cluster import ClusterSnapshot
 from malletrain.core.lifecycle import JobPhase
-from malletrain.core.policies import PolicyOptions, make_policy
+from malletrain.core.policies import make_policy
 from malletrain.core.profiler import ProfilingAdvisor
 from malletrain.daemon.actuator import Actuator
 from malletrain.daemon.channel import Peer
@@ -48,12 +48,6 @@ log = logging.getLogger(__name__)
 SUBMIT_TIMEOUT_S = 600.0
 #: terminal jobs are still looked at this long (to cancel leftover slot jobs).
 TERMINAL_LINGER_S = 600.0
-#: What a live cluster needs beyond a replay (docs/allocator.md, "Live robustness"): a fixed
-#: 10 % keep margin on top of the measured rate noise (co-location and placement make live
-#: rates move between measurements; without it two jobs traded nodes on the dev cluster) and
-#: a hole-model prior floor (a small cluster's few holes are not representative). Measured:
-#: the e2e test passed with these; without them the jobs did not regrow after the batch job.
-LIVE_POLICY = {"keep_margin": 0.1, "hole_prior_floor": 0.1}
 
 
 def decide_settings(settings: Settings, **overrides: float) -> DecideSettings:
@@ -67,10 +61,6 @@ def decide_settings(settings: Settings, **overrides: float) -> DecideSettings:
         heartbeat_timeout_s=settings.coordinator.heartbeat_timeout_s,
     )
     return replace(base, **overrides)  # type: ignore[arg-type]
-
-
-def _policy_options(settings: Settings) -> PolicyOptions:
-    return replace(settings.allocator.policy_options(), **LIVE_POLICY)
 
 
 class Daemon:
@@ -92,7 +82,7 @@ class Daemon:
         self.coordinator = coordinator if coordinator is not None else ensure_coordinator(settings)
         self._decide_overrides = dict(decide_overrides or {})
         self.learned = LearnedState(self.store)
-        self.policy = make_policy(settings.allocator.policy, _policy_options(settings))
+        self.policy = make_policy(settings.allocator.policy, settings.allocator.policy_options())
         self.learned.restore_policy(self.policy)
         self.advisor = ProfilingAdvisor(settings.allocator.advisor_settings())
         self.learned.restore_profiles(self.advisor)
@@ -133,7 +123,7 @@ class Daemon:
         new = settings.allocator
         if (new.policy, new.policy_options()) != (old.policy, old.policy_options()):
             self.learned.save_policy(self.policy)
-            self.policy = make_policy(new.policy, _policy_options(settings))
+            self.policy = make_policy(new.policy, settings.allocator.policy_options())
             self.learned.restore_policy(self.policy)
             log.info("allocation policy is now %s", new.policy)
 

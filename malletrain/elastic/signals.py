@@ -18,8 +18,6 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
-from malletrain.elastic.state import ExitReason
-
 log = logging.getLogger(__name__)
 
 
@@ -78,11 +76,6 @@ class SigtermWatch:
             time.sleep(max(0.0, deadline - time.monotonic()))
             log.error("process still alive %.1f s after SIGTERM; forcing exit", self.deadline_s)
         os._exit(0)
-
-
-#: Leaves after which the process ends through :func:`exit_now`: the node goes back to
-#: Slurm (or to another job) only when the slot's step ends, i.e. when this process is gone.
-FAST_EXIT = frozenset({ExitReason.SIGTERM, ExitReason.EVICTED, ExitReason.REMOVED})
 
 
 def exit_now() -> None:

@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from malletrain.elastic import protocol as p
 from malletrain.elastic.config import ElasticConfig
+from malletrain.elastic.jobstore import JobStore
 from malletrain.elastic.rules import ScalingRule
 from malletrain.elastic.transfer import Stateful
 
@@ -38,6 +39,11 @@ class ExitReason(StrEnum):
     SIGTERM = "sigterm"  # preempted
     EVICTED = "evicted"  # job evicted to zero; the state was saved (or there was none)
     STATE_LOST = "state_lost"  # the job had progressed but no replica/snapshot holds it
+
+
+#: Leaves after which the process ends through :func:`exit_now`: the node goes back to
+#: Slurm (or to another job) only when the slot's step ends, i.e. when this process is gone.
+FAST_EXIT = frozenset({ExitReason.SIGTERM, ExitReason.EVICTED, ExitReason.REMOVED})
 
 
 class Outcome(Enum):
@@ -119,4 +125,7 @@ class WorkerState:
         raise NotImplementedError
 
     def _maybe_report(self, force: bool) -> None:  # worker
+        raise NotImplementedError
+
+    def reseed(self, js: JobStore) -> None:  # worker
         raise NotImplementedError

@@ -6,15 +6,12 @@ import contextlib
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
 from malletrain.elastic import protocol as p
 from malletrain.elastic.jobstore import JobStore
-
-if TYPE_CHECKING:
-    from malletrain.elastic.worker import ElasticJob
+from malletrain.elastic.state import WorkerState
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +25,7 @@ class Watcher:
     restarted store lost it.
     """
 
-    def __init__(self, job: ElasticJob) -> None:
+    def __init__(self, job: WorkerState) -> None:
         self.job = job
         self.latest_epoch = 0
         self.pending_report: p.ProgressReport | None = None

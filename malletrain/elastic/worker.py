@@ -48,8 +48,8 @@ from malletrain.elastic.link import CoordinatorLink
 from malletrain.elastic.rendezvous import Rendezvous
 from malletrain.elastic.rules import ScalingRule
 from malletrain.elastic.sampler import DataStream, split_step, step_count
-from malletrain.elastic.signals import FAST_EXIT, SigtermWatch, exit_now
-from malletrain.elastic.state import ExitReason, Leave
+from malletrain.elastic.signals import SigtermWatch, exit_now
+from malletrain.elastic.state import FAST_EXIT, ExitReason, Leave
 from malletrain.elastic.statesync import StateSync
 from malletrain.elastic.transfer import Stateful
 from malletrain.elastic.watcher import Watcher

@@ -54,8 +54,8 @@ from typing import Any, Literal
 
 import yaml
 
+from malletrain.core.options import LIVE, PolicyOptions
 from malletrain.core.policies import POLICIES as POLICY_REGISTRY
-from malletrain.core.policies import PolicyOptions
 from malletrain.core.profiler import AdvisorSettings
 from malletrain.errors import ConfigError
 
@@ -292,7 +292,7 @@ class AllocatorSettings:
 
     def policy_options(self) -> PolicyOptions:
         """The knobs of :func:`malletrain.core.policies.make_policy` from these settings."""
-        return PolicyOptions(horizon_s=self.horizon_s)
+        return LIVE.with_(horizon_s=self.horizon_s)
 
     def advisor_settings(self) -> AdvisorSettings:
         """The Profiling Advisor's settings (:class:`malletrain.core.profiler.AdvisorSettings`)."""

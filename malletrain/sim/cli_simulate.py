@@ -24,21 +24,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: malletrain's settings for replays, on top of core's defaults (the daemon has its own,
-#: ``LIVE_POLICY`` in malletrain.daemon.daemon): unplanned nodes valued over 300 s and
-#: nodes idle since the same moment reclaimed together. Measured on Philly slices,
-#: docs/evaluation.md "Reducing Philly's losses"; not yet tried live. Finish-aware
-#: valuation (a job that can finish within 24 h counts its samples more while jobs wait
-#: for a slot; reads the jobs' declared remaining samples): docs/evaluation.md
-#: "Finish-aware valuation".
-REPLAY_POLICY = {
-    "estimate_horizon_s": 300.0,
-    "reclaim_group_s": 1.0,
-    "finish_weight": 0.5,
-    "finish_horizon_s": 86400.0,
-}
-
-
 def add_replay_arguments(p: argparse.ArgumentParser) -> None:
     """The trace and job flags (shared with ``python -m malletrain.sim.bound``)."""
     src = p.add_mutually_exclusive_group(required=True)
@@ -129,7 +114,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _upper_bound(trace: IdleTrace, jobs: list[SimJob], args: argparse.Namespace) -> float | None:
     """The LP bound of :mod:`malletrain.sim.bound` for this replay (seconds to compute), so
     that every summary says how far its policy is from what any policy could reach."""
-    from malletrain.sim.bound import idle_segments, upper_bound
+    from malletrain.sim.bound import upper_bound
+    from malletrain.sim.bound_inputs import idle_segments
 
     segments = idle_segments(trace, args.until_s)
     if not segments:
@@ -139,7 +125,7 @@ def _upper_bound(trace: IdleTrace, jobs: list[SimJob], args: argparse.Namespace)
 
 
 def run(args: argparse.Namespace) -> int:
-    from malletrain.core.policies import POLICIES, PolicyOptions, make_policy
+    from malletrain.core.policies import POLICIES, REPLAY, make_policy
     from malletrain.sim.curves import provider_for
     from malletrain.sim.engine import Simulator
     from malletrain.sim.jobs import parse_jobs
@@ -156,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     trace = load_trace(args)
     bound = _upper_bound(trace, jobs, args)
     spec = POLICIES[args.policy]
-    policy = make_policy(args.policy, PolicyOptions(tfwd_s=args.tfwd_s, **REPLAY_POLICY))
+    policy = make_policy(args.policy, REPLAY.with_(tfwd_s=args.tfwd_s))
     until = trace.end_s if args.until_s is None else min(args.until_s, trace.end_s)
     show = sys.stderr.isatty() if args.progress is None else args.progress
     bar = ProgressBar(trace.start_s, until) if show else None

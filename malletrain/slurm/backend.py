@@ -33,13 +33,13 @@ from typing import Protocol, runtime_checkable
 
 from malletrain.core.cluster import ClusterSnapshot
 from malletrain.errors import RetryableError
+from malletrain.slurm.commands import classify_failure, render_signal, render_update
 from malletrain.slurm.errors import (
     SlurmCommandError,
     SlurmCommandNotFoundError,
     SlurmParseError,
     SlurmUnavailableError,
 )
-from malletrain.slurm.hostlist import compress_hostlist
 from malletrain.slurm.parse import (
     SnapshotTexts,
     build_snapshot,
@@ -65,34 +65,9 @@ SNAPSHOT_COMMANDS: Mapping[str, tuple[str, ...]] = {
 #: The arrival probe between ticks: the ids of pending jobs, one short text answer.
 PENDING_IDS_COMMAND = ("squeue", "--all", "--noheader", "--states=PENDING", "--format=%A")
 
-#: stderr fragments that mean "Slurm is not answering right now" (retry), not "no".
-_RETRYABLE_MARKERS = (
-    "unable to contact slurm controller",
-    "socket timed out",
-    "connection refused",
-    "connect failure",
-    "zero bytes were transmitted",
-    "try again",
-    "transport endpoint",
-    "resource temporarily unavailable",
-    "communication connection failure",
-    "slurm backup controller in standby mode",
-    "protocol authentication error",
-    "munge",
-)
 #: Job ids that are gone or done: fine for an idempotent cancel.
 _GONE_MARKERS = ("already completing or completed", "invalid job id")
 
-#: ``scontrol update job`` fields a caller may set (Slurm's own names).
-UPDATABLE_FIELDS = frozenset(
-    {
-        "NodeList", "ReqNodeList", "ExcNodeList", "NumNodes", "TimeLimit", "TimeMin",
-        "Comment", "Partition", "JobName", "Dependency", "Features", "Nice", "StartTime",
-        "Priority",
-    }
-)
-_SIGNAL_RE = re.compile(r"^(?:SIG)?[A-Z][A-Z0-9]*$|^\d{1,2}$")
-_STEPS = ("children", "batch", "all")
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
@@ -139,56 +114,6 @@ class SlurmBackend(Protocol):
 
 
 # ----------------------------------------------------------------------------- errors
-
-
-def classify_failure(argv: Sequence[str], returncode: int, stderr: str) -> Exception:
-    """A typed error for a failed command: retryable when Slurm was merely unreachable."""
-    words = " ".join(stderr.split())[:300] or f"exit status {returncode}"
-    command = " ".join(argv[:3])
-    lowered = stderr.lower()
-    if any(marker in lowered for marker in _RETRYABLE_MARKERS):
-        return SlurmUnavailableError(f"Slurm is not answering ({command}): {words}")
-    if "could not establish a configuration source" in lowered:
-        return SlurmCommandError(
-            f"{command}: no Slurm configuration found (set SLURM_CONF, e.g. from "
-            f"`slurm/dev-cluster env`): {words}", argv=tuple(argv), stderr=stderr)
-    return SlurmCommandError(f"{command} failed: {words}", argv=tuple(argv), stderr=stderr)
-
-
-def render_update(job_id: int, fields: Mapping[str, str | int | Sequence[str]]) -> list[str]:
-    """``scontrol update`` argv; a sequence of node names is compressed (``n[1-3]``)."""
-    if not fields:
-        raise ValueError("update: no fields given")
-    argv = ["scontrol", "update", f"JobId={int(job_id)}"]
-    for key, value in fields.items():
-        if key not in UPDATABLE_FIELDS:
-            raise ValueError(f"update: field {key!r} is not one of {sorted(UPDATABLE_FIELDS)}")
-        if isinstance(value, bool):
-            raise ValueError(f"update: field {key} must be a string or number, not a bool")
-        if isinstance(value, int):
-            text = str(value)
-        elif isinstance(value, str):
-            text = value
-        else:
-            text = compress_hostlist(str(v) for v in value)
-        if "\n" in text or "\0" in text:
-            raise ValueError(f"update: field {key} must be one line")
-        argv.append(f"{key}={text}")
-    return argv
-
-
-def render_signal(job_id: int, sig: str, steps: str = "children") -> list[str]:
-    if not _SIGNAL_RE.match(sig):
-        raise ValueError(f"signal: {sig!r} is not a signal name like TERM or USR1")
-    if steps not in _STEPS:
-        raise ValueError(f"signal: steps must be one of {_STEPS}, got {steps!r}")
-    argv = ["scancel", f"--signal={sig}"]
-    if steps == "batch":
-        argv.append("--batch")
-    elif steps == "all":
-        argv.append("--full")
-    argv.append(str(int(job_id)))
-    return argv
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -382,71 +307,3 @@ class SnapshotCache:
         self.last_error = None
         self.consecutive_failures = 0
         return snap
-
-
-# ----------------------------------------------------------------------------- selection
-
-_logged_reasons: set[str] = set()
-
-
-def _log_once(level: int, reason: str) -> None:
-    if reason not in _logged_reasons:
-        _logged_reasons.add(reason)
-        log.log(level, "%s", reason)
-
-
-def _major_minor(version: str) -> str | None:
-    m = re.match(r"^\s*(\d+)\.(\d+)", version)
-    return f"{int(m.group(1))}.{int(m.group(2)):02d}" if m else None
-
-
-def choose_backend_kind(pyslurm_version: str | None, slurm_version: str | None) -> tuple[str, str]:
-    """Pure decision: ``("pyslurm"|"cli", reason)`` from the two versions.
-
-    ``pyslurm_version`` is ``None`` when pyslurm cannot be imported.  pyslurm's major.minor
-    must equal Slurm's (pyslurm 25.11.x needs Slurm 25.11), since it links libslurm's ABI.
-    """
-    if pyslurm_version is None:
-        return "cli", (
-            "pyslurm is not importable; using the Slurm CLI backend (PyPI's pyslurm is "
-            "built for Slurm 25.11 only and does not build against older Slurm)"
-        )
-    want = _major_minor(pyslurm_version)
-    if slurm_version is None:
-        return "cli", (
-            f"pyslurm {pyslurm_version} is importable but the cluster's Slurm version is "
-            "unknown; using the Slurm CLI backend"
-        )
-    if want != _major_minor(slurm_version):
-        return "cli", (
-            f"pyslurm {pyslurm_version} is built for Slurm {want} but this cluster runs "
-            f"Slurm {slurm_version}; using the Slurm CLI backend"
-        )
-    return "pyslurm", f"pyslurm {pyslurm_version} matches Slurm {slurm_version}"
-
-
-def select_backend(
-    *, env: Mapping[str, str] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
-) -> SlurmBackend:
-    """The best backend for this cluster; says once (log) why it picked the CLI."""
-    cli = CliBackend(env=env, timeout_s=timeout_s)
-    try:
-        import pyslurm
-    except Exception:  # a broken build raises more than ImportError
-        pyslurm = None
-    pyslurm_version = getattr(pyslurm, "__version__", "0") if pyslurm is not None else None
-    slurm_version: str | None = None
-    if pyslurm is not None:
-        try:
-            slurm_version = cli.slurm_version()
-        except (SlurmCommandNotFoundError, SlurmCommandError, SlurmParseError,
-                SlurmUnavailableError):
-            slurm_version = None
-    kind, reason = choose_backend_kind(pyslurm_version, slurm_version)
-    if kind == "pyslurm":
-        from malletrain.slurm.pyslurm_backend import PyslurmBackend
-
-        _log_once(logging.INFO, f"using the pyslurm backend: {reason}")
-        return PyslurmBackend(pyslurm, cli=cli)
-    _log_once(logging.INFO if pyslurm is None else logging.WARNING, reason)
-    return cli

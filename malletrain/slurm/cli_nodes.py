@@ -22,7 +22,8 @@ from typing import Any
 
 from malletrain.core.cluster import ClusterSnapshot
 from malletrain.core.scavenger import NodeWindow, node_windows
-from malletrain.slurm.backend import DEFAULT_TIMEOUT_S, select_backend
+from malletrain.slurm.backend import DEFAULT_TIMEOUT_S
+from malletrain.slurm.select import select_backend
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,8 @@ from malletrain.core.cluster import (
     Partition,
     Reservation,
 )
-from malletrain.slurm.backend import CliBackend, render_update
+from malletrain.slurm.backend import CliBackend
+from malletrain.slurm.commands import render_update
 from malletrain.slurm.errors import SlurmCommandError, SlurmUnavailableError
 from malletrain.slurm.hostlist import expand_hostlist
 from malletrain.slurm.parse import job_state, node_state

@@ -13,18 +13,16 @@ import random
 import numpy as np
 import pytest
 
-from malletrain.core.policies import POLICIES, PolicyOptions, make_policy
-from malletrain.sim.bound import (
+from malletrain.core.policies import CORE, POLICIES, REPLAY, make_policy
+from malletrain.sim.bound import best_allocations, upper_bound
+from malletrain.sim.bound_inputs import (
     FinishCost,
     IdleSegment,
-    best_allocations,
     earliest_starts,
     idle_segments,
     job_rates,
-    main,
-    upper_bound,
 )
-from malletrain.sim.cli_simulate import REPLAY_POLICY
+from malletrain.sim.cli_bound import main
 from malletrain.sim.curves import provider_for
 from malletrain.sim.engine import Simulator
 from malletrain.sim.jobs import SimJob
@@ -154,7 +152,7 @@ def test_idle_segments_match_the_engine_timeline():
         (10.0, 20.0, 2, 2),
         (20.0, 30.0, 1, 0),  # b is planned for a job starting now: not offered
     ]
-    res = Simulator(tr, [], make_policy("equal-share", PolicyOptions()), provider_for("none"),
+    res = Simulator(tr, [], make_policy("equal-share", CORE), provider_for("none"),
                     until_s=30.0).run()
     assert res.idle_node_seconds == pytest.approx(sum(s.idle * s.duration_s for s in segs))
 
@@ -209,7 +207,7 @@ def test_no_policy_beats_the_bound_on_random_replays():
         assert offered.samples_milp is not None and offered.milp_optimal
         assert offered.samples <= offered.samples_lp <= offered.samples_uncapped * (1 + 1e-9)
         for name in POLICY_NAMES:
-            pol = make_policy(name, PolicyOptions(milp_time_limit_s=2.0, **REPLAY_POLICY))
+            pol = make_policy(name, REPLAY.with_(milp_time_limit_s=2.0))
             res = Simulator(tr, jobs, pol, provider_for(POLICIES[name].curves),
                             max_concurrent_jobs=k).run()
             slack = 1e-6 * max(1.0, offered.samples)  # HiGHS's feasibility tolerance
@@ -226,7 +224,7 @@ def test_identical_jobs_the_bound_is_reached_without_rescale_costs():
     for _ in range(5):
         tr, _, k = _random_case(rng)
         jobs = [job(f"same-{i:03d}", [(1, 2.0), (2, 3.5), (3, 4.0)]) for i in range(4)]
-        pol = make_policy("no-loss-bound", PolicyOptions())
+        pol = make_policy("no-loss-bound", CORE)
         res = Simulator(tr, jobs, pol, provider_for("true"), max_concurrent_jobs=k).run()
         b = upper_bound(idle_segments(tr), jobs, k)
         assert res.samples_total == pytest.approx(b.samples, rel=1e-9, abs=1e-9)

@@ -12,9 +12,10 @@ import pytest
 
 from malletrain.core.cluster import JobState, NodeState
 from malletrain.core.scavenger import idle_nodes
-from malletrain.slurm.backend import SlurmBackend, select_backend
+from malletrain.slurm.backend import SlurmBackend
 from malletrain.slurm.errors import SlurmCommandError
 from malletrain.slurm.sbatch import SbatchSpec
+from malletrain.slurm.select import select_backend
 
 pytestmark = pytest.mark.slurm
 

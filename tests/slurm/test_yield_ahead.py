@@ -23,8 +23,8 @@ from malletrain.daemon.slots import slot_tag
 from malletrain.daemon.spec import JobSpec
 from malletrain.daemon.store import JobRecord, SlotRecord
 from malletrain.daemon.tick import CoordView, DecideSettings, Leave, Registration, World, decide
-from malletrain.slurm.backend import select_backend
 from malletrain.slurm.hostlist import expand_hostlist
+from malletrain.slurm.select import select_backend
 
 pytestmark = pytest.mark.slurm
 

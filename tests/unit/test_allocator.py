@@ -16,13 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from malletrain.core.allocator import (
-    MalleTrainPolicy,
-    job_value_table,
-    rates_upto,
-    solve_counts,
-)
+from malletrain.core.allocator import MalleTrainPolicy
+from malletrain.core.knapsack import solve_counts
 from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
+from malletrain.core.valuation import job_value_table, rates_upto
 
 
 def reference_value(

@@ -17,8 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from malletrain.core.allocator import MalleTrainPolicy, malletrain_policy, solve_counts
+from malletrain.core.allocator import MalleTrainPolicy, malletrain_policy
+from malletrain.core.knapsack import solve_counts
 from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
+from malletrain.core.options import LIVE
 
 
 def live_case(free_nodes: int) -> AllocationInput:
@@ -36,8 +38,8 @@ def live_case(free_nodes: int) -> AllocationInput:
 
 
 def live_policy(explore_free_only: bool) -> MalleTrainPolicy:
-    # the daemon's settings (daemon.LIVE_POLICY): keep margin 0.1, hole prior floor 0.1
-    policy = malletrain_policy(keep_margin=0.1, hole_prior_floor=0.1)
+    # the daemon's preset (options.LIVE): keep margin 0.1, hole prior floor 0.1
+    policy = malletrain_policy(LIVE)
     return dataclasses.replace(policy, explore_free_only=explore_free_only)
 
 

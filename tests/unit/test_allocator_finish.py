@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 from malletrain.core.allocator import MalleTrainPolicy, malletrain_policy
+from malletrain.core.finish import slot_rate
 from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
+from malletrain.core.options import CORE
 
 NEAR = ThroughputModel(((1, 10.0), (2, 15.0)))
 FAR = ThroughputModel(((1, 10.0), (2, 16.0)))
@@ -33,7 +35,7 @@ def case(*, near_left: float | None = 1000.0, queued: int | None = 3) -> Allocat
 
 
 def policy(weight: float) -> MalleTrainPolicy:
-    return malletrain_policy(finish_weight=weight)
+    return malletrain_policy(CORE.with_(finish_weight=weight))
 
 
 def test_off_by_default_and_the_free_node_goes_to_the_better_curve():
@@ -46,9 +48,9 @@ def test_slot_rate_uses_the_plans_node_price():
     inp = case()
     # plan near=1, far=2 uses every node: lambda = smallest last-node marginal = 6;
     # mean curve (10, 15.5): max(0, 10 - 6, 15.5 - 12) = 4
-    assert MalleTrainPolicy.slot_rate(inp, np.array([1, 2])) == pytest.approx(4.0)
+    assert slot_rate(inp, np.array([1, 2])) == pytest.approx(4.0)
     # a node left free: lambda = 0, a slot is worth the mean curve's peak
-    assert MalleTrainPolicy.slot_rate(inp, np.array([1, 1])) == pytest.approx(15.5)
+    assert slot_rate(inp, np.array([1, 1])) == pytest.approx(15.5)
 
 
 def test_weights_only_for_jobs_that_can_finish_within_the_horizon():

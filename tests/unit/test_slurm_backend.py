@@ -16,18 +16,9 @@ import pytest
 
 from malletrain.core.cluster import ClusterSnapshot, NodeState
 from malletrain.errors import RetryableError
-from malletrain.slurm import backend as backend_mod
-from malletrain.slurm.backend import (
-    SNAPSHOT_COMMANDS,
-    CliBackend,
-    SlurmBackend,
-    SnapshotCache,
-    choose_backend_kind,
-    classify_failure,
-    render_signal,
-    render_update,
-    select_backend,
-)
+from malletrain.slurm import select as select_mod
+from malletrain.slurm.backend import SNAPSHOT_COMMANDS, CliBackend, SlurmBackend, SnapshotCache
+from malletrain.slurm.commands import classify_failure, render_signal, render_update
 from malletrain.slurm.errors import (
     SlurmCommandError,
     SlurmCommandNotFoundError,
@@ -35,6 +26,7 @@ from malletrain.slurm.errors import (
     SlurmUnavailableError,
 )
 from malletrain.slurm.sbatch import SbatchSpec
+from malletrain.slurm.select import choose_backend_kind, select_backend
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "slurm"
 
@@ -271,7 +263,7 @@ def test_select_backend_falls_back_and_logs_the_reason_once(monkeypatch, caplog)
     fake = types.ModuleType("pyslurm")
     fake.__version__ = "25.11.2"
     monkeypatch.setitem(sys.modules, "pyslurm", fake)
-    monkeypatch.setattr(backend_mod, "_logged_reasons", set())
+    monkeypatch.setattr(select_mod, "_logged_reasons", set())
     monkeypatch.setattr(CliBackend, "slurm_version", lambda self: "22.05")
     with caplog.at_level(logging.INFO, logger="malletrain.slurm.backend"):
         first = select_backend()
@@ -285,7 +277,7 @@ def test_select_backend_falls_back_and_logs_the_reason_once(monkeypatch, caplog)
 
 def test_select_backend_without_pyslurm_says_why_once(monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "pyslurm", None)  # import raises ImportError
-    monkeypatch.setattr(backend_mod, "_logged_reasons", set())
+    monkeypatch.setattr(select_mod, "_logged_reasons", set())
     with caplog.at_level(logging.INFO, logger="malletrain.slurm.backend"):
         assert select_backend().name == "cli"
         assert select_backend().name == "cli"
@@ -296,7 +288,7 @@ def test_select_backend_uses_pyslurm_when_versions_match(monkeypatch):
     fake = types.ModuleType("pyslurm")
     fake.__version__ = "22.5.0"
     monkeypatch.setitem(sys.modules, "pyslurm", fake)
-    monkeypatch.setattr(backend_mod, "_logged_reasons", set())
+    monkeypatch.setattr(select_mod, "_logged_reasons", set())
     monkeypatch.setattr(CliBackend, "slurm_version", lambda self: "22.05")
     chosen = select_backend()
     assert chosen.name == "pyslurm" and isinstance(chosen, SlurmBackend)

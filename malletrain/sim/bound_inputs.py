@@ -1,0 +1,187 @@
+"""What the bounds of :mod:`malletrain.sim.bound` start from: segments, rates, admissions."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from malletrain.sim.jobs import SimJob
+from malletrain.sim.trace import IdleTrace
+from malletrain.sim.view import SnapshotView
+
+#: Which count limits the nodes in use (``Bound.nodes``).
+NodeCount = Literal["offered", "idle"]
+
+
+@dataclass(frozen=True)
+class IdleSegment:
+    """An interval in which the engine's idle set is constant (between two events)."""
+
+    start_s: float
+    end_s: float
+    #: Idle nodes: what a plan may use (``Simulator._apply_plan`` checks only this).
+    idle: int
+    #: Idle nodes the scavenger offers the policy at the segment's event (windows
+    #: > 0); the registered policies assign only these (``core.placement.assign_nodes``).
+    offered: int
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+def idle_segments(trace: IdleTrace, until_s: float | None = None) -> list[IdleSegment]:
+    """The idle-count timeline exactly as ``Simulator.run`` integrates it.
+
+    Events after ``until`` (``min(until_s, trace.end_s)``) are not applied; each
+    event's counts hold until the next event, the last one's until ``until``. The
+    offered count asks the same scavenger as ``Simulator._decide`` (same snapshot).
+    """
+    until = trace.end_s if until_s is None else min(until_s, trace.end_s)
+    view = SnapshotView(trace.node_names)
+    idle = np.zeros(len(trace.node_names), dtype=bool)
+    rows: list[tuple[float, int, int]] = []
+    for ev in trace.events():
+        if ev.time_s > until:
+            break
+        if ev.became_idle:
+            since = ev.idle_since_s or (ev.time_s,) * len(ev.became_idle)
+            idle[list(ev.became_idle)] = True
+            view.mark_idle(ev.became_idle, since)
+        if ev.became_busy:
+            idle[list(ev.became_busy)] = False
+        idx = np.flatnonzero(idle)
+        offered = len(view.idle_nodes(ev.time_s, idx, ev.planned)) if len(idx) else 0
+        rows.append((ev.time_s, len(idx), offered))
+    ends = [r[0] for r in rows[1:]] + [until]
+    return [IdleSegment(t0, t1, k, o) for (t0, k, o), t1 in zip(rows, ends, strict=True)]
+
+
+def job_rates(job: SimJob) -> np.ndarray:
+    """``r_j(n)`` for ``n = 0 .. max_nodes`` (0 below ``min_nodes``: not allowed to run)."""
+    model = job.true_model
+    rates = np.zeros(job.max_nodes + 1)
+    for n in range(job.min_nodes, job.max_nodes + 1):
+        rates[n] = model.rate(n)
+    return rates
+
+
+def min_duration_s(job: SimJob) -> float:
+    """The least time from admission to finish: ``total_samples`` at the peak rate."""
+    peak = float(job_rates(job).max())
+    return math.inf if peak <= 0 else job.total_samples / peak
+
+
+@dataclass(frozen=True)
+class FinishCost:
+    """The fewest node-seconds in which a job can process its ``total_samples``.
+
+    Any schedule's (average rate, average nodes) is a mixture of the points
+    ``(r(n), n)`` and ``(0, 0)``, so within ``D`` seconds, i.e. at an average rate of
+    at least ``R = T / D``, it needs ``D * h(R)`` node-seconds, ``h`` the lower convex
+    envelope of those points (``rates``/``nodes`` are its vertices); infinite when
+    even the peak rate is too slow.
+    """
+
+    total_samples: float
+    rates: tuple[float, ...]
+    nodes: tuple[float, ...]
+
+    @classmethod
+    def of(cls, job: SimJob) -> FinishCost:
+        r = job_rates(job)
+        pts = sorted({(0.0, 0)} | {(float(r[n]), n) for n in range(1, len(r)) if r[n] > 0})
+        hull: list[tuple[float, int]] = []
+        for x, y in pts:
+            if hull and x == hull[-1][0]:
+                continue  # same rate on more nodes: never cheaper
+            # Drop the last vertex while it lies on or above the chord to (x, y).
+            while len(hull) >= 2:
+                (x0, y0), (x1, y1) = hull[-2], hull[-1]
+                if (y1 - y0) * (x - x0) >= (y - y0) * (x1 - x0):
+                    hull.pop()
+                else:
+                    break
+            hull.append((x, y))
+        return cls(job.total_samples, tuple(x for x, _ in hull), tuple(float(y) for _, y in hull))
+
+    def node_s(self, within_s: float) -> float:
+        if within_s <= 0 or self.total_samples / within_s > self.rates[-1]:
+            return math.inf
+        return within_s * float(np.interp(self.total_samples / within_s, self.rates, self.nodes))
+
+
+def earliest_starts(
+    segments: Sequence[IdleSegment],
+    jobs: Sequence[SimJob],
+    max_concurrent: int,
+    *,
+    nodes: NodeCount = "offered",
+    submit_origin_s: float | None = None,
+) -> list[float]:
+    """For each job in submit order, the first segment start at which it can be running.
+
+    Job ``p`` runs only once ``m = p + 1 - K`` jobs before it have finished; that takes
+    ``ceil(m / K)`` finishing generations of at least the shortest ``min_duration_s``
+    each, and at least the ``m`` cheapest :class:`FinishCost` of the jobs before ``p``
+    in node-seconds offered since the start. No job runs before it is submitted, nor
+    before the job ahead of it could (admission is in submit order), so the result never
+    decreases. A job that can never run gets the end of the replay. Module docstring
+    for the proof.
+    ``submit_s`` counts from ``submit_origin_s``, the trace's ``start_s`` as in the
+    engine; without it submit times are ignored (valid, possibly looser).
+    """
+    k = max_concurrent
+    start = segments[0].start_s if segments else 0.0
+    end = segments[-1].end_s if segments else 0.0
+    starts = [s.start_s for s in segments]
+    used = [s.offered if nodes == "offered" else s.idle for s in segments]
+    offered_before = np.concatenate(
+        ([0.0], np.cumsum([n * s.duration_s for n, s in zip(used, segments, strict=True)]))
+    )
+    costs = [FinishCost.of(j) for j in jobs]
+    out: list[float] = []
+    d = math.inf  # shortest min_duration_s among the jobs before p
+    for p, job in enumerate(jobs):
+        m = p + 1 - k
+        earliest = -math.inf if submit_origin_s is None else submit_origin_s + job.submit_s
+        if m > 0:
+            earliest = max(earliest, start + math.ceil(m / k) * d)
+            # Both conditions get easier with time: the first segment where they hold.
+            lo, hi = 0, len(segments)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                t = starts[mid]
+                need = sorted(c.node_s(t - start) for c in costs[:p])[:m]
+                if t >= earliest and sum(need) <= offered_before[mid]:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            earliest = starts[lo] if lo < len(segments) else max(end, earliest)
+        # Nothing runs before the first event, and job p is admitted after job p - 1.
+        out.append(max(earliest, start, out[-1] if out else start))
+        d = min(d, min_duration_s(job))
+    return out
+
+
+def concave_sizes(rates: np.ndarray) -> list[int]:
+    """The sizes on the upper concave envelope of ``(0, 0)`` and ``(n, r(n))``.
+
+    Time-sharing other sizes is never better: a size between two envelope sizes is
+    matched, in nodes and in running time, by a mix of them with at least its rate.
+    """
+    hull: list[tuple[int, float]] = [(0, 0.0)]
+    for n in np.flatnonzero(rates):
+        x, y = int(n), float(rates[n])
+        while len(hull) >= 2:
+            (x0, y0), (x1, y1) = hull[-2], hull[-1]
+            if (y1 - y0) * (x - x0) <= (y - y0) * (x1 - x0):  # hull[-1] on or below the chord
+                hull.pop()
+            else:
+                break
+        hull.append((x, y))
+    return [x for x, _ in hull[1:]]

@@ -1,0 +1,98 @@
+"""Slurm commands rendered as data (argument lists, never shell strings), and their errors.
+
+Golden-tested in tests/unit/test_slurm_backend.py: what the backend runs is exactly these.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+from malletrain.slurm.errors import (
+    SlurmCommandError,
+    SlurmUnavailableError,
+)
+from malletrain.slurm.hostlist import compress_hostlist
+
+#: stderr fragments that mean "Slurm is not answering right now" (retry), not "no".
+_RETRYABLE_MARKERS = (
+    "unable to contact slurm controller",
+    "socket timed out",
+    "connection refused",
+    "connect failure",
+    "zero bytes were transmitted",
+    "try again",
+    "transport endpoint",
+    "resource temporarily unavailable",
+    "communication connection failure",
+    "slurm backup controller in standby mode",
+    "protocol authentication error",
+    "munge",
+)
+
+
+#: ``scontrol update job`` fields a caller may set (Slurm's own names).
+UPDATABLE_FIELDS = frozenset(
+    {
+        "NodeList", "ReqNodeList", "ExcNodeList", "NumNodes", "TimeLimit", "TimeMin",
+        "Comment", "Partition", "JobName", "Dependency", "Features", "Nice", "StartTime",
+        "Priority",
+    }
+)
+
+
+_SIGNAL_RE = re.compile(r"^(?:SIG)?[A-Z][A-Z0-9]*$|^\d{1,2}$")
+
+
+_STEPS = ("children", "batch", "all")
+
+
+def classify_failure(argv: Sequence[str], returncode: int, stderr: str) -> Exception:
+    """A typed error for a failed command: retryable when Slurm was merely unreachable."""
+    words = " ".join(stderr.split())[:300] or f"exit status {returncode}"
+    command = " ".join(argv[:3])
+    lowered = stderr.lower()
+    if any(marker in lowered for marker in _RETRYABLE_MARKERS):
+        return SlurmUnavailableError(f"Slurm is not answering ({command}): {words}")
+    if "could not establish a configuration source" in lowered:
+        return SlurmCommandError(
+            f"{command}: no Slurm configuration found (set SLURM_CONF, e.g. from "
+            f"`slurm/dev-cluster env`): {words}", argv=tuple(argv), stderr=stderr)
+    return SlurmCommandError(f"{command} failed: {words}", argv=tuple(argv), stderr=stderr)
+
+
+def render_update(job_id: int, fields: Mapping[str, str | int | Sequence[str]]) -> list[str]:
+    """``scontrol update`` argv; a sequence of node names is compressed (``n[1-3]``)."""
+    if not fields:
+        raise ValueError("update: no fields given")
+    argv = ["scontrol", "update", f"JobId={int(job_id)}"]
+    for key, value in fields.items():
+        if key not in UPDATABLE_FIELDS:
+            raise ValueError(f"update: field {key!r} is not one of {sorted(UPDATABLE_FIELDS)}")
+        if isinstance(value, bool):
+            raise ValueError(f"update: field {key} must be a string or number, not a bool")
+        if isinstance(value, int):
+            text = str(value)
+        elif isinstance(value, str):
+            text = value
+        else:
+            text = compress_hostlist(str(v) for v in value)
+        if "\n" in text or "\0" in text:
+            raise ValueError(f"update: field {key} must be one line")
+        argv.append(f"{key}={text}")
+    return argv
+
+
+def render_signal(job_id: int, sig: str, steps: str = "children") -> list[str]:
+    if not _SIGNAL_RE.match(sig):
+        raise ValueError(f"signal: {sig!r} is not a signal name like TERM or USR1")
+    if steps not in _STEPS:
+        raise ValueError(f"signal: steps must be one of {_STEPS}, got {steps!r}")
+    argv = ["scancel", f"--signal={sig}"]
+    if steps == "batch":
+        argv.append("--batch")
+    elif steps == "all":
+        argv.append("--full")
+    argv.append(str(int(job_id)))
+    return argv
+
