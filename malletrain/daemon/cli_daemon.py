@@ -30,8 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_daemon(args: argparse.Namespace) -> int:
     from malletrain.daemon.loop import run_daemon
+    from malletrain.ops.config_file import load_settings
     from malletrain.ops.logs import configure_logging
-    from malletrain.ops.settings import load_settings
     from malletrain.slurm.select import select_backend
 
     settings = load_settings(args.config)

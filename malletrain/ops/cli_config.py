@@ -17,7 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from malletrain.ops.settings import DEFAULT_CONFIG_PATH, load_settings, settings_to_dict
+from malletrain.ops.config_file import load_settings, settings_to_dict
+from malletrain.ops.settings import DEFAULT_CONFIG_PATH
 
 log = logging.getLogger(__name__)
 

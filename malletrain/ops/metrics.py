@@ -329,7 +329,7 @@ def serve(address: str, registry: CollectorRegistry) -> MetricsServer:
 
     Raises OSError if the address cannot be bound (the daemon reports it and exits).
     """
-    from malletrain.ops.settings import parse_address
+    from malletrain.ops.settings_fields import parse_address
 
     host, port = parse_address(address)
     server, thread = start_http_server(port, addr=host, registry=registry)

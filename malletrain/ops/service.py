@@ -41,9 +41,10 @@ import signal
 import threading
 from types import FrameType
 
+from malletrain.ops.config_file import reload_settings
 from malletrain.ops.logs import configure_logging
 from malletrain.ops.metrics import Metrics
-from malletrain.ops.settings import Settings, reload_settings
+from malletrain.ops.settings import Settings
 from malletrain.ops.systemd import Notifier
 
 log = logging.getLogger(__name__)

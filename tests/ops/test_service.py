@@ -14,9 +14,9 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
+from malletrain.ops.config_file import load_settings
 from malletrain.ops.metrics import Metrics
 from malletrain.ops.service import ControlSignals, reload_config
-from malletrain.ops.settings import load_settings
 from malletrain.ops.systemd import Notifier
 
 

@@ -7,16 +7,16 @@ from pathlib import Path
 import pytest
 
 from malletrain.errors import ConfigError
-from malletrain.ops.settings import (
-    Settings,
+from malletrain.ops.config_file import (
     SettingsError,
     field_docs,
     load_settings,
-    parse_address,
     parse_settings,
     reload_settings,
     settings_to_dict,
 )
+from malletrain.ops.settings import Settings
+from malletrain.ops.settings_fields import parse_address
 
 
 def write(tmp_path: Path, text: str) -> Path:

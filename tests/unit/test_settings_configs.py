@@ -9,7 +9,8 @@ from pathlib import Path
 import yaml
 
 from malletrain.cli import main
-from malletrain.ops.settings import Settings, field_docs, load_settings, settings_to_dict
+from malletrain.ops.config_file import field_docs, load_settings, settings_to_dict
+from malletrain.ops.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "malletrain.yaml"

@@ -15,14 +15,14 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from malletrain.errors import ConfigError
-from malletrain.ops.settings import (
-    Settings,
+from malletrain.ops.config_file import (
     SettingsError,
     field_docs,
     load_settings,
     parse_settings,
     settings_to_dict,
 )
+from malletrain.ops.settings import Settings
 
 FIELDS = sorted(field_docs())
 SECTIONS = sorted({f.split(".")[0] for f in FIELDS})

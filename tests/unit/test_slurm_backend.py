@@ -265,7 +265,7 @@ def test_select_backend_falls_back_and_logs_the_reason_once(monkeypatch, caplog)
     monkeypatch.setitem(sys.modules, "pyslurm", fake)
     monkeypatch.setattr(select_mod, "_logged_reasons", set())
     monkeypatch.setattr(CliBackend, "slurm_version", lambda self: "22.05")
-    with caplog.at_level(logging.INFO, logger="malletrain.slurm.backend"):
+    with caplog.at_level(logging.INFO, logger="malletrain.slurm.select"):
         first = select_backend()
         second = select_backend()
     assert first.name == "cli" and second.name == "cli"
@@ -278,7 +278,7 @@ def test_select_backend_falls_back_and_logs_the_reason_once(monkeypatch, caplog)
 def test_select_backend_without_pyslurm_says_why_once(monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "pyslurm", None)  # import raises ImportError
     monkeypatch.setattr(select_mod, "_logged_reasons", set())
-    with caplog.at_level(logging.INFO, logger="malletrain.slurm.backend"):
+    with caplog.at_level(logging.INFO, logger="malletrain.slurm.select"):
         assert select_backend().name == "cli"
         assert select_backend().name == "cli"
     assert len([r for r in caplog.records if "not importable" in r.getMessage()]) == 1
