@@ -40,7 +40,7 @@ from pathlib import Path
 
 import pytest
 
-from malletrain.slurm.parse import parse_key_values
+from malletrain.slurm.parse_text import parse_key_values
 
 REPO = Path(__file__).resolve().parents[1]
 DEV_CLUSTER = REPO / "slurm" / "dev-cluster"

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Literal
 
 from malletrain.core.options import LIVE, PolicyOptions
-from malletrain.core.profiler import AdvisorSettings
+from malletrain.core.profile import AdvisorSettings
 from malletrain.ops.settings_fields import (
     check_address,
     check_host,

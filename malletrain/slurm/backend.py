@@ -40,12 +40,9 @@ from malletrain.slurm.errors import (
     SlurmParseError,
     SlurmUnavailableError,
 )
-from malletrain.slurm.parse import (
-    SnapshotTexts,
-    build_snapshot,
-    check_json_errors,
-    parse_job_ids,
-)
+from malletrain.slurm.parse import SnapshotTexts, build_snapshot
+from malletrain.slurm.parse_json import check_json_errors
+from malletrain.slurm.parse_text import parse_job_ids
 from malletrain.slurm.sbatch import SbatchSpec, parse_job_id
 
 log = logging.getLogger(__name__)

@@ -468,7 +468,8 @@ def test_one_noisy_preemption_cost_does_not_make_nodes_worthless():
     of the whole job, so with that cost no node whose hole may end was worth growing onto.
     The advisor now clips such measurements and shrinks them towards the default.
     """
-    from malletrain.core.profiler import AdvisorSettings, ProfilingAdvisor
+    from malletrain.core.profile import AdvisorSettings
+    from malletrain.core.profiler import ProfilingAdvisor
 
     def advisor(settings: AdvisorSettings) -> ProfilingAdvisor:
         adv = ProfilingAdvisor(settings)

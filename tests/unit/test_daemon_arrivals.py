@@ -10,7 +10,7 @@ import threading
 
 from malletrain.daemon.arrivals import ArrivalProbe
 from malletrain.slurm.errors import SlurmUnavailableError
-from malletrain.slurm.parse import parse_job_ids
+from malletrain.slurm.parse_text import parse_job_ids
 
 
 class Slurm:

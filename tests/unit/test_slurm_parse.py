@@ -13,20 +13,16 @@ import pytest
 from malletrain.core.cluster import JobState, NodeState
 from malletrain.errors import PermanentError, RetryableError
 from malletrain.slurm.errors import SlurmParseError, SlurmUnavailableError
-from malletrain.slurm.parse import (
-    SnapshotTexts,
-    build_snapshot,
+from malletrain.slurm.parse import SnapshotTexts, build_snapshot, slurm_version
+from malletrain.slurm.parse_json import node_state, parse_sinfo_json, parse_squeue_json
+from malletrain.slurm.parse_text import (
     duration_s,
-    node_state,
     parse_key_values,
     parse_partitions,
     parse_planned,
     parse_reservations,
-    parse_sinfo_json,
-    parse_squeue_json,
     parse_topology,
     slurm_time,
-    slurm_version,
 )
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "slurm"

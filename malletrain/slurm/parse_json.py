@@ -1,0 +1,275 @@
+"""Parsers of Slurm's JSON output (``sinfo --json``, ``squeue --json``): nodes and jobs.
+
+The policy for odd output is :mod:`malletrain.slurm.parse`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from malletrain.core.cluster import Job, JobState, Node, NodeState
+from malletrain.slurm.errors import SlurmParseError, SlurmUnavailableError
+from malletrain.slurm.hostlist import expand_hostlist
+from malletrain.slurm.parse_text import PlannedStart
+
+log = logging.getLogger(__name__)
+
+
+#: Slurm's "infinite"/"not set" sentinels for 32-bit fields (INFINITE, NO_VAL).
+_INFINITE_32 = frozenset({0xFFFFFFFF, 0xFFFFFFFE})
+
+
+_NODE_BASE_STATES: Mapping[str, NodeState] = {
+    "idle": NodeState.IDLE,
+    "allocated": NodeState.ALLOCATED,
+    "mixed": NodeState.MIXED,
+    "completing": NodeState.COMPLETING,
+    "down": NodeState.DOWN,
+    "future": NodeState.FUTURE,
+    "unknown": NodeState.UNKNOWN,
+    "error": NodeState.DOWN,
+}
+
+
+#: ``job_state`` in 22.05's JSON is ``job_state_string()``, which names some flags instead
+#: of the base state. Map those to what they mean for scheduling.
+_JOB_STATE_ALIASES: Mapping[str, JobState] = {
+    "REQUEUE_HOLD": JobState.PENDING,
+    "REQUEUE_FED": JobState.PENDING,
+    "SPECIAL_EXIT": JobState.PENDING,
+    "RESV_DEL_HOLD": JobState.PENDING,
+    "RESIZING": JobState.RUNNING,
+    "SIGNALING": JobState.RUNNING,
+    "UPDATE_DB": JobState.RUNNING,
+    "POWER_UP_NODE": JobState.CONFIGURING,
+    "STAGE_OUT": JobState.COMPLETING,
+    "STOPPED": JobState.SUSPENDED,
+    "REVOKED": JobState.CANCELLED,
+}
+
+
+def _load_json(text: str, command: str, list_key: str) -> tuple[dict[str, Any], list[Any]]:
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        snippet = text.strip()[:80]
+        raise SlurmParseError(f"{command}: output is not JSON ({exc}): {snippet!r}") from None
+    if not isinstance(data, dict):
+        raise SlurmParseError(f"{command}: expected a JSON object, got {type(data).__name__}")
+    check_json_errors(data, command)
+    records = data.get(list_key)
+    if not isinstance(records, list):
+        raise SlurmParseError(
+            f"{command}: field {list_key!r} is missing or not a list "
+            f"(got {type(records).__name__})"
+        )
+    return data, records
+
+
+def check_json_errors(data: object, command: str) -> None:
+    """Raise :class:`SlurmUnavailableError` if Slurm put errors in its JSON answer.
+
+    22.05's ``sinfo --json``/``squeue --json`` exit 0 with ``"errors": [...]`` and an
+    empty list when slurmctld cannot be reached, so the exit status alone says nothing.
+    Accepts the parsed object or the raw text (unparsable text is left to the parser).
+    """
+    if isinstance(data, str):
+        try:
+            data = json.loads(data)
+        except ValueError:
+            return
+    if not isinstance(data, dict):
+        return
+    errors = data.get("errors") or []
+    if errors:
+        raise SlurmUnavailableError(
+            f"{command}: Slurm answered with an error (is slurmctld running?): "
+            f"{_describe_errors(errors)}"
+        )
+
+
+def _describe_errors(errors: object) -> str:
+    if not isinstance(errors, list):
+        return repr(errors)
+    parts = []
+    for err in errors:
+        if isinstance(err, dict):
+            words = [str(err.get(k)) for k in ("error", "description", "source") if err.get(k)]
+            parts.append(" / ".join(words) or repr(err))
+        else:
+            parts.append(repr(err))
+    return "; ".join(parts) or "an error"
+
+
+def _field(rec: Mapping[str, Any], key: str, kind: type, default: Any, where: str,
+           warnings: list[str]) -> Any:
+    """``rec[key]`` if it has type ``kind``; else ``default`` and a warning naming it."""
+    value = rec.get(key, default)
+    if value is None:
+        return default
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is int and isinstance(value, bool):
+        value = str(value)  # bool is an int subclass; never accept it as a number
+    if not isinstance(value, kind):
+        warnings.append(
+            f"{where}: field {key!r} should be {kind.__name__}, got {type(value).__name__} "
+            f"{value!r}; using {default!r}"
+        )
+        return default
+    return value
+
+
+def _epoch(value: int) -> float | None:
+    """Slurm's epoch seconds, with 0 (unset) and sentinels as ``None``."""
+    if value <= 0 or value in _INFINITE_32:
+        return None
+    return float(value)
+
+
+def node_state(base: str, flags: frozenset[str]) -> NodeState:
+    """Combine 22.05's base state and flags into one :class:`NodeState`.
+
+    ``idle`` + ``DRAIN`` is drained, ``allocated`` + ``DRAIN`` still draining; an idle node
+    flagged ``RESERVED``/``MAINTENANCE`` is reserved; ``NOT_RESPONDING`` counts as down.
+    ``PLANNED`` (backfill holds it for a pending job) leaves an idle node idle: that is
+    exactly the hole malletrain may use until the planned start.
+    """
+    state = _NODE_BASE_STATES.get(base.lower(), NodeState.UNKNOWN)
+    if state in (NodeState.DOWN, NodeState.FUTURE, NodeState.UNKNOWN):
+        return state
+    if "NOT_RESPONDING" in flags:
+        return NodeState.DOWN
+    if "DRAIN" in flags or "FAIL" in flags:
+        busy = state in (NodeState.ALLOCATED, NodeState.MIXED, NodeState.COMPLETING)
+        return NodeState.DRAINING if busy or "COMPLETING" in flags else NodeState.DRAINED
+    if "COMPLETING" in flags:
+        return NodeState.COMPLETING
+    if state is NodeState.IDLE and flags & {"RESERVED", "MAINTENANCE"}:
+        return NodeState.RESERVED
+    return state
+
+
+def parse_sinfo_json(text: str, warnings: list[str] | None = None) -> tuple[Node, ...]:
+    """Nodes from ``sinfo --json`` (22.05: openapi/v0.0.38; it lists nodes only)."""
+    warns = warnings if warnings is not None else []
+    _, records = _load_json(text, "sinfo --json", "nodes")
+    nodes: list[Node] = []
+    seen: set[str] = set()
+    for i, rec in enumerate(records):
+        if not isinstance(rec, dict):
+            warns.append(f"sinfo --json: nodes[{i}] is not an object; skipped")
+            continue
+        name = rec.get("name")
+        if not isinstance(name, str) or not name:
+            warns.append(f"sinfo --json: nodes[{i}] has no 'name'; skipped")
+            continue
+        if name in seen:
+            warns.append(f"sinfo --json: node {name} listed twice; kept the first")
+            continue
+        seen.add(name)
+        where = f"sinfo --json: node {name}"
+        base = _field(rec, "state", str, "unknown", where, warns)
+        raw_flags = _field(rec, "state_flags", list, [], where, warns)
+        flags = frozenset(str(f).upper() for f in raw_flags)
+        state = node_state(base, flags)
+        if state is NodeState.UNKNOWN and base.lower() != "unknown":
+            warns.append(f"{where}: unknown state {base!r}; treated as unknown")
+        partitions = _field(rec, "partitions", list, [], where, warns)
+        features = _field(rec, "active_features", str, "", where, warns) or _field(
+            rec, "features", str, "", where, warns
+        )
+        nodes.append(
+            Node(
+                name=name,
+                state=state,
+                flags=flags,
+                partitions=tuple(str(p) for p in partitions),
+                cpus=_field(rec, "cpus", int, 0, where, warns),
+                features=tuple(f for f in features.split(",") if f),
+                gres=_field(rec, "gres", str, "", where, warns),
+                reason=_field(rec, "reason", str, "", where, warns),
+                last_busy_at=_epoch(_field(rec, "last_busy", int, 0, where, warns)),
+            )
+        )
+    return tuple(nodes)
+
+
+def job_state(raw: str) -> JobState | None:
+    """A :class:`JobState` for 22.05's ``job_state`` string, or ``None`` if unknown."""
+    key = raw.strip().upper()
+    try:
+        return JobState(key)
+    except ValueError:
+        return _JOB_STATE_ALIASES.get(key)
+
+
+def parse_squeue_json(
+    text: str,
+    planned: Mapping[int, PlannedStart] | None = None,
+    warnings: list[str] | None = None,
+) -> tuple[Job, ...]:
+    """Jobs from ``squeue --json``; ``planned`` adds the backfill plan of pending jobs.
+
+    For a pending job ``start_time`` is the scheduler's planned start (``None`` when it has
+    none); for a running job the actual start.  ``time_limit_s`` is ``None`` for unlimited.
+    When ``planned`` has a plan for a pending job, its start AND nodes both come from it:
+    they were read in one call, while the JSON was read a moment earlier, possibly before
+    the backfill pass that made the plan (seen: planned nodes with ``start_time`` 0).
+    """
+    warns = warnings if warnings is not None else []
+    plan = planned or {}
+    _, records = _load_json(text, "squeue --json", "jobs")
+    jobs: list[Job] = []
+    for i, rec in enumerate(records):
+        if not isinstance(rec, dict):
+            warns.append(f"squeue --json: jobs[{i}] is not an object; skipped")
+            continue
+        job_id = rec.get("job_id")
+        if not isinstance(job_id, int) or isinstance(job_id, bool) or job_id <= 0:
+            warns.append(f"squeue --json: jobs[{i}] has no valid 'job_id' ({job_id!r}); skipped")
+            continue
+        where = f"squeue --json: job {job_id}"
+        raw_state = _field(rec, "job_state", str, "UNKNOWN", where, warns)
+        state = job_state(raw_state)
+        if state is None:
+            warns.append(f"{where}: unknown job state {raw_state!r}; treated as UNKNOWN")
+            state = JobState.UNKNOWN
+        nodes: tuple[str, ...] = ()
+        if state is not JobState.PENDING:
+            try:
+                nodes = expand_hostlist(_field(rec, "nodes", str, "", where, warns))
+            except SlurmParseError as exc:
+                warns.append(f"{where}: {exc}; no nodes")
+        limit_min = _field(rec, "time_limit", int, 0, where, warns)
+        time_limit_s = None if limit_min <= 0 or limit_min in _INFINITE_32 else limit_min * 60
+        start = _epoch(_field(rec, "start_time", int, 0, where, warns))
+        end = _epoch(_field(rec, "end_time", int, 0, where, warns))
+        planned_nodes: tuple[str, ...] = ()
+        entry = plan.get(job_id) if state is JobState.PENDING else None
+        if entry is not None and entry.nodes:
+            planned_nodes = entry.nodes
+            start = entry.start_time
+            end = None if start is None or time_limit_s is None else start + time_limit_s
+        jobs.append(
+            Job(
+                job_id=job_id,
+                name=_field(rec, "name", str, "", where, warns),
+                user=_field(rec, "user_name", str, "", where, warns),
+                partition=_field(rec, "partition", str, "", where, warns),
+                state=state,
+                state_reason=_field(rec, "state_reason", str, "", where, warns),
+                node_count=_field(rec, "node_count", int, 0, where, warns),
+                nodes=nodes,
+                planned_nodes=planned_nodes,
+                time_limit_s=time_limit_s,
+                submit_time=_epoch(_field(rec, "submit_time", int, 0, where, warns)),
+                start_time=start,
+                end_time=end,
+                comment=_field(rec, "comment", str, "", where, warns),
+            )
+        )
+    return tuple(jobs)
