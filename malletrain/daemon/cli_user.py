@@ -21,15 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from malletrain.daemon.channel import call
+from malletrain.daemon.directives import build_spec, merge, parse_option_tokens, read_directives
 from malletrain.daemon.slots import render_slot
-from malletrain.daemon.spec import (
-    MAX_SCRIPT_BYTES,
-    SpecError,
-    build_spec,
-    merge,
-    parse_option_tokens,
-    read_directives,
-)
+from malletrain.daemon.spec import MAX_SCRIPT_BYTES, SpecError
 from malletrain.errors import PermanentError, UserError
 
 log = logging.getLogger(__name__)

@@ -6,17 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from malletrain.daemon.spec import (
-    JobSpec,
-    SpecError,
-    build_spec,
-    merge,
-    parse_export,
-    parse_nodes,
-    parse_option_tokens,
-    parse_time_s,
-    read_directives,
-)
+from malletrain.daemon.directives import build_spec, merge, parse_option_tokens, read_directives
+from malletrain.daemon.spec import JobSpec, SpecError, parse_export, parse_nodes, parse_time_s
 
 SCRIPT = """#!/usr/bin/env python3
 #SBATCH --job-name=resnet
