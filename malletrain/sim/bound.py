@@ -36,7 +36,7 @@ allocation, and losses, placement, windows and rescale costs only lower what a
 policy makes. Every ``mu`` gives a valid bound. ``mu = 0`` is the plain integral of
 ``F(O(t))``, which is the whole bound when all jobs are identical (``sia-imagenet-48``:
 any ``K`` of them are alike and none can exceed its total). :func:`upper_bound`
-finds the best ``mu`` with an LP (:class:`_Master`, column generation over the DP's
+finds the best ``mu`` with an LP (:class:`Master`, column generation over the DP's
 allocations; ``mu`` are the duals of the caps), prices every ``mu`` it tries with
 the exact DP and keeps the smallest value, so the search only tightens the bound and
 its result never rests on the LP solver's accuracy. ``F`` is exact:
@@ -111,58 +111,9 @@ from malletrain.sim.bound_inputs import (
     job_rates,
     min_duration_s,
 )
+from malletrain.sim.bound_lp import make_phases, search_multipliers
 from malletrain.sim.bound_milp import integer_finish_bound
 from malletrain.sim.jobs import SimJob
-
-
-@dataclass(frozen=True)
-class Allocation:
-    """The best weighted allocation for every capacity ``c = 0 .. C``."""
-
-    #: ``value[c]``: max of ``sum_j w_j r_j(n_j)`` with ``sum n_j <= c``, at most K jobs.
-    value: np.ndarray
-    #: ``nodes[c, j]``: ``n_j`` of one maximising allocation at capacity ``c``.
-    nodes: np.ndarray
-
-
-def best_allocations(
-    rates: Sequence[np.ndarray],
-    weights: Sequence[float],
-    max_jobs: int,
-    capacity: int,
-) -> Allocation:
-    """Exact knapsack DP over (jobs x jobs running x nodes), one pass for all capacities.
-
-    ``rates[j][n]`` is job ``j``'s rate on ``n`` nodes (0 where it may not run, so
-    ``n = 0`` or the nonzero entries are its allowed sizes).
-    """
-    jn = len(rates)
-    kk = min(max_jobs, jn)
-    neg = -np.inf
-    dp = np.full((kk + 1, capacity + 1), neg)
-    dp[0, :] = 0.0
-    choice = np.zeros((jn, kk + 1, capacity + 1), dtype=np.int32)
-    for j, (r, w) in enumerate(zip(rates, weights, strict=True)):
-        new = dp.copy()
-        if kk > 0:
-            for size in np.flatnonzero(r[: capacity + 1]):
-                n = int(size)
-                cand = dp[:-1, : capacity + 1 - n] + w * r[n]
-                better = cand > new[1:, n:]
-                new[1:, n:][better] = cand[better]
-                choice[j, 1:, n:][better] = n
-        dp = new
-    value = dp.max(axis=0)
-    # Backtrack all capacities at once.
-    cs = np.arange(capacity + 1)
-    ks = dp.argmax(axis=0)
-    nodes = np.zeros((capacity + 1, jn), dtype=np.int32)
-    for j in range(jn - 1, -1, -1):
-        n = choice[j, ks, cs]
-        nodes[:, j] = n
-        ks = ks - (n > 0)
-        cs = cs - n
-    return Allocation(value=value, nodes=nodes)
 
 
 @dataclass(frozen=True)
@@ -204,106 +155,6 @@ class Bound:
     multipliers: tuple[float, ...]
 
 
-@dataclass(frozen=True)
-class _Phase:
-    """Segments that may use the same jobs, as time spent at each node capacity."""
-
-    members: list[int]
-    capacity: int
-    #: ``seconds[c]``: time during which ``c`` nodes (capped at ``capacity``) could be used.
-    seconds: np.ndarray
-
-
-def _phases(
-    segments: Sequence[IdleSegment],
-    eligible_from: Sequence[float],
-    runs: Sequence[SimJob],
-    k: int,
-    nodes: NodeCount,
-) -> list[_Phase]:
-    """Group the segments by the jobs that can run in them (``eligible_from``)."""
-    groups: dict[tuple[int, ...], list[IdleSegment]] = {}
-    for seg in segments:
-        if seg.duration_s <= 0:
-            continue
-        key = tuple(p for p, t in enumerate(eligible_from) if t <= seg.start_s)
-        groups.setdefault(key, []).append(seg)
-    out = []
-    for key, segs in groups.items():
-        counts = np.array([s.offered if nodes == "offered" else s.idle for s in segs])
-        maxes = sorted((runs[p].max_nodes for p in key), reverse=True)
-        # More nodes than the K largest jobs can take change nothing.
-        cap = int(min(counts.max(), sum(maxes[:k])))
-        secs = np.bincount(np.minimum(counts, cap), [s.duration_s for s in segs], cap + 1)
-        out.append(_Phase(list(key), cap, secs))
-    return out
-
-
-class _Master:
-    """The multipliers' LP, solved exactly by column generation.
-
-    Primal: maximise ``sum_j y_j`` with ``y_j <= T_j`` and ``y_j <= G_j``, ``G_j`` the
-    gross samples of a time-sharing, in each (phase, capacity), of the allocations
-    generated so far. Its duals on ``y_j <= G_j`` are ``1 - mu_j``; its value is a
-    lower estimate of the relaxation's optimum, and :func:`upper_bound` stops once the
-    best proven bound comes within 1e-7 of it. Every round's ``mu`` is priced by the
-    exact DP, so the bound reported never depends on the LP solver's accuracy.
-    """
-
-    def __init__(self, phases: Sequence[_Phase], rates: Sequence[np.ndarray], totals: np.ndarray):
-        self.phases = phases
-        self.rates = rates
-        self.totals = totals
-        #: one row per (phase, capacity) with time spent there
-        self.cells = [(i, c) for i, ph in enumerate(phases) for c in np.flatnonzero(ph.seconds)]
-        self.columns: list[tuple[int, np.ndarray]] = []  # (cell row, gross per job)
-        self.seen: set[tuple[int, bytes]] = set()
-
-    def add(self, allocs: Sequence[Allocation]) -> bool:
-        """Add the allocations not yet in the master; False when there are none."""
-        added = False
-        for row, (i, c) in enumerate(self.cells):
-            ph = self.phases[i]
-            nodes = allocs[i].nodes[c]
-            key = (row, nodes.tobytes())
-            if key in self.seen:
-                continue
-            self.seen.add(key)
-            gross = np.zeros(len(self.totals))
-            for col, p in enumerate(ph.members):
-                gross[p] = ph.seconds[c] * self.rates[p][nodes[col]]
-            self.columns.append((row, gross))
-            added = True
-        return added
-
-    def solve(self) -> tuple[float, np.ndarray]:
-        """(the restricted primal's value, the multipliers ``mu`` from its duals)."""
-        from scipy.optimize import linprog
-        from scipy.sparse import coo_matrix
-
-        jn, nc, cells = len(self.totals), len(self.columns), len(self.cells)
-        # Variables: y_0..y_{J-1}, then one weight per column.
-        rows, cols, vals = list(range(jn)), list(range(jn)), [1.0] * jn
-        erows, ecols = [], []
-        for ci, (cell, gross) in enumerate(self.columns):
-            for p in np.flatnonzero(gross):
-                rows.append(int(p))
-                cols.append(jn + ci)
-                vals.append(-float(gross[p]))
-            erows.append(cell)
-            ecols.append(jn + ci)
-        a_ub = coo_matrix((vals, (rows, cols)), shape=(jn, jn + nc)).tocsr()
-        a_eq = coo_matrix(([1.0] * nc, (erows, ecols)), shape=(cells, jn + nc)).tocsr()
-        cost = np.concatenate((-np.ones(jn), np.zeros(nc)))
-        bounds = [(0.0, float(t)) for t in self.totals] + [(0.0, None)] * nc
-        res = linprog(cost, A_ub=a_ub, b_ub=np.zeros(jn), A_eq=a_eq, b_eq=np.ones(cells),
-                      bounds=bounds, method="highs")
-        if res.status != 0:
-            raise RuntimeError(f"bound LP failed: {res.message}")
-        mu = np.clip(1.0 + np.asarray(res.ineqlin.marginals), 0.0, 1.0)
-        return -float(res.fun), mu
-
-
 def upper_bound(
     segments: Sequence[IdleSegment],
     jobs: Iterable[SimJob],
@@ -317,7 +168,7 @@ def upper_bound(
 ) -> Bound:
     """The bound of the module docstring for one replay (``segments`` from :func:`idle_segments`).
 
-    ``rounds`` bounds the rounds of the multiplier search (:class:`_Master`); every
+    ``rounds`` bounds the rounds of the multiplier search (:class:`Master`); every
     round's value is a valid bound and the smallest is returned, so fewer rounds give a
     looser, never a wrong, bound. ``submit_origin_s``: the trace's ``start_s``, from
     which jobs' ``submit_s`` count (without it submit times are ignored). ``milp_s > 0``
@@ -332,40 +183,9 @@ def upper_bound(
     )
     rates = [job_rates(j) for j in runs]
     totals = np.array([j.total_samples for j in runs])
-    phases = _phases(segments, eligible_from, runs, k, nodes)
+    phases = make_phases(segments, eligible_from, runs, k, nodes)
 
-    def price(mu: np.ndarray) -> tuple[float, list[Allocation]]:
-        """The bound at ``mu`` and, per phase, the maximising allocations."""
-        total = float(mu @ totals)
-        allocs = []
-        for ph in phases:
-            weights = [1.0 - mu[p] for p in ph.members]
-            alloc = best_allocations([rates[p] for p in ph.members], weights, k, ph.capacity)
-            total += float(ph.seconds @ alloc.value)
-            allocs.append(alloc)
-        return total, allocs
-
-    mu = np.zeros(len(runs))
-    best, allocs = price(mu)
-    uncapped, best_mu, done = best, mu.copy(), 0
-    gross = np.zeros(len(runs))
-    for ph, alloc in zip(phases, allocs, strict=True):
-        for col, p in enumerate(ph.members):
-            gross[p] += float(ph.seconds @ rates[p][alloc.nodes[:, col]])
-    # No job past its total at mu = 0: T_j - G_j >= 0 is a subgradient there, so
-    # mu = 0 is optimal (convexity) and the cap cannot tighten the bound.
-    capped = bool((gross > totals).any())
-    master = _Master(phases, rates, totals)
-    for it in range(rounds if capped else 0):
-        if not master.add(allocs):
-            break  # mu is optimal for the relaxation
-        floor, mu = master.solve()
-        value, allocs = price(mu)
-        done = it + 1
-        if value < best:
-            best, best_mu = value, mu.copy()
-        if best - floor <= 1e-7 * best:
-            break  # proven within 1e-7 of the relaxation's optimum
+    best, best_mu, uncapped, done = search_multipliers(phases, rates, totals, k, rounds)
     d = min((min_duration_s(j) for j in runs), default=math.inf)
     max_finishes = k * math.floor((until - start) / d) if 0 < d < math.inf else 0
     best_rate = max((j.best_per_node_rate() for j in runs), default=0.0)
@@ -397,6 +217,5 @@ def upper_bound(
         earliest_s=tuple(eligible_from),
         multipliers=tuple(float(x) for x in best_mu),
     )
-
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -35,6 +34,7 @@ from malletrain.core.model import AllocationInput, MalleableJob, Plan, Policy, T
 from malletrain.errors import PermanentError
 from malletrain.sim.curves import CurveProvider
 from malletrain.sim.jobs import SimJob
+from malletrain.sim.result import JobNodes, JobRun, Result, Sample
 from malletrain.sim.trace import IdleTrace, TraceEvent
 from malletrain.sim.view import SnapshotView
 
@@ -43,132 +43,6 @@ log = logging.getLogger(__name__)
 
 class PolicyError(PermanentError):
     """The policy returned a plan the cluster cannot carry out (a bug in the policy)."""
-
-
-@dataclass
-class _Run:
-    """Mutable replay state of one job (internal)."""
-
-    job: SimJob
-    order: int
-    nodes: list[int] = field(default_factory=list)
-    done: float = 0.0
-    admitted_s: float | None = None
-    started_s: float | None = None
-    finished_s: float | None = None
-    #: When the job's size last changed (profiling discards warm-up after it).
-    changed_s: float = 0.0
-
-    @property
-    def rate(self) -> float:
-        return self.job.true_model.rate(len(self.nodes)) if self.nodes else 0.0
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One timeline row: the state right after the decision at ``time_s``."""
-
-    time_s: float
-    idle_nodes: int
-    used_nodes: int
-    running_jobs: int
-    samples_total: float
-
-
-@dataclass(frozen=True)
-class JobNodes:
-    """A change of one job's node count (for the timeline and plot)."""
-
-    time_s: float
-    job: str
-    nodes: int
-    #: ``policy`` (a decision), ``trace`` (nodes taken back) or ``finished``.
-    cause: str = "policy"
-
-
-@dataclass
-class Result:
-    policy: str
-    trace: str
-    start_s: float
-    end_s: float
-    samples_total: float = 0.0
-    samples_lost_rescale: float = 0.0
-    samples_lost_preemption: float = 0.0
-    idle_node_seconds: float = 0.0
-    used_node_seconds: float = 0.0
-    rescales: int = 0
-    preemptions: int = 0
-    starts: int = 0
-    events: int = 0
-    decision_s: list[float] = field(default_factory=list)
-    jobs: list[_Run] = field(default_factory=list)
-    timeline: list[Sample] = field(default_factory=list)
-    job_nodes: list[JobNodes] = field(default_factory=list)
-    upper_bound_samples: float = 0.0
-    wall_s: float = 0.0
-    #: Per hole that had a predicted window when first offered: actual end - predicted end.
-    window_errors_s: list[float] = field(default_factory=list)
-
-    def _window_stats(self) -> dict[str, object]:
-        """How good the scavenger's windows were: the first prediction of each hole vs its end."""
-        err = np.array(self.window_errors_s)
-        if not len(err):
-            return {"window_holes": 0}
-        return {
-            "window_holes": len(err),
-            "window_error_s_p50": float(np.median(err)),
-            "window_abs_error_s_p50": float(np.median(np.abs(err))),
-            "window_ended_early_share": float(np.mean(err < -60.0)),
-            "window_ended_late_share": float(np.mean(err > 60.0)),
-        }
-
-    def summary(self) -> dict[str, object]:
-        finished = [r for r in self.jobs if r.finished_s is not None]
-        # Job submit times count from the start of the replay (a jobs file fits any slice).
-        jct = [
-            r.finished_s - (self.start_s + r.job.submit_s)
-            for r in finished
-            if r.finished_s is not None
-        ]
-        dec_ms = np.array(self.decision_s) * 1000.0 if self.decision_s else np.zeros(1)
-        first_submit = self.start_s + min((r.job.submit_s for r in self.jobs), default=0.0)
-        makespan = (
-            max(r.finished_s for r in finished if r.finished_s is not None) - first_submit
-            if finished and len(finished) == len(self.jobs)
-            else None
-        )
-        unit_work = sum(r.done / r.job.true_model.rate(1) for r in self.jobs)
-        return {
-            "policy": self.policy,
-            "trace": self.trace,
-            "start_s": self.start_s,
-            "end_s": self.end_s,
-            "samples_total": self.samples_total,
-            "samples_lost_rescale": self.samples_lost_rescale,
-            "samples_lost_preemption": self.samples_lost_preemption,
-            "one_worker_seconds_total": unit_work,
-            "idle_node_seconds": self.idle_node_seconds,
-            "used_node_seconds": self.used_node_seconds,
-            "idle_used_share": (
-                self.used_node_seconds / self.idle_node_seconds if self.idle_node_seconds else 0.0
-            ),
-            "upper_bound_samples": self.upper_bound_samples,
-            "rescales": self.rescales,
-            "preemptions": self.preemptions,
-            "starts": self.starts,
-            "jobs_total": len(self.jobs),
-            "jobs_admitted": sum(r.admitted_s is not None for r in self.jobs),
-            "jobs_finished": len(finished),
-            "mean_jct_s": float(np.mean(jct)) if jct else None,
-            "makespan_s": makespan,
-            "events": self.events,
-            "decision_ms_p50": float(np.percentile(dec_ms, 50)),
-            "decision_ms_p99": float(np.percentile(dec_ms, 99)),
-            "decision_ms_max": float(dec_ms.max()),
-            "wall_s": self.wall_s,
-            **self._window_stats(),
-        }
 
 
 ProgressFn = Callable[[float], None]
@@ -195,7 +69,7 @@ class Simulator:
         self.until_s = trace.end_s if until_s is None else min(until_s, trace.end_s)
         self.progress = progress
         runs = sorted(jobs, key=lambda j: j.submit_s)
-        self.runs = [_Run(j, i) for i, j in enumerate(runs)]
+        self.runs = [JobRun(j, i) for i, j in enumerate(runs)]
         n = len(trace.node_names)
         self.view = SnapshotView(trace.node_names)
         self.index = {name: i for i, name in enumerate(trace.node_names)}
@@ -212,7 +86,7 @@ class Simulator:
         )
         self.result.jobs = self.runs
         self._next_submit = 0
-        self._active: list[_Run] = []
+        self._active: list[JobRun] = []
 
     # -- time passing ---------------------------------------------------------------
     def _advance(self, t0: float, t1: float) -> None:
@@ -270,7 +144,7 @@ class Simulator:
             self._set_nodes(run, keep, t, "trace")
         self.holder[busy] = -1
 
-    def _set_nodes(self, run: _Run, nodes: list[int], t: float, cause: str) -> None:
+    def _set_nodes(self, run: JobRun, nodes: list[int], t: float, cause: str) -> None:
         if nodes == run.nodes:
             return
         if run.nodes:
@@ -283,7 +157,7 @@ class Simulator:
         run.nodes = nodes
 
     def _retire_and_admit(self, t: float) -> None:
-        still: list[_Run] = []
+        still: list[JobRun] = []
         for run in self._active:
             if run.finished_s is not None:
                 self._set_nodes(run, [], t, "finished")

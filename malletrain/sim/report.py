@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from malletrain.sim.engine import Result
+from malletrain.sim.result import Result
 
 log = logging.getLogger(__name__)
 

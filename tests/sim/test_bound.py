@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from malletrain.core.policies import CORE, POLICIES, REPLAY, make_policy
-from malletrain.sim.bound import best_allocations, upper_bound
+from malletrain.sim.bound import upper_bound
 from malletrain.sim.bound_inputs import (
     FinishCost,
     IdleSegment,
@@ -22,6 +22,7 @@ from malletrain.sim.bound_inputs import (
     idle_segments,
     job_rates,
 )
+from malletrain.sim.bound_lp import best_allocations
 from malletrain.sim.cli_bound import main
 from malletrain.sim.curves import provider_for
 from malletrain.sim.engine import Simulator
