@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from malletrain.core.lifecycle import IllegalTransition, JobPhase
 from malletrain.daemon.store import Store
@@ -106,89 +106,101 @@ class Actuator:
             self._on_call(name, time.monotonic() - t0, True)
 
     def _one(self, a: Action, out: Outcome) -> None:
-        now = self._clock()
-        if isinstance(a, Place):
-            # Mark first: if we die after the release, the next tick knows why it runs there.
-            self.store.mark_slot(a.job_id, a.slot, placed_node=a.node, placed_at_s=now,
-                                 leaving_since_s=None)
-
-            def place() -> None:
-                self.backend.update(a.slurm_job_id, NodeList=a.node,
-                                    TimeLimit=a.time_limit_min, StartTime="now")
-                self.backend.release(a.slurm_job_id)
-
-            try:
-                self._slurm("place", place, a.job_id, a.slurm_job_id,
-                            f"slot {a.slot} -> {a.node} for {a.time_limit_min} min")
-            except UserError:
-                self.store.mark_slot(a.job_id, a.slot, placed_node=None, placed_at_s=None)
-                raise
-            log.info("placed slot %d (Slurm job %d) on %s, time limit %d min", a.slot,
-                     a.slurm_job_id, a.node, a.time_limit_min)
-            out.placed += 1
-        elif isinstance(a, Park):
-            self._slurm("requeuehold", lambda: self.backend.requeue_hold(a.slurm_job_id),
-                        a.job_id, a.slurm_job_id, f"slot {a.slot}: {a.why}")
-            self.store.mark_slot(a.job_id, a.slot, placed_node=None, placed_at_s=None,
-                                 leaving_since_s=None, last_status="parked")
-            log.info("slot %d (Slurm job %d) back in the pool: %s", a.slot, a.slurm_job_id,
-                     a.why)
-            out.parked += 1
-            if a.start_failed:
-                rec = self.store.job(a.job_id)
-                if rec is not None:
-                    self.store.update_job(a.job_id, start_failures=rec.start_failures + 1)
-            if a.preempted:
-                out.preemptions += 1
-                rec = self.store.job(a.job_id)
-                if rec is not None:
-                    self.store.update_job(a.job_id, preemptions=rec.preemptions + 1)
-                if a.yield_s is not None:
-                    out.yields_s.append(a.yield_s)
-        elif isinstance(a, Extend):
-            self._slurm("extend",
-                        lambda: self.backend.update(a.slurm_job_id, TimeLimit=a.time_limit_min),
-                        a.job_id, a.slurm_job_id, f"slot {a.slot}: {a.time_limit_min} min")
-            log.info("slot %d time limit raised to %d min", a.slot, a.time_limit_min)
-        elif isinstance(a, Hold):
-            self._slurm("hold", lambda: self.backend.hold(a.slurm_job_id), a.job_id,
-                        a.slurm_job_id, f"slot {a.slot}: {a.why}")
-            self.store.mark_slot(a.job_id, a.slot, placed_node=None, placed_at_s=None,
-                                 last_status="parked")
-            log.info("slot %d held again: %s", a.slot, a.why)
-        elif isinstance(a, Leave):
-            self.store.mark_slot(a.job_id, a.slot, leaving_since_s=now)
-        elif isinstance(a, ClearMarks):
-            self.store.mark_slot(a.job_id, a.slot, placed_node=None, placed_at_s=None,
-                                 leaving_since_s=None)
-        elif isinstance(a, Publish):
-            aid = self.store.begin_action(a.job_id, None, "publish", ",".join(a.members))
-            try:
-                epoch = self.coordinator.publish(a.job_id, list(a.members))
-            except UserError as exc:
-                self.store.end_action(aid, False, str(exc))
-                raise
-            self.store.end_action(aid, True)
-            new = len(a.members)
-            rec = self.store.job(a.job_id)
-            if rec is not None and a.old_size and new != a.old_size:
-                if new > a.old_size:
-                    self.store.update_job(a.job_id, rescales_up=rec.rescales_up + 1)
-                else:
-                    self.store.update_job(a.job_id, rescales_down=rec.rescales_down + 1)
-            log.info("membership epoch %d: %d -> %d member(s) %s", epoch, a.old_size, new,
-                     list(a.members))
-            out.published += 1
-            out.rescales.append((a.job_id, a.old_size, new))
-        elif isinstance(a, Cancel):
-            self._slurm("cancel", lambda: self.backend.cancel(a.slurm_job_id), a.job_id,
-                        a.slurm_job_id, f"slot {a.slot}")
-        elif isinstance(a, Transit):
-            rec = self.store.job(a.job_id)
-            if rec is not None and rec.state is a.to:
-                return
-            self.store.transition(a.job_id, a.to, a.reason, now)
-            log.info("job is now %s: %s", a.to.value, a.reason)
-            out.transitions.append((a.job_id, a.to))
-        else:  # pragma: no cover - exhaustive
+        handlers: dict[type, Callable[[Any, Outcome], None]] = {
+            Place: self._place, Park: self._park, Extend: self._extend, Hold: self._hold,
+            Leave: self._leave, ClearMarks: self._clear_marks, Publish: self._publish,
+            Cancel: self._cancel, Transit: self._transit,
+        }
+        handler = handlers.get(type(a))
+        if handler is None:  # pragma: no cover - exhaustive
             raise TypeError(f"unknown action {a!r}")
+        handler(a, out)
+
+    def _bump(self, job_id: str, counter: str) -> None:
+        """Add one to a job's counter (rescales, preemptions, start failures)."""
+        rec = self.store.job(job_id)
+        if rec is not None:
+            self.store.update_job(job_id, **{counter: getattr(rec, counter) + 1})
+
+    def _place(self, a: Place, out: Outcome) -> None:
+        # Mark first: if we die after the release, the next tick knows why it runs there.
+        self.store.mark_slot(a.job_id, a.slot, placed_node=a.node, placed_at_s=self._clock(),
+                             leaving_since_s=None)
+
+        def place() -> None:
+            self.backend.update(a.slurm_job_id, NodeList=a.node,
+                                TimeLimit=a.time_limit_min, StartTime="now")
+            self.backend.release(a.slurm_job_id)
+
+        try:
+            self._slurm("place", place, a.job_id, a.slurm_job_id,
+                        f"slot {a.slot} -> {a.node} for {a.time_limit_min} min")
+        except UserError:
+            self.store.mark_slot(a.job_id, a.slot, placed_node=None, placed_at_s=None)
+            raise
+        log.info("placed slot %d (Slurm job %d) on %s, time limit %d min", a.slot,
+                 a.slurm_job_id, a.node, a.time_limit_min)
+        out.placed += 1
+
+    def _park(self, a: Park, out: Outcome) -> None:
+        self._slurm("requeuehold", lambda: self.backend.requeue_hold(a.slurm_job_id),
+                    a.job_id, a.slurm_job_id, f"slot {a.slot}: {a.why}")
+        self.store.mark_slot(a.job_id, a.slot, placed_node=None, placed_at_s=None,
+                             leaving_since_s=None, last_status="parked")
+        log.info("slot %d (Slurm job %d) back in the pool: %s", a.slot, a.slurm_job_id, a.why)
+        out.parked += 1
+        if a.start_failed:
+            self._bump(a.job_id, "start_failures")
+        if a.preempted:
+            out.preemptions += 1
+            self._bump(a.job_id, "preemptions")
+            if a.yield_s is not None:
+                out.yields_s.append(a.yield_s)
+
+    def _extend(self, a: Extend, out: Outcome) -> None:
+        self._slurm("extend", lambda: self.backend.update(a.slurm_job_id,
+                                                          TimeLimit=a.time_limit_min),
+                    a.job_id, a.slurm_job_id, f"slot {a.slot}: {a.time_limit_min} min")
+        log.info("slot %d time limit raised to %d min", a.slot, a.time_limit_min)
+
+    def _hold(self, a: Hold, out: Outcome) -> None:
+        self._slurm("hold", lambda: self.backend.hold(a.slurm_job_id), a.job_id,
+                    a.slurm_job_id, f"slot {a.slot}: {a.why}")
+        self.store.mark_slot(a.job_id, a.slot, placed_node=None, placed_at_s=None,
+                             last_status="parked")
+        log.info("slot %d held again: %s", a.slot, a.why)
+
+    def _leave(self, a: Leave, out: Outcome) -> None:
+        self.store.mark_slot(a.job_id, a.slot, leaving_since_s=self._clock())
+
+    def _clear_marks(self, a: ClearMarks, out: Outcome) -> None:
+        self.store.mark_slot(a.job_id, a.slot, placed_node=None, placed_at_s=None,
+                             leaving_since_s=None)
+
+    def _publish(self, a: Publish, out: Outcome) -> None:
+        aid = self.store.begin_action(a.job_id, None, "publish", ",".join(a.members))
+        try:
+            epoch = self.coordinator.publish(a.job_id, list(a.members))
+        except UserError as exc:
+            self.store.end_action(aid, False, str(exc))
+            raise
+        self.store.end_action(aid, True)
+        new = len(a.members)
+        if a.old_size and new != a.old_size:
+            self._bump(a.job_id, "rescales_up" if new > a.old_size else "rescales_down")
+        log.info("membership epoch %d: %d -> %d member(s) %s", epoch, a.old_size, new,
+                 list(a.members))
+        out.published += 1
+        out.rescales.append((a.job_id, a.old_size, new))
+
+    def _cancel(self, a: Cancel, out: Outcome) -> None:
+        self._slurm("cancel", lambda: self.backend.cancel(a.slurm_job_id), a.job_id,
+                    a.slurm_job_id, f"slot {a.slot}")
+
+    def _transit(self, a: Transit, out: Outcome) -> None:
+        rec = self.store.job(a.job_id)
+        if rec is not None and rec.state is a.to:
+            return
+        self.store.transition(a.job_id, a.to, a.reason, self._clock())
+        log.info("job is now %s: %s", a.to.value, a.reason)
+        out.transitions.append((a.job_id, a.to))

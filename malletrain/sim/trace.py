@@ -110,6 +110,38 @@ def _check_time(path: str, line: int, field: str, text: str, last: float | None)
     return value
 
 
+def _csv_rows(name: str, text: str, expected: tuple[str, ...], *, exact: bool
+              ) -> Iterator[tuple[int, list[str]]]:
+    """(line number, row) of a CSV with the ``expected`` header; blank rows skipped."""
+    reader = csv.reader(io.StringIO(text))
+    header = next(reader, None)
+    cols = [h.strip() for h in header] if header else []
+    if cols[: len(expected)] != list(expected) or (exact and len(cols) != len(expected)):
+        raise input_error(name, 1, "header", f"expected '{','.join(expected)}', got {header!r}")
+    for lineno, row in enumerate(reader, start=2):
+        if not row or all(not c.strip() for c in row):
+            continue
+        if len(row) < len(expected) or (exact and len(row) != len(expected)):
+            raise input_error(name, lineno, "row",
+                              f"expected {len(expected)} fields, got {len(row)}")
+        yield lineno, row
+
+
+def _idle_row(name: str, lineno: int, row: list[str], last_t: float | None
+              ) -> tuple[float, str, bool]:
+    """One ``time_s,node,state`` row, checked: (time, node, idle)."""
+    t = _check_time(name, lineno, "time_s", row[0].strip(), last_t)
+    node = row[1].strip()
+    st = row[2].strip().lower()
+    if not node:
+        raise input_error(name, lineno, "node", "empty node name")
+    if st not in ("idle", "busy"):
+        raise input_error(name, lineno, "state", f"expected 'idle' or 'busy', got {row[2]!r}")
+    if last_t is None and t != 0:
+        raise input_error(name, lineno, "time_s", f"the first rows must be at time 0 (got {t:g})")
+    return t, node, st == "idle"
+
+
 def read_idle_csv(path: str | Path, text: str | None = None) -> IdleTrace:
     """Read ``time_s,node,state`` rows: time-0 rows name every node, later rows are changes.
 
@@ -118,78 +150,58 @@ def read_idle_csv(path: str | Path, text: str | None = None) -> IdleTrace:
     and changes nothing.
     """
     name = str(path)
-    if text is None:
-        text = read_text(path)
-    reader = csv.reader(io.StringIO(text))
-    header = next(reader, None)
-    if header is None or [h.strip() for h in header] != ["time_s", "node", "state"]:
-        raise input_error(name, 1, "header", f"expected 'time_s,node,state', got {header!r}")
     index: dict[str, int] = {}
-    names: list[str] = []
     state: list[bool] = []  # True = idle
-    initial_done = False
-    last_t: float | None = None
-    events: list[TraceEvent] = []
-    cur_t = 0.0
-    cur_idle: list[int] = []
-    cur_busy: list[int] = []
     initial_idle: list[int] = []
-
-    def flush() -> None:
-        if cur_idle or cur_busy:
-            events.append(TraceEvent(cur_t, tuple(cur_idle), tuple(cur_busy)))
-
-    for lineno, row in enumerate(reader, start=2):
-        if not row or all(not c.strip() for c in row):
-            continue
-        if len(row) != 3:
-            raise input_error(name, lineno, "row", f"expected 3 fields, got {len(row)}")
-        t = _check_time(name, lineno, "time_s", row[0].strip(), last_t)
-        node = row[1].strip()
-        st = row[2].strip().lower()
-        if not node:
-            raise input_error(name, lineno, "node", "empty node name")
-        if st not in ("idle", "busy"):
-            raise input_error(name, lineno, "state", f"expected 'idle' or 'busy', got {row[2]!r}")
-        if last_t is None and t != 0:
-            raise input_error(
-                name, lineno, "time_s", f"the first rows must be at time 0 (got {t:g})"
-            )
+    last_t: float | None = None
+    changes: dict[float, tuple[list[int], list[int]]] = {}  # time -> (became idle, busy)
+    rows = _csv_rows(name, read_text(path) if text is None else text,
+                     ("time_s", "node", "state"), exact=True)
+    for lineno, row in rows:
+        t, node, idle = _idle_row(name, lineno, row, last_t)
         last_t = t
-        if t == 0 and not initial_done:
+        if t == 0 and not changes:
             if node in index:
                 raise input_error(name, lineno, "node", f"node {node!r} listed twice at time 0")
-            index[node] = len(names)
-            names.append(node)
-            state.append(st == "idle")
-            if st == "idle":
+            index[node] = len(state)
+            state.append(idle)
+            if idle:
                 initial_idle.append(index[node])
             continue
-        if not initial_done:
-            initial_done = True
-            events.append(TraceEvent(0.0, tuple(initial_idle), ()))
-            cur_t = t
         if node not in index:
-            raise input_error(
-                name, lineno, "node", f"unknown node {node!r} (not listed at time 0)"
-            )
-        if t != cur_t:
-            flush()
-            cur_t, cur_idle, cur_busy = t, [], []
+            raise input_error(name, lineno, "node", f"unknown node {node!r} (not listed at time 0)")
+        became_idle, became_busy = changes.setdefault(t, ([], []))
         i = index[node]
-        want_idle = st == "idle"
-        if state[i] == want_idle:
-            continue
-        state[i] = want_idle
-        (cur_idle if want_idle else cur_busy).append(i)
-    if not names:
+        if state[i] != idle:
+            state[i] = idle
+            (became_idle if idle else became_busy).append(i)
+    if not index:
         raise input_error(name, None, "rows", "no nodes listed at time 0")
-    if not initial_done:
-        events.append(TraceEvent(0.0, tuple(initial_idle), ()))
-    else:
-        flush()
+    events = [TraceEvent(0.0, tuple(initial_idle), ()),
+              *(TraceEvent(t, tuple(a), tuple(b)) for t, (a, b) in changes.items() if a or b)]
     end = last_t if last_t is not None else 0.0
-    return IdleTrace(name, tuple(names), 0.0, end, tuple(events))
+    return IdleTrace(name, tuple(index), 0.0, end, tuple(events))
+
+
+def _philly_row(name: str, lineno: int, row: list[str]) -> tuple[datetime, int]:
+    """One ``time,active,total`` row, checked: (time stamp, idle nodes)."""
+    try:
+        stamp = datetime.fromisoformat(row[0].strip())
+    except ValueError:
+        raise input_error(name, lineno, "time", f"not a date-time: {row[0]!r}") from None
+    vals = []
+    for field, cell in (("active", row[1]), ("total", row[2])):
+        try:
+            v = int(float(cell))
+        except ValueError:
+            raise input_error(name, lineno, field, f"not a number: {cell!r}") from None
+        if v < 0:
+            raise input_error(name, lineno, field, f"negative count {v}")
+        vals.append(v)
+    active, total = vals
+    if active > total:
+        raise input_error(name, lineno, "active", f"{active} active > {total} total nodes")
+    return stamp, total - active
 
 
 def read_philly_minutes(path: str | Path, text: str | None = None) -> IdleTrace:
@@ -201,60 +213,28 @@ def read_philly_minutes(path: str | Path, text: str | None = None) -> IdleTrace:
     stays idle, as it does in real clusters where long holes outlast short ones.
     """
     name = str(path)
-    if text is None:
-        text = read_text(path)
-    reader = csv.reader(io.StringIO(text))
-    header = next(reader, None)
-    cols = [h.strip() for h in header] if header else []
-    if cols[:3] != ["time", "active", "total"]:
-        raise input_error(name, 1, "header", f"expected 'time,active,total', got {header!r}")
     counts: list[tuple[float, int]] = []
     t0: datetime | None = None
     last_t: float | None = None
-    max_idle = 0
-    for lineno, row in enumerate(reader, start=2):
-        if not row or all(not c.strip() for c in row):
-            continue
-        if len(row) < 3:
-            raise input_error(name, lineno, "row", f"expected 3 fields, got {len(row)}")
-        try:
-            stamp = datetime.fromisoformat(row[0].strip())
-        except ValueError:
-            raise input_error(name, lineno, "time", f"not a date-time: {row[0]!r}") from None
-        if t0 is None:
-            t0 = stamp
+    rows = _csv_rows(name, read_text(path) if text is None else text,
+                     ("time", "active", "total"), exact=False)
+    for lineno, row in rows:
+        stamp, idle = _philly_row(name, lineno, row)
+        t0 = stamp if t0 is None else t0
         t = (stamp - t0).total_seconds()
         if t < 0 or (last_t is not None and t < last_t):
             raise input_error(name, lineno, "time", "rows not sorted by time")
         last_t = t
-        vals = []
-        for field, cell in (("active", row[1]), ("total", row[2])):
-            try:
-                v = int(float(cell))
-            except ValueError:
-                raise input_error(name, lineno, field, f"not a number: {cell!r}") from None
-            if v < 0:
-                raise input_error(name, lineno, field, f"negative count {v}")
-            vals.append(v)
-        active, total = vals
-        if active > total:
-            raise input_error(name, lineno, "active", f"{active} active > {total} total nodes")
-        idle = total - active
-        max_idle = max(max_idle, idle)
         if not counts or counts[-1][1] != idle:
             counts.append((t, idle))
     if not counts:
         raise input_error(name, None, "rows", "no data rows")
-    names = tuple(f"philly-{i:03d}" for i in range(max_idle))
+    names = tuple(f"philly-{i:03d}" for i in range(max(k for _, k in counts)))
     events: list[TraceEvent] = []
     prev = 0
     for t, k in counts:
-        if k > prev:
-            events.append(TraceEvent(t, tuple(range(prev, k)), ()))
-        elif k < prev:
-            events.append(TraceEvent(t, (), tuple(range(k, prev))))
-        else:
-            events.append(TraceEvent(t, (), ()))
+        events.append(TraceEvent(t, tuple(range(prev, k)) if k > prev else (),
+                                 tuple(range(k, prev)) if k < prev else ()))
         prev = k
     return IdleTrace(name, names, 0.0, last_t or 0.0, tuple(events))
 
