@@ -110,6 +110,8 @@ def _count_value(job: MalleableJob, n: int, c: int, rates: np.ndarray, tfwd_s: f
     return value
 
 
+# Deliberately over 60 lines (tests/unit/test_layering.py names it): FreeTrain's published MILP,
+# kept as one formulation so it reads against the paper line by line.
 def freetrain_milp(
     inp: AllocationInput,
     tfwd_s: float = 10.0,

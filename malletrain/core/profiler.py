@@ -339,12 +339,9 @@ class ProfilingAdvisor:
     def suggest_probe(self, job_id: str, max_nodes: int) -> int | None:
         """The next untried size worth measuring: double the largest measured, up to max."""
         sizes = self.measured_sizes(job_id)
-        if not sizes:
+        if not sizes or sizes[-1] >= max_nodes:
             return None
-        top = sizes[-1]
-        if top >= max_nodes:
-            return None
-        return min(max_nodes, 2 * top)
+        return min(max_nodes, 2 * sizes[-1])
 
     def _population_rate_per_node(self) -> float:
         per_node = []

@@ -39,6 +39,9 @@ def rates_upto(model: ThroughputModel, max_n: int) -> np.ndarray:
     return _rates_cached(model.points, float(model.optimistic_slope), int(max_n))
 
 
+# Deliberately over 60 lines (tests/unit/test_layering.py names it): the vectorised value formula
+# of the allocator docstring, term by term; split, its numpy temporaries would cross function
+# boundaries.
 def job_value_table(
     jobs: Sequence[MalleableJob],
     own_w: Sequence[np.ndarray],

@@ -150,6 +150,7 @@ class Daemon:
             self.metrics.observe_slurm_call(name, seconds, ok)
 
     def tick(self) -> TickPlan | None:
+        """Observe, decide, act: one whole tick (level-triggered; see the module doc)."""
         t0 = time.monotonic()
         try:
             snap = self.cache.refresh()
@@ -157,6 +158,27 @@ class Daemon:
             log.warning("no Slurm snapshot this tick (and none recent to fall back on): %s", exc)
             self._publish_metrics(None, slurm_up=False)
             return None
+        world = self._observe(snap)
+        td = time.monotonic()
+        plan = decide(world, self.policy)
+        if self.metrics is not None:
+            self.metrics.observe_decision(time.monotonic() - td)
+        self._remember_slots(plan)
+        self._log_plan(plan, world)
+        self._act(plan)
+        self._last_plan = plan
+        self.seen_job_ids = frozenset(j.job_id for j in snap.jobs)
+        self.holds_nodes = bool(plan.held_nodes) or any(plan.targets.values())
+        self._publish_metrics(plan, slurm_up=not self.cache.stale, snap=snap)
+        self._save_learned()
+        if self.metrics is not None:
+            self.metrics.observe_tick(time.monotonic() - t0)
+        if plan.actions:
+            log.debug("tick: %d action(s) in %.3f s", len(plan.actions), time.monotonic() - t0)
+        return plan
+
+    def _observe(self, snap: ClusterSnapshot) -> World:
+        """The store's jobs and slots and the coordinator's view, frozen with the snapshot."""
         now = time.time()
         recent = now - TERMINAL_LINGER_S
         jobs = [j for j in self.store.jobs()
@@ -169,18 +191,15 @@ class Daemon:
             self._profile_points = {j.job_id: len(self.advisor.measured_sizes(j.job_id))
                                     for j in jobs if j.state.active}
         jobs = [self.store.job(j.job_id) or j for j in jobs]  # progress just written
-        slots = {j.job_id: tuple(self.store.slots(j.job_id)) for j in jobs}
-        world = World(
-            now_s=now, snapshot=snap, jobs=tuple(jobs), slots=slots, coord=coord,
+        return World(
+            now_s=now, snapshot=snap, jobs=tuple(jobs),
+            slots={j.job_id: tuple(self.store.slots(j.job_id)) for j in jobs}, coord=coord,
             models=self.monitor.models([j for j in jobs if j.state.active]),
             settings=decide_settings(self.settings, **self._decide_overrides),
             hole_start_s=self._last_plan.hole_start_s if self._last_plan else {},
         )
-        td = time.monotonic()
-        plan = decide(world, self.policy)
-        if self.metrics is not None:
-            self.metrics.observe_decision(time.monotonic() - td)
-        self._remember_slots(plan)
+
+    def _log_plan(self, plan: TickPlan, world: World) -> None:
         if self._last_plan is None or plan.targets != self._last_plan.targets:
             log.info("plan: %s", "; ".join(f"{j}: {','.join(ns) or '-'}"
                                           for j, ns in sorted(plan.targets.items())) or "-")
@@ -190,6 +209,9 @@ class Daemon:
         for note in plan.notes:
             if note not in seen:  # a standing condition is logged when it starts, not per tick
                 log.info("%s", note)
+
+    def _act(self, plan: TickPlan) -> None:
+        """The actuator applies the plan; the advisor and the metrics hear what happened."""
         outcome = self.actuator.apply(plan.actions)
         for jid, old, new in outcome.rescales:
             if old != new:
@@ -202,16 +224,6 @@ class Daemon:
                 self.metrics.count_preemption(outcome.preemptions)
             for y in outcome.yields_s:
                 self.metrics.observe_yield(y)
-        self._last_plan = plan
-        self.seen_job_ids = frozenset(j.job_id for j in snap.jobs)
-        self.holds_nodes = bool(plan.held_nodes) or any(plan.targets.values())
-        self._publish_metrics(plan, slurm_up=not self.cache.stale, snap=snap)
-        self._save_learned()
-        if self.metrics is not None:
-            self.metrics.observe_tick(time.monotonic() - t0)
-        if plan.actions:
-            log.debug("tick: %d action(s) in %.3f s", len(plan.actions), time.monotonic() - t0)
-        return plan
 
     def _remember_slots(self, plan: TickPlan) -> None:
         """Record what each slot was seen doing (preemption = running, then ended unasked)."""

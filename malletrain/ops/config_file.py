@@ -195,44 +195,53 @@ class _Converter:
                 self.fail(path, f"must be a list, got {_describe(raw)}")
                 return None
             return tuple(self.value(args[0], item, f"{path}[{i}]") for i, item in enumerate(raw))
-        if tp is bool:
-            if not isinstance(raw, bool):
-                self.fail(path, f"must be true or false, got {_describe(raw)}")
-            return raw
-        if tp is int:
-            if isinstance(raw, bool) or not isinstance(raw, int):
-                self.fail(path, f"must be an integer, got {_describe(raw)}")
-            return raw
-        if tp is float:
-            if isinstance(raw, bool) or not isinstance(raw, (int, float)):
-                self.fail(path, f"must be a number, got {_describe(raw)}")
-                return None
-            try:
-                value = float(raw)
-            except OverflowError:
-                self.fail(path, "is too large")
-                return None
-            if not math.isfinite(value):
-                self.fail(path, f"must be a finite number, got {raw}")
-                return None
-            return value
-        if tp is str:
-            if not isinstance(raw, str):
-                self.fail(path, f"must be a string, got {_describe(raw)} (quote it in YAML)")
-            return raw
-        if tp is Path:
-            if not isinstance(raw, str) or not raw.strip():
-                self.fail(path, f"must be a non-empty path, got {_describe(raw)}")
-                return None
-            if "\0" in raw:
-                self.fail(path, "must not contain a NUL character")
-                return None
-            if raw.startswith("~"):
-                self.fail(path, f"~ is not expanded (whose home?); write the full path: {raw!r}")
-                return None
-            p = Path(raw)
-            return p if p.is_absolute() else self.base_dir / p
+        scalar = {bool: self._bool, int: self._int, float: self._float, str: self._str,
+                  Path: self._path}.get(tp)
+        if scalar is not None:
+            return scalar(raw, path)
         raise TypeError(f"settings field type {tp!r} is not supported")  # a bug in this module
+
+    def _bool(self, raw: Any, path: str) -> Any:
+        if not isinstance(raw, bool):
+            self.fail(path, f"must be true or false, got {_describe(raw)}")
+        return raw
+
+    def _int(self, raw: Any, path: str) -> Any:
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            self.fail(path, f"must be an integer, got {_describe(raw)}")
+        return raw
+
+    def _float(self, raw: Any, path: str) -> float | None:
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+            self.fail(path, f"must be a number, got {_describe(raw)}")
+            return None
+        try:
+            value = float(raw)
+        except OverflowError:
+            self.fail(path, "is too large")
+            return None
+        if not math.isfinite(value):
+            self.fail(path, f"must be a finite number, got {raw}")
+            return None
+        return value
+
+    def _str(self, raw: Any, path: str) -> Any:
+        if not isinstance(raw, str):
+            self.fail(path, f"must be a string, got {_describe(raw)} (quote it in YAML)")
+        return raw
+
+    def _path(self, raw: Any, path: str) -> Path | None:
+        if not isinstance(raw, str) or not raw.strip():
+            self.fail(path, f"must be a non-empty path, got {_describe(raw)}")
+            return None
+        if "\0" in raw:
+            self.fail(path, "must not contain a NUL character")
+            return None
+        if raw.startswith("~"):
+            self.fail(path, f"~ is not expanded (whose home?); write the full path: {raw!r}")
+            return None
+        p = Path(raw)
+        return p if p.is_absolute() else self.base_dir / p
 
     @staticmethod
     def expected(tp: Any) -> str:

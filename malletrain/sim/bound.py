@@ -155,6 +155,13 @@ class Bound:
     multipliers: tuple[float, ...]
 
 
+def _can_run_dry(runs: Sequence[SimJob], k: int, span_s: float) -> bool:
+    """Whether the queue could empty within ``span_s`` (module docstring, "Running dry")."""
+    d = min((min_duration_s(j) for j in runs), default=math.inf)
+    max_finishes = k * math.floor(span_s / d) if 0 < d < math.inf else 0
+    return len(runs) < k + max_finishes
+
+
 def upper_bound(
     segments: Sequence[IdleSegment],
     jobs: Iterable[SimJob],
@@ -186,8 +193,6 @@ def upper_bound(
     phases = make_phases(segments, eligible_from, runs, k, nodes)
 
     best, best_mu, uncapped, done = search_multipliers(phases, rates, totals, k, rounds)
-    d = min((min_duration_s(j) for j in runs), default=math.inf)
-    max_finishes = k * math.floor((until - start) / d) if 0 < d < math.inf else 0
     best_rate = max((j.best_per_node_rate() for j in runs), default=0.0)
     idle_ns = sum(s.idle * s.duration_s for s in segments)
     milp = None
@@ -212,7 +217,7 @@ def upper_bound(
         max_concurrent_jobs=k,
         jobs_admissible=sum(t < until for t in eligible_from),
         jobs_total=len(runs),
-        can_run_dry=len(runs) < k + max_finishes,
+        can_run_dry=_can_run_dry(runs, k, until - start),
         rounds=done,
         earliest_s=tuple(eligible_from),
         multipliers=tuple(float(x) for x in best_mu),

@@ -215,34 +215,7 @@ class Simulator:
         self._apply_plan(plan, t)
 
     def _apply_plan(self, plan: Plan, t: float) -> None:
-        by_name = {run.job.name: run for run in self._active}
-        unknown = set(plan.assignments) - set(by_name)
-        if unknown:
-            raise PolicyError(f"plan at t={t:g} names jobs not offered: {sorted(unknown)}")
-        wanted: dict[str, list[int]] = {}
-        every: list[int] = []
-        for name, node_names in plan.assignments.items():
-            run = by_name[name]
-            try:
-                idx = sorted(self.index[nn] for nn in node_names)
-            except KeyError as exc:
-                what = f"plan at t={t:g} gives {name} node {exc.args[0]!r}, not idle"
-                raise PolicyError(what) from None
-            if idx and not run.job.min_nodes <= len(idx) <= run.job.max_nodes:
-                raise PolicyError(
-                    f"plan at t={t:g} gives {name} {len(idx)} nodes, outside "
-                    f"[{run.job.min_nodes}, {run.job.max_nodes}]"
-                )
-            wanted[name] = idx
-            every += idx
-        arr = np.asarray(every, dtype=np.int64)
-        if len(arr) and not self.idle[arr].all():
-            bad = self.trace.node_names[int(arr[~self.idle[arr]][0])]
-            raise PolicyError(f"plan at t={t:g} gives node {bad!r}, not idle")
-        if len(np.unique(arr)) != len(arr):
-            values, counts = np.unique(arr, return_counts=True)
-            dup = self.trace.node_names[int(values[counts > 1][0])]
-            raise PolicyError(f"plan at t={t:g} gives node {dup!r} to two jobs")
+        wanted = self._checked_plan(plan, t)
         # Release first so a node may pass from one job to another in one decision.
         changes = []
         for run in self._active:
@@ -276,6 +249,38 @@ class Simulator:
             run.changed_s = t
             self.result.job_nodes.append(JobNodes(t, run.job.name, len(new)))
             run.nodes = new
+
+    def _checked_plan(self, plan: Plan, t: float) -> dict[str, list[int]]:
+        """Job -> node indices of ``plan``; a PolicyError for anything a policy may not do."""
+        by_name = {run.job.name: run for run in self._active}
+        unknown = set(plan.assignments) - set(by_name)
+        if unknown:
+            raise PolicyError(f"plan at t={t:g} names jobs not offered: {sorted(unknown)}")
+        wanted: dict[str, list[int]] = {}
+        every: list[int] = []
+        for name, node_names in plan.assignments.items():
+            run = by_name[name]
+            try:
+                idx = sorted(self.index[nn] for nn in node_names)
+            except KeyError as exc:
+                what = f"plan at t={t:g} gives {name} node {exc.args[0]!r}, not idle"
+                raise PolicyError(what) from None
+            if idx and not run.job.min_nodes <= len(idx) <= run.job.max_nodes:
+                raise PolicyError(
+                    f"plan at t={t:g} gives {name} {len(idx)} nodes, outside "
+                    f"[{run.job.min_nodes}, {run.job.max_nodes}]"
+                )
+            wanted[name] = idx
+            every += idx
+        arr = np.asarray(every, dtype=np.int64)
+        if len(arr) and not self.idle[arr].all():
+            bad = self.trace.node_names[int(arr[~self.idle[arr]][0])]
+            raise PolicyError(f"plan at t={t:g} gives node {bad!r}, not idle")
+        if len(np.unique(arr)) != len(arr):
+            values, counts = np.unique(arr, return_counts=True)
+            dup = self.trace.node_names[int(values[counts > 1][0])]
+            raise PolicyError(f"plan at t={t:g} gives node {dup!r} to two jobs")
+        return wanted
 
     # -- the loop -------------------------------------------------------------------
     def run(self) -> Result:

@@ -232,44 +232,48 @@ def parse_squeue_json(
         if not isinstance(job_id, int) or isinstance(job_id, bool) or job_id <= 0:
             warns.append(f"squeue --json: jobs[{i}] has no valid 'job_id' ({job_id!r}); skipped")
             continue
-        where = f"squeue --json: job {job_id}"
-        raw_state = _field(rec, "job_state", str, "UNKNOWN", where, warns)
-        state = job_state(raw_state)
-        if state is None:
-            warns.append(f"{where}: unknown job state {raw_state!r}; treated as UNKNOWN")
-            state = JobState.UNKNOWN
-        nodes: tuple[str, ...] = ()
-        if state is not JobState.PENDING:
-            try:
-                nodes = expand_hostlist(_field(rec, "nodes", str, "", where, warns))
-            except SlurmParseError as exc:
-                warns.append(f"{where}: {exc}; no nodes")
-        limit_min = _field(rec, "time_limit", int, 0, where, warns)
-        time_limit_s = None if limit_min <= 0 or limit_min in _INFINITE_32 else limit_min * 60
-        start = _epoch(_field(rec, "start_time", int, 0, where, warns))
-        end = _epoch(_field(rec, "end_time", int, 0, where, warns))
-        planned_nodes: tuple[str, ...] = ()
-        entry = plan.get(job_id) if state is JobState.PENDING else None
-        if entry is not None and entry.nodes:
-            planned_nodes = entry.nodes
-            start = entry.start_time
-            end = None if start is None or time_limit_s is None else start + time_limit_s
-        jobs.append(
-            Job(
-                job_id=job_id,
-                name=_field(rec, "name", str, "", where, warns),
-                user=_field(rec, "user_name", str, "", where, warns),
-                partition=_field(rec, "partition", str, "", where, warns),
-                state=state,
-                state_reason=_field(rec, "state_reason", str, "", where, warns),
-                node_count=_field(rec, "node_count", int, 0, where, warns),
-                nodes=nodes,
-                planned_nodes=planned_nodes,
-                time_limit_s=time_limit_s,
-                submit_time=_epoch(_field(rec, "submit_time", int, 0, where, warns)),
-                start_time=start,
-                end_time=end,
-                comment=_field(rec, "comment", str, "", where, warns),
-            )
-        )
+        jobs.append(_job(rec, job_id, plan, warns))
     return tuple(jobs)
+
+
+def _job(rec: Mapping[str, Any], job_id: int, plan: Mapping[int, PlannedStart],
+         warns: list[str]) -> Job:
+    """One job record of ``squeue --json`` (odd fields: a warning and a default)."""
+    where = f"squeue --json: job {job_id}"
+    raw_state = _field(rec, "job_state", str, "UNKNOWN", where, warns)
+    state = job_state(raw_state)
+    if state is None:
+        warns.append(f"{where}: unknown job state {raw_state!r}; treated as UNKNOWN")
+        state = JobState.UNKNOWN
+    nodes: tuple[str, ...] = ()
+    if state is not JobState.PENDING:
+        try:
+            nodes = expand_hostlist(_field(rec, "nodes", str, "", where, warns))
+        except SlurmParseError as exc:
+            warns.append(f"{where}: {exc}; no nodes")
+    limit_min = _field(rec, "time_limit", int, 0, where, warns)
+    time_limit_s = None if limit_min <= 0 or limit_min in _INFINITE_32 else limit_min * 60
+    start = _epoch(_field(rec, "start_time", int, 0, where, warns))
+    end = _epoch(_field(rec, "end_time", int, 0, where, warns))
+    planned_nodes: tuple[str, ...] = ()
+    entry = plan.get(job_id) if state is JobState.PENDING else None
+    if entry is not None and entry.nodes:
+        planned_nodes = entry.nodes
+        start = entry.start_time
+        end = None if start is None or time_limit_s is None else start + time_limit_s
+    return Job(
+        job_id=job_id,
+        name=_field(rec, "name", str, "", where, warns),
+        user=_field(rec, "user_name", str, "", where, warns),
+        partition=_field(rec, "partition", str, "", where, warns),
+        state=state,
+        state_reason=_field(rec, "state_reason", str, "", where, warns),
+        node_count=_field(rec, "node_count", int, 0, where, warns),
+        nodes=nodes,
+        planned_nodes=planned_nodes,
+        time_limit_s=time_limit_s,
+        submit_time=_epoch(_field(rec, "submit_time", int, 0, where, warns)),
+        start_time=start,
+        end_time=end,
+        comment=_field(rec, "comment", str, "", where, warns),
+    )

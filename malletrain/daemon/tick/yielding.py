@@ -140,6 +140,35 @@ def _first(nodes: list[str], preferred: Collection[str]) -> list[str]:
     return [n for n in nodes if n in preferred] + [n for n in nodes if n not in preferred]
 
 
+@dataclass
+class _Left:
+    """The nodes not yet promised to a job, by kind (free, on their way back, held)."""
+
+    free: list[str]
+    freeing: list[str]
+    held: list[str]
+
+    def take(self, job: Job, parts: Mapping[str, frozenset[str]], stale: Collection[int]
+             ) -> tuple[list[str], list[str]] | None:
+        """The free and held nodes ``job`` takes (freeing ones first), or None to skip it."""
+        allowed = frozenset(p for p in job.partition.split(",") if p)
+        need = max(1, job.node_count)
+        planned = frozenset(job.planned_nodes)
+        f, g, h = (_first([n for n in nodes if not parts.get(n, frozenset()).isdisjoint(allowed)],
+                          planned) for nodes in (self.free, self.freeing, self.held))
+        if len(f) + len(g) + len(h) < need:
+            return None
+        if job.planned_nodes and job.job_id not in stale and len(f) + len(g) >= need:
+            return None  # Slurm planned it later although enough nodes are free: not ours
+        take_free = f[:need]
+        take_freeing = g[:need - len(take_free)]
+        take_held = h[:need - len(take_free) - len(take_freeing)]
+        self.free = [n for n in self.free if n not in take_free]
+        self.freeing = [n for n in self.freeing if n not in take_freeing]
+        self.held = [n for n in self.held if n not in take_held]
+        return take_free, take_held
+
+
 def serve_unplanned(snapshot: ClusterSnapshot, *, now_s: float, held: Sequence[str],
                     freeing: Collection[str], free: Collection[str], confirm_s: float,
                     max_age_s: float, ahead_s: float = 0.0,
@@ -175,32 +204,16 @@ def serve_unplanned(snapshot: ClusterSnapshot, *, now_s: float, held: Sequence[s
     pending = sorted((j for j in snapshot.jobs
                       if _is_unserved(j, now_s, ahead_s, max_age_s, stale)),
                      key=lambda j: (j.submit_time or 0.0, j.job_id))
-    free_left, freeing_left = list(free), list(freeing)
-    held_left = list(held)
+    left = _Left(list(free), list(freeing), list(held))
     withheld: set[str] = set()
     give_back: dict[str, Claim] = {}
     waiting = False
     for job in pending:
-        allowed = frozenset(p for p in job.partition.split(",") if p)
-        need = max(1, job.node_count)
-
-        def usable(nodes: list[str], allowed: frozenset[str] = allowed) -> list[str]:
-            return [n for n in nodes if not parts.get(n, frozenset()).isdisjoint(allowed)]
-
-        planned = frozenset(job.planned_nodes)
-        f, g, h = (_first(usable(nodes), planned)
-                   for nodes in (free_left, freeing_left, held_left))
-        if len(f) + len(g) + len(h) < need:
+        take = left.take(job, parts, stale)
+        if take is None:
             continue
-        if job.planned_nodes and job.job_id not in stale and len(f) + len(g) >= need:
-            continue  # Slurm planned it later although enough nodes are free: not ours to fix
-        take_free = f[:need]
-        take_freeing = g[:need - len(take_free)]
-        take_held = h[:need - len(take_free) - len(take_freeing)]
+        take_free, take_held = take
         withheld.update(take_free)
-        free_left = [n for n in free_left if n not in take_free]
-        freeing_left = [n for n in freeing_left if n not in take_freeing]
-        held_left = [n for n in held_left if n not in take_held]
         if not take_held:
             continue
         assert job.submit_time is not None  # _is_unserved
