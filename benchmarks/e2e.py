@@ -2,7 +2,7 @@
 
 One run, two phases on the same local Slurm dev cluster (8 nodes), the same job stream:
 
-1. **baseline**: a time-compressed slice of the ALCF Theta 2022 log (``../shared/data``) is
+1. **baseline**: a time-compressed slice of the ALCF Theta 2022 log (``data/traces``, vendored) is
    submitted as regular ``batch`` jobs (as mt-bob); nothing else runs.
 2. **scavenging**: the same stream, while ``malletrain daemon`` runs two malleable training
    jobs of mt-alice (examples/elastic_train.py, 1-4 nodes each) on whatever is idle.
@@ -70,7 +70,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import yield_trace  # benchmarks/ is not a package
 
 REPO = Path(__file__).resolve().parents[1]
-TRACE = REPO.parent / "shared" / "data" / "hpc-job-traces" / "alcf-theta-2022.swf"
+TRACE = REPO / "data" / "traces" / "alcf-theta-2022.swf"  # data/README.md
 NODES = 8
 THETA_NODES = 4360
 

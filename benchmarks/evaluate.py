@@ -32,9 +32,10 @@ from pathlib import Path
 from malletrain.cli import main as cli
 from malletrain.sim.compare import load, table
 
-DATA = Path("/work/shared/data")
-THETA = DATA / "hpc-job-traces" / "alcf-theta-2022.swf"
-PHILLY = DATA / "gpu-cluster-traces" / "philly-node-usage-per-minute.csv"
+#: vendored with its source and licence (data/README.md)
+DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
+THETA = DATA / "alcf-theta-2022.swf"
+PHILLY = DATA / "philly-node-usage-per-minute.csv"
 DAY = 86400
 
 TRACES: dict[str, list[str]] = {

@@ -8,7 +8,7 @@ rights only, then
 
 * grows a job by ``scontrol update JobId=S NodeList=<node> TimeLimit=<minutes>
   StartTime=now`` + ``scontrol release S`` (backfill only starts a preemptible job whose
-  time limit ends before the node's next planned start, SLURM-NOTES section 6;
+  time limit ends before the node's next planned start, docs/slurm-backend.md;
   ``StartTime=now`` skips the ``cred_expire`` wait a requeued job would otherwise sit out),
 * shrinks it by publishing a membership without that slot's member (the workers leave at a
   step boundary and the slot job ends) and then ``scontrol requeuehold S``, which puts the
@@ -113,7 +113,7 @@ def render_launcher(spec: JobSpec, job_id: str, slot: int, coordinator: str,
     Python, not bash, so that no user argument is ever parsed by a shell: the command is
     embedded as a JSON list (a valid Python literal) and run with ``os.execvp``. The payload
     runs under ``srun`` so that Slurm's preemption SIGTERM reaches it at once (the batch
-    shell alone is only signalled at kill time, SLURM-NOTES section 5a).
+    shell alone is only signalled at kill time, docs/slurm-backend.md).
     """
     if spec.launcher == "srun":
         # srun starts the K workers itself; each maps its SLURM_LOCALID to LOCAL_RANK

@@ -12,7 +12,7 @@ Usage (see ``examples/elastic_train.py`` and ``docs/elastic.md``)::
             optimizer.zero_grad(); loss.backward(); optimizer.step()
     sys.exit(0)                         # job.exit_reason says why the loop ended
 
-How it works (measured design, ELASTIC-NOTES section 2): the processes live for the whole job.
+How it works (measured design, docs/elastic.md): the processes live for the whole job.
 At every step boundary global rank 0 reads the newest epoch number from the coordinator's store
 and one small all-reduce tells everybody (1) whether a new epoch exists and (2) which members
 got SIGTERM. On a change every process tears down DDP and the process group and goes through
