@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +23,7 @@ import numpy as np
 from malletrain.core.knapsack import solve_counts
 from malletrain.core.model import AllocationInput, MalleableJob, Plan
 from malletrain.core.placement import assign_nodes
+from malletrain.core.sparse_rows import SparseRows
 from malletrain.core.valuation import rates_upto
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,14 @@ def equal_share_counts(n_nodes: int, jobs: tuple[MalleableJob, ...]) -> dict[str
     return counts
 
 
+def _plan_from_counts(inp: AllocationInput,
+                      counts_fn: Callable[[int, tuple[MalleableJob, ...]], dict[str, int]]) -> Plan:
+    """A plan from a counting rule: counts per job, then the shared node choice."""
+    t0 = time.perf_counter()
+    assignments = assign_nodes(inp, counts_fn(len(inp.nodes), inp.jobs))
+    return Plan(assignments=assignments, objective=0.0, decision_s=time.perf_counter() - t0)
+
+
 @dataclass
 class EqualShare:
     """Equal split, keeping jobs on their current nodes where the count allows."""
@@ -77,10 +87,7 @@ class EqualShare:
     name: str = "equal-share"
 
     def decide(self, inp: AllocationInput) -> Plan:
-        t0 = time.perf_counter()
-        counts = equal_share_counts(len(inp.nodes), inp.jobs)
-        assignments = assign_nodes(inp, counts)
-        return Plan(assignments=assignments, objective=0.0, decision_s=time.perf_counter() - t0)
+        return _plan_from_counts(inp, equal_share_counts)
 
 
 @dataclass(frozen=True)
@@ -132,8 +139,7 @@ def freetrain_milp(
     variables (and HiGHS's branching on them) disappear. ``node_level=True`` is
     the literal formulation, for the benchmark.
     """
-    import scipy.sparse as sp
-    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.optimize import Bounds, milp
 
     t0 = time.perf_counter()
     jobs = inp.jobs
@@ -175,21 +181,8 @@ def freetrain_milp(
         own_group = {j: groups.index(j) for j in range(len(jobs))}
     n_x = len(x_of)
     n_var = n_z + n_x
-    lo_b: list[float] = []
-    hi_b: list[float] = []
-    data_r: list[int] = []
-    data_c: list[int] = []
-    data_v: list[float] = []
-
-    def add_row(entries: list[tuple[int, float]], lo: float, hi: float) -> None:
-        r = len(lo_b)
-        for col, val in entries:
-            data_r.append(r)
-            data_c.append(col)
-            data_v.append(val)
-        lo_b.append(lo)
-        hi_b.append(hi)
-
+    rows = SparseRows()
+    add_row = rows.add
     z_by_job: dict[int, list[int]] = {}
     for col, (j, _) in enumerate(z_of):
         z_by_job.setdefault(j, []).append(col)
@@ -222,12 +215,11 @@ def freetrain_milp(
                 add_row([(col, 1.0)] + [(zc_, -size * v) for zc_, v in grow], -np.inf, 0.0)
     for g, cols in x_by_group.items():
         add_row([(col, 1.0) for col in cols], 0.0, float(group_size[g]))
-    a = sp.csr_array((data_v, (data_r, data_c)), shape=(len(lo_b), n_var))
     cost = np.concatenate((-np.array(z_val), np.zeros(n_x)))
     upper = np.concatenate((np.ones(n_z), np.array([group_size[g] for g in group_of_x])))
     res = milp(
         cost,
-        constraints=[LinearConstraint(a, np.array(lo_b), np.array(hi_b))],
+        constraints=[rows.constraint(n_var)],
         integrality=np.ones(n_var),
         bounds=Bounds(np.zeros(n_var), upper),
         options={"time_limit": float(time_limit_s), "disp": False},
@@ -315,7 +307,4 @@ class NoLossBound:
     name: str = "no-loss-bound"
 
     def decide(self, inp: AllocationInput) -> Plan:
-        t0 = time.perf_counter()
-        counts = max_throughput_counts(len(inp.nodes), inp.jobs)
-        assignments = assign_nodes(inp, counts)
-        return Plan(assignments=assignments, objective=0.0, decision_s=time.perf_counter() - t0)
+        return _plan_from_counts(inp, max_throughput_counts)

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from malletrain.core.lifecycle import IllegalTransition, JobPhase
 from malletrain.daemon.store import Store
-from malletrain.daemon.tick import (
+from malletrain.daemon.tick.actions import (
     Action,
     Cancel,
     ClearMarks,

@@ -18,7 +18,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -128,6 +128,13 @@ class SlotRecord:
     last_status: str = "parked"
 
 
+#: columns a caller may update (``Store.update_job`` / ``Store.mark_slot``)
+_JOB_FIELDS = frozenset({"samples_total", "samples_per_s", "rescales_up", "rescales_down",
+                         "preemptions", "start_failures", "last_progress_s", "message"})
+_SLOT_FIELDS = frozenset({"placed_node", "placed_at_s", "leaving_since_s", "last_node",
+                          "last_status"})
+
+
 class Store:
     """Typed access to the state database. Thread-safe."""
 
@@ -208,16 +215,7 @@ class Store:
         return replace(rec, lifecycle=lc)
 
     def update_job(self, job_id: str, **fields: Any) -> None:
-        allowed = {"samples_total", "samples_per_s", "rescales_up", "rescales_down",
-                   "preemptions", "start_failures", "last_progress_s", "message"}
-        bad = set(fields) - allowed
-        if bad:
-            raise ValueError(f"update_job: not updatable: {sorted(bad)}")
-        if not fields:
-            return
-        cols = ", ".join(f"{k}=?" for k in fields)
-        with self._tx() as db:
-            db.execute(f"UPDATE jobs SET {cols} WHERE job_id=?", (*fields.values(), job_id))
+        self._update("jobs", _JOB_FIELDS, fields, job_id=job_id)
 
     def _load(self, db: sqlite3.Connection, job_id: str) -> JobRecord | None:
         row = db.execute("SELECT * FROM jobs WHERE job_id=?", (job_id,)).fetchone()
@@ -284,16 +282,21 @@ class Store:
                            r["last_status"]) for r in rows]
 
     def mark_slot(self, job_id: str, slot: int, **fields: Any) -> None:
-        allowed = {"placed_node", "placed_at_s", "leaving_since_s", "last_node", "last_status"}
+        self._update("slots", _SLOT_FIELDS, fields, job_id=job_id, slot=slot)
+
+    def _update(self, table: str, allowed: frozenset[str], fields: Mapping[str, Any],
+                **key: Any) -> None:
+        """``UPDATE table SET fields WHERE key``; column names only from ``allowed``."""
         bad = set(fields) - allowed
         if bad:
-            raise ValueError(f"mark_slot: not updatable: {sorted(bad)}")
+            raise ValueError(f"{table}: not updatable: {sorted(bad)}")
         if not fields:
             return
         cols = ", ".join(f"{k}=?" for k in fields)
+        where = " AND ".join(f"{k}=?" for k in key)
         with self._tx() as db:
-            db.execute(f"UPDATE slots SET {cols} WHERE job_id=? AND slot=?",
-                       (*fields.values(), job_id, slot))
+            db.execute(f"UPDATE {table} SET {cols} WHERE {where}",
+                       (*fields.values(), *key.values()))
 
     # ------------------------------------------------------------------ actions
 

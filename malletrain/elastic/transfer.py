@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -24,6 +25,20 @@ class Stateful(Protocol):
 _TENSOR = "__malletrain_tensor__"
 
 
+def _map_tree(obj: Any, leaf: Callable[[Any], Any | None]) -> Any:
+    """``obj`` rebuilt through dicts, lists and tuples; ``leaf`` replaces what it maps."""
+    mapped = leaf(obj)
+    if mapped is not None:
+        return mapped
+    if isinstance(obj, dict):
+        return {k: _map_tree(v, leaf) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_map_tree(v, leaf) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_map_tree(v, leaf) for v in obj)
+    return obj
+
+
 def split_tensors(payload: Any) -> tuple[dict[str, Any], list[torch.Tensor]]:
     """Separate a nested state into a small skeleton and its tensors (in a fixed order).
 
@@ -34,19 +49,13 @@ def split_tensors(payload: Any) -> tuple[dict[str, Any], list[torch.Tensor]]:
     """
     tensors: list[torch.Tensor] = []
 
-    def walk(obj: Any) -> Any:
-        if isinstance(obj, torch.Tensor):
-            tensors.append(obj.detach().cpu())
-            return (_TENSOR, len(tensors) - 1)
-        if isinstance(obj, dict):
-            return {k: walk(v) for k, v in obj.items()}
-        if isinstance(obj, list):
-            return [walk(v) for v in obj]
-        if isinstance(obj, tuple):
-            return tuple(walk(v) for v in obj)
-        return obj
+    def cut(obj: Any) -> Any | None:
+        if not isinstance(obj, torch.Tensor):
+            return None
+        tensors.append(obj.detach().cpu())
+        return (_TENSOR, len(tensors) - 1)
 
-    tree = walk(payload)
+    tree = _map_tree(payload, cut)
     order = sorted(range(len(tensors)), key=lambda i: str(tensors[i].dtype))
     groups: list[list[Any]] = []
     slot_of = {}
@@ -64,18 +73,12 @@ def join_tensors(skeleton: dict[str, Any], tensors: list[torch.Tensor]) -> Any:
     """Inverse of :func:`split_tensors` (``tensors`` in the skeleton's group order)."""
     slots = skeleton["slots"]
 
-    def walk(obj: Any) -> Any:
+    def paste(obj: Any) -> Any | None:
         if isinstance(obj, tuple) and len(obj) == 2 and obj[0] == _TENSOR:
             return tensors[slots[obj[1]]]
-        if isinstance(obj, dict):
-            return {k: walk(v) for k, v in obj.items()}
-        if isinstance(obj, list):
-            return [walk(v) for v in obj]
-        if isinstance(obj, tuple):
-            return tuple(walk(v) for v in obj)
-        return obj
+        return None
 
-    return walk(skeleton["tree"])
+    return _map_tree(skeleton["tree"], paste)
 
 
 def to_bytes(obj: Any) -> torch.Tensor:

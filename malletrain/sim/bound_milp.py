@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from malletrain.core.sparse_rows import SparseRows
 from malletrain.sim.bound_inputs import (
     IdleSegment,
     NodeCount,
@@ -125,8 +126,7 @@ def integer_finish_bound(
     ``>= i - K``, finished by the block's last admission point: its start for a
     one-segment block (the end of the block before), else its end.
     """
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import coo_matrix
+    from scipy.optimize import Bounds, milp
 
     t0 = time.perf_counter()
     k = max_concurrent_jobs
@@ -163,18 +163,10 @@ def integer_finish_bound(
             cells[-1][cap] = {
                 j: [(var(1.0), n) for n in fits(j, cap)] for j in range(blk.members)
             }
-    rows: list[int] = []
-    cols: list[int] = []
-    vals: list[float] = []
-    upper: list[float] = []
+    rows = SparseRows()
 
     def row(entries: Iterable[tuple[int, float]], ub: float) -> None:
-        r = len(upper)
-        for v, a in entries:
-            rows.append(r)
-            cols.append(v)
-            vals.append(a)
-        upper.append(ub)
+        rows.add(entries, -np.inf, ub)
 
     gross: dict[tuple[int, int], list[tuple[int, float]]] = {}  # (job, block) -> terms
     for b, by_cap in enumerate(cells):
@@ -209,11 +201,10 @@ def integer_finish_bound(
             if ref >= 0:
                 done = [(f[(j, ref)], -blk.duration_s) for j in range(i - k, blocks[ref].members)]
             row(running + done, 0.0)
-    a = coo_matrix((vals, (rows, cols)), shape=(len(upper), len(lo))).tocsr()
     with _quiet_stdout():
         res = milp(
             np.array(cost),
-            constraints=LinearConstraint(a, -np.inf, np.array(upper)),
+            constraints=rows.constraint(len(lo)),
             integrality=np.array(integral),
             bounds=Bounds(np.array(lo), np.array(hi)),
             options={"time_limit": time_limit_s, "mip_rel_gap": 1e-4},

@@ -25,28 +25,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 def add_replay_arguments(p: argparse.ArgumentParser) -> None:
-    """The trace and job flags (shared with ``python -m malletrain.sim.bound``)."""
+    """The trace and job flags (shared with ``python -m malletrain.sim.cli_bound``)."""
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--idle-trace", metavar="FILE", help="CSV time_s,node,state")
     src.add_argument("--swf", metavar="FILE", help="SWF job log (.swf or .swf.gz)")
     src.add_argument("--philly", metavar="FILE", help="Philly per-minute time,active,total log")
     p.add_argument("--swf-nodes", type=int, metavar="N", help="machine size for --swf")
-    p.add_argument(
-        "--swf-procs-per-node",
-        type=int,
-        default=1,
-        metavar="P",
-        help="SWF field 5 counts processors: P per node (default 1: it counts nodes)",
-    )
+    p.add_argument("--swf-procs-per-node", type=int, default=1, metavar="P",
+                   help="SWF field 5 counts processors: P per node (default 1: it counts nodes)")
     p.add_argument("--jobs", required=True, metavar="FILE", help="jobs YAML")
     p.add_argument("--max-concurrent-jobs", type=int, default=10, metavar="K")
-    p.add_argument(
-        "--start-s",
-        type=float,
-        default=0.0,
-        metavar="T",
-        help="trace time to start at (SWF: the replay before it only warms the machine up)",
-    )
+    p.add_argument("--start-s", type=float, default=0.0, metavar="T",
+                   help="trace time to start at (SWF: the replay before it only warms the "
+                   "machine up)")
     p.add_argument("--until-s", type=float, metavar="T", help="trace time to stop at")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from malletrain.core.cluster import Partition, Reservation
@@ -106,19 +107,25 @@ def slurm_time(text: str) -> float | None:
     return time.mktime(time.strptime(value, "%Y-%m-%dT%H:%M:%S"))
 
 
+def _records(text: str, what: str, name_key: str) -> Iterator[tuple[str, dict[str, str]]]:
+    """(name, fields) per line of ``scontrol show <what> -o``; a line without a name fails."""
+    for line in text.splitlines():
+        if not line.strip() or line.strip().startswith("No reservations"):
+            continue
+        kv = parse_key_values(line)
+        name = kv.get(name_key)
+        if not name:
+            raise SlurmParseError(
+                f"scontrol show {what} -o: line without {name_key}: {line[:80]!r}"
+            )
+        yield name, kv
+
+
 def parse_partitions(text: str, warnings: list[str] | None = None) -> tuple[Partition, ...]:
     """``scontrol show partition -o``: tiers, preempt mode and grace time (not in any JSON)."""
     warns = warnings if warnings is not None else []
     out: list[Partition] = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        kv = parse_key_values(line)
-        name = kv.get("PartitionName")
-        if not name:
-            raise SlurmParseError(
-                f"scontrol show partition -o: line without PartitionName: {line[:80]!r}"
-            )
+    for name, kv in _records(text, "partition", "PartitionName"):
         where = f"scontrol show partition: {name}"
         try:
             nodes = expand_hostlist(kv.get("Nodes", ""))
@@ -159,15 +166,7 @@ def parse_reservations(text: str, warnings: list[str] | None = None) -> tuple[Re
     """``scontrol show reservation -o`` (``No reservations in the system`` -> ``()``)."""
     warns = warnings if warnings is not None else []
     out: list[Reservation] = []
-    for line in text.splitlines():
-        if not line.strip() or line.strip().startswith("No reservations"):
-            continue
-        kv = parse_key_values(line)
-        name = kv.get("ReservationName")
-        if not name:
-            raise SlurmParseError(
-                f"scontrol show reservation -o: line without ReservationName: {line[:80]!r}"
-            )
+    for name, kv in _records(text, "reservation", "ReservationName"):
         try:
             start = slurm_time(kv.get("StartTime", ""))
             end = slurm_time(kv.get("EndTime", ""))

@@ -22,7 +22,8 @@ from malletrain.core.scavenger import earliest_claims
 from malletrain.daemon.slots import slot_tag
 from malletrain.daemon.spec import JobSpec
 from malletrain.daemon.store import JobRecord, SlotRecord
-from malletrain.daemon.tick import CoordView, DecideSettings, Leave, Registration, World, decide
+from malletrain.daemon.tick import CoordView, DecideSettings, Registration, World, decide
+from malletrain.daemon.tick.actions import Leave
 from malletrain.slurm.hostlist import expand_hostlist
 from malletrain.slurm.select import select_backend
 

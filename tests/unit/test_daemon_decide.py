@@ -9,20 +9,8 @@ from malletrain.core.scavenger import Claim
 from malletrain.daemon.slots import slot_tag
 from malletrain.daemon.spec import JobSpec
 from malletrain.daemon.store import JobRecord, SlotRecord
-from malletrain.daemon.tick import (
-    Cancel,
-    CoordView,
-    DecideSettings,
-    Hold,
-    Leave,
-    Park,
-    Place,
-    Publish,
-    Registration,
-    Transit,
-    World,
-    decide,
-)
+from malletrain.daemon.tick import CoordView, DecideSettings, Registration, World, decide
+from malletrain.daemon.tick.actions import Cancel, Hold, Leave, Park, Place, Publish, Transit
 from malletrain.daemon.tick.yielding import yield_ahead
 
 NOW = 10_000.0
@@ -275,7 +263,7 @@ def test_a_job_without_progress_reports_is_stalled_then_failed():
 
 
 def test_a_slot_near_its_time_limit_is_extended_only_as_far_as_the_window_allows():
-    from malletrain.daemon.tick import Extend
+    from malletrain.daemon.tick.actions import Extend
 
     def running_slot(claim_in_s):
         sj = Job(job_id=11, name="mt.m1.s0", user="alice", partition="scavenger",
