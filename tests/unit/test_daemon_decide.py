@@ -2,57 +2,19 @@
 
 from __future__ import annotations
 
-from malletrain.core.cluster import ClusterSnapshot, Job, JobState, Node, NodeState
-from malletrain.core.lifecycle import JobPhase, Lifecycle, advance
+from tick_scenes import NOW, kinds, node, record, slot_job, world
+
+from malletrain.core.cluster import Job, JobState, NodeState
+from malletrain.core.lifecycle import JobPhase, advance
 from malletrain.core.policies import make_policy
 from malletrain.core.scavenger import Claim
 from malletrain.daemon.slots import slot_tag
-from malletrain.daemon.spec import JobSpec
 from malletrain.daemon.store import JobRecord, SlotRecord
-from malletrain.daemon.tick import CoordView, DecideSettings, Registration, World, decide
+from malletrain.daemon.tick import CoordView, Registration, decide
 from malletrain.daemon.tick.actions import Cancel, Hold, Leave, Park, Place, Publish, Transit
 from malletrain.daemon.tick.yielding import yield_ahead
 
-NOW = 10_000.0
-PARTS = ("batch", "scavenger")
-
-
-def node(name, state=NodeState.IDLE):
-    return Node(name=name, state=state, partitions=PARTS, cpus=2)
-
-
-def slot_job(sid, job_id, k, state, reason="", nodes=(), end=None):
-    return Job(job_id=sid, name=f"mt.{job_id}.s{k}", user="alice", partition="scavenger",
-               state=state, state_reason=reason, node_count=1, nodes=tuple(nodes),
-               comment=slot_tag(job_id, k), end_time=end, start_time=NOW - 100)
-
-
-def record(job_id="m1", state=JobPhase.QUEUED, max_nodes=2, seq=1):
-    lc = Lifecycle.new(NOW - 500)
-    path = {JobPhase.QUEUED: [JobPhase.QUEUED],
-            JobPhase.STARTING: [JobPhase.QUEUED, JobPhase.STARTING],
-            JobPhase.RUNNING: [JobPhase.QUEUED, JobPhase.STARTING, JobPhase.RUNNING],
-            JobPhase.COMPLETING: [JobPhase.QUEUED, JobPhase.STARTING, JobPhase.RUNNING,
-                                  JobPhase.COMPLETING]}[state]
-    for i, to in enumerate(path):
-        lc = advance(lc, to, NOW - 400 + i, "test")
-    spec = JobSpec(script="/x/train.py", min_nodes=1, max_nodes=max_nodes)
-    return JobRecord(job_id, seq, 1000, "alice", spec, lc, NOW - 500)
-
-
-def world(nodes, jobs, slots, records, coord=None, **settings):
-    snap = ClusterSnapshot(taken_at=NOW, nodes=tuple(nodes), jobs=tuple(jobs))
-    return World(now_s=NOW, snapshot=snap, jobs=tuple(records),
-                 slots={r.job_id: tuple(s for s in slots if s.job_id == r.job_id)
-                        for r in records},
-                 coord=coord or {}, models={}, settings=DecideSettings(**settings))
-
-
 POLICY = make_policy("equal-share")
-
-
-def kinds(plan, cls):
-    return [a for a in plan.actions if isinstance(a, cls)]
 
 
 def test_queued_job_is_placed_on_idle_nodes_with_a_time_limit_inside_the_window():
