@@ -86,7 +86,7 @@ class Daemon:
         self.learned.restore_policy(self.policy)
         self.advisor = ProfilingAdvisor(settings.allocator.advisor_settings())
         self.learned.restore_profiles(self.advisor)
-        self.monitor = JobMonitor(self.advisor, self.store)
+        self.monitor = JobMonitor(self.advisor, self.store, on_bad_record=self._bad_record)
         self.actuator = Actuator(backend, self.store, self.coordinator,
                                  on_slurm_call=self._slurm_call)
         self._last_plan: TickPlan | None = None
@@ -144,6 +144,10 @@ class Daemon:
             self.state_dir.chmod(0o1777)  # written by the jobs' users, like /tmp
         except OSError as exc:
             log.warning("cannot prepare %s for evicted-job state: %s", self.state_dir, exc)
+
+    def _bad_record(self, job_id: str, what: str) -> None:
+        if self.metrics is not None:
+            self.metrics.count_bad_record(what)
 
     def _slurm_call(self, name: str, seconds: float, ok: bool) -> None:
         if self.metrics is not None:
@@ -261,6 +265,7 @@ class Daemon:
     def _job_done(self, job_id: str) -> None:
         rec = self.store.job(job_id)
         self.advisor.forget(job_id)
+        self.monitor.forget(job_id)
         if rec is not None:
             self.learned.save_profiles(self.advisor, [rec.spec.kind])
         try:

@@ -9,6 +9,7 @@ The advisor's models are then handed to the tick's pure decision.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -17,16 +18,32 @@ from malletrain.core.model import ThroughputModel
 from malletrain.core.profiler import ProfilingAdvisor
 from malletrain.daemon.store import JobRecord, Store
 from malletrain.daemon.tick import CoordView, JobModel, Registration
+from malletrain.elastic.records import RecordError
 
 log = logging.getLogger(__name__)
 
 
 class JobMonitor:
-    def __init__(self, advisor: ProfilingAdvisor, store: Store) -> None:
+    """Reads the coordinator per job; one job's bad record never reaches another job.
+
+    Everything a job's workers write is untrusted (the records are decoded strictly,
+    :mod:`malletrain.elastic.records`). A record that fails its schema is refused: the job
+    keeps its last good view (so it is neither evicted nor finished by junk), the refusal
+    is logged with the job's id, counted (``on_bad_record(job_id, what)``, a metric in the
+    daemon) and shown as the job's message; every other job is read as usual.
+    """
+
+    def __init__(self, advisor: ProfilingAdvisor, store: Store,
+                 on_bad_record: Callable[[str, str], None] | None = None) -> None:
         self.advisor = advisor
         self.store = store
+        self._on_bad = on_bad_record
         #: job -> (time, samples) of the last progress report fed to the advisor
         self._last_progress: dict[str, tuple[float, int]] = {}
+        #: job -> its last view read without a refused record
+        self._last_good: dict[str, CoordView] = {}
+        #: job -> bad event records already reported (the coordinator keeps skipping them)
+        self._bad_events: dict[str, int] = {}
 
     def observe(self, coordinator: Any, jobs: list[JobRecord]) -> dict[str, CoordView]:
         out: dict[str, CoordView] = {}
@@ -40,9 +57,15 @@ class JobMonitor:
                 prog = coordinator.progress(jid)
                 fin = coordinator.result(jid)
                 gone = coordinator.departures(jid)
+            except RecordError as exc:
+                self._refused(jid, exc)
+                if jid in self._last_good:
+                    out[jid] = self._last_good[jid]
+                continue
             except Exception as exc:  # the store may be restarting; keep going
                 log.warning("coordinator read for %s failed: %s", jid, exc)
                 continue
+            self._count_skipped_events(coordinator, jid)
             out[jid] = CoordView(
                 epoch=m.epoch if m else 0,
                 members=tuple(m.members) if m else (),
@@ -54,8 +77,29 @@ class JobMonitor:
                 progress_at_s=prog.time_s if prog else None,
                 finished_samples=fin.samples_total if fin else None,
             )
+            self._last_good[jid] = out[jid]
             self._learn(job, out[jid], prog)
         return out
+
+    def _refused(self, job_id: str, exc: Exception, what: str | None = None) -> None:
+        kind = what or str(exc).split(":", 1)[0].rstrip("0123456789 ")
+        log.error("job %s: bad record from its workers refused (last good view kept): %s",
+                  job_id, exc)
+        if self._on_bad is not None:
+            self._on_bad(job_id, kind)
+        self.store.update_job(job_id, message=f"bad record refused: {str(exc)[:200]}")
+
+    def _count_skipped_events(self, coordinator: Any, job_id: str) -> None:
+        """Events the coordinator skipped as malformed, reported once each."""
+        skipped = getattr(coordinator, "bad_records", lambda _job: 0)(job_id)
+        new = skipped - self._bad_events.get(job_id, 0)
+        if new > 0:
+            self._bad_events[job_id] = skipped
+            self._refused(job_id, RecordError(f"{new} event record(s) skipped"), "event")
+
+    def forget(self, job_id: str) -> None:
+        for d in (self._last_progress, self._last_good, self._bad_events):
+            d.pop(job_id, None)
 
     def _learn(self, job: JobRecord, cv: CoordView, prog: Any) -> None:
         """Progress reports feed the Profiling Advisor and the store."""

@@ -253,6 +253,11 @@ class Coordinator:
         with self._lock:
             return self._job(job_id).finished()
 
+    def bad_records(self, job_id: str) -> int:
+        """Event records of the job skipped so far for failing their schema."""
+        with self._lock:
+            return self._job(job_id).bad_records
+
     def forget(self, job_id: str) -> None:
         """Delete the job's keys (call after the job ended and its workers exited)."""
         with self._lock:

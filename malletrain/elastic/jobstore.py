@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from malletrain.elastic import protocol as p
+from malletrain.elastic import records as r
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,11 @@ class JobStore:
         self.store = store
         self.keys = p.Keys(job_id)
         self.job_id = job_id
-        self._events: list[p.Event] = []  # cache of the append-only log, read incrementally
+        #: cache of the append-only log, read incrementally; None: a record that failed its
+        #: schema (skipped, so that one bad write cannot poison the job's whole log)
+        self._events: list[p.Event | None] = []
+        #: records of this job refused so far (bad events, progress, memberships...)
+        self.bad_records = 0
 
     # ------------------------------------------------------------------ memberships
 
@@ -49,7 +54,7 @@ class JobStore:
     def latest_epoch(self) -> int:
         """The newest published epoch, 0 if none. Scans upward from the ``latest`` hint."""
         raw = self._get(self.keys.latest)
-        epoch = int(raw) if raw else 0
+        epoch = int(raw) if raw and raw.isdigit() and len(raw) < 19 else 0
         while self.store.check([self.keys.cfg(epoch + 1)]):
             epoch += 1
         return epoch
@@ -59,7 +64,7 @@ class JobStore:
 
     def membership(self, epoch: int) -> p.Membership | None:
         raw = self._get(self.keys.cfg(epoch))
-        return None if raw is None else p.decode_membership(raw)
+        return None if raw is None else r.decode_membership(raw)
 
     def current(self) -> p.Membership | None:
         epoch = self.latest_epoch()
@@ -67,18 +72,18 @@ class JobStore:
 
     def propose(self, m: p.Membership) -> tuple[bool, p.Membership]:
         """Try to define epoch ``m.epoch``; return (won, the membership that holds)."""
-        mine = p.encode_membership(m)
+        mine = r.encode_membership(m)
         held = self.store.compare_set(self.keys.cfg(m.epoch), "", mine)
         won = held.decode() == mine
         if won:
             self.store.set(self.keys.latest, str(m.epoch))
-        return won, p.decode_membership(held)
+        return won, r.decode_membership(held)
 
     # ------------------------------------------------------------------ event log
 
     def append_event(self, kind: str, member_id: str, data: Mapping[str, Any]) -> int:
         seq = self.store.add(self.keys.events, 1) - 1
-        self.store.set(self.keys.event(seq), p.encode_event(kind, member_id, time.time(), data))
+        self.store.set(self.keys.event(seq), r.encode_event(kind, member_id, time.time(), data))
         return seq
 
     def events(self) -> list[p.Event]:
@@ -89,8 +94,13 @@ class JobStore:
             raw = self._get(self.keys.event(seq))
             if raw is None:  # counter bumped, record not written yet: read it next time
                 break
-            self._events.append(p.decode_event(seq, raw))
-        return list(self._events)
+            try:
+                self._events.append(r.decode_event(seq, raw))
+            except r.RecordError as exc:
+                self.bad_records += 1
+                log.warning("job %s: event %d refused: %s", self.job_id, seq, exc)
+                self._events.append(None)
+        return [e for e in self._events if e is not None]
 
     def register(self, info: p.MemberInfo) -> int:
         return self.append_event(
@@ -109,18 +119,18 @@ class JobStore:
     # ------------------------------------------------------------------ progress / finish
 
     def set_progress(self, report: p.ProgressReport) -> None:
-        self.store.set(self.keys.progress, p.encode_progress(report))
+        self.store.set(self.keys.progress, r.encode_progress(report))
 
     def progress(self) -> p.ProgressReport | None:
         raw = self._get(self.keys.progress)
-        return None if raw is None else p.decode_progress(raw)
+        return None if raw is None else r.decode_progress(raw)
 
     def set_finished(self, record: p.FinishRecord) -> None:
-        self.store.set(self.keys.finished, p.encode_finish(record))
+        self.store.set(self.keys.finished, r.encode_finish(record))
 
     def finished(self) -> p.FinishRecord | None:
         raw = self._get(self.keys.finished)
-        return None if raw is None else p.decode_finish(raw)
+        return None if raw is None else r.decode_finish(raw)
 
     # ------------------------------------------------------------------ per-epoch markers
 

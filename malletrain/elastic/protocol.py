@@ -28,16 +28,15 @@ This module is pure (no torch, no I/O) so the record formats are unit-tested dir
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from malletrain.errors import PermanentError
 
 #: job and member ids end up inside store keys: no "/" or spaces allowed.
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 #: why a member's processes left the job.
 DepartureReason = Literal["sigterm", "removed", "failed", "crashed", "finished"]
@@ -48,7 +47,7 @@ MembershipSource = Literal["publish", "heal", "leave"]
 
 def check_id(kind: str, value: str) -> str:
     """Return ``value`` if it is a valid job/member id, else raise a one-line error."""
-    if not _ID_RE.match(value):
+    if not ID_RE.match(value):
         raise PermanentError(
             f"invalid {kind} {value!r}: use 1-128 characters from [A-Za-z0-9._-], "
             "starting with a letter or digit"
@@ -181,62 +180,6 @@ class Event:
     member_id: str
     time_s: float
     data: Mapping[str, Any] = field(default_factory=dict)
-
-
-# ---------------------------------------------------------------------------- encoding
-
-
-def _dumps(obj: Mapping[str, Any]) -> str:
-    return json.dumps(obj, separators=(",", ":"), sort_keys=True)
-
-
-def encode_membership(m: Membership) -> str:
-    return _dumps(asdict(m))
-
-
-def decode_membership(raw: bytes | str) -> Membership:
-    d = json.loads(raw)
-    return Membership(
-        epoch=int(d["epoch"]),
-        members=tuple(str(x) for x in d["members"]),
-        local_world_sizes=tuple(int(x) for x in d["local_world_sizes"]),
-        source=d["source"],
-        published_at_s=float(d["published_at_s"]),
-        dropped=tuple(str(x) for x in d.get("dropped", ())),
-    )
-
-
-def encode_progress(p: ProgressReport) -> str:
-    return _dumps(asdict(p))
-
-
-def decode_progress(raw: bytes | str) -> ProgressReport:
-    d = json.loads(raw)
-    d["members"] = tuple(d.get("members", ()))
-    return ProgressReport(**d)
-
-
-def encode_finish(f: FinishRecord) -> str:
-    return _dumps(asdict(f))
-
-
-def decode_finish(raw: bytes | str) -> FinishRecord:
-    return FinishRecord(**json.loads(raw))
-
-
-def encode_event(kind: str, member_id: str, time_s: float, data: Mapping[str, Any]) -> str:
-    return _dumps({"kind": kind, "member_id": member_id, "time_s": time_s, "data": dict(data)})
-
-
-def decode_event(seq: int, raw: bytes | str) -> Event:
-    d = json.loads(raw)
-    return Event(
-        seq=seq,
-        kind=d["kind"],
-        member_id=str(d["member_id"]),
-        time_s=float(d["time_s"]),
-        data=d.get("data", {}),
-    )
 
 
 # ---------------------------------------------------------------------------- event log views

@@ -94,6 +94,10 @@ class JobStatus:
     rescales_down: int = 0
 
 
+#: label values of the bad-records counter (bounded: a label per kind, never per job)
+_RECORD_KINDS = frozenset({"progress report", "membership", "finish record", "event"})
+
+
 @dataclass(frozen=True)
 class MetricsSnapshot:
     """What the daemon knows at the end of one tick; the collector reads the latest one.
@@ -223,6 +227,9 @@ class Metrics:
         self.slurm_call_seconds = Histogram(
             f"{p}_slurm_call_duration_seconds", "Duration of Slurm commands, by command.",
             ["call"], buckets=SLURM_CALL_BUCKETS_S, registry=registry)
+        self.bad_records = Counter(
+            f"{p}_bad_records", "Records from jobs' workers refused for failing their schema, "
+            "by kind (the job's id is in the log).", ["record"], registry=registry)
         self.config_reloads = Counter(
             f"{p}_config_reloads", "SIGHUP config reloads, by result (ok/rejected).",
             ["result"], registry=registry)
@@ -247,6 +254,10 @@ class Metrics:
 
     def observe_yield(self, seconds: float) -> None:
         self.yield_seconds.observe(seconds)
+
+    def count_bad_record(self, what: str) -> None:
+        kind = what if what in _RECORD_KINDS else "other"
+        self.bad_records.labels(record=kind).inc()
 
     def count_preemption(self, n: int = 1) -> None:
         self.preemptions.inc(n)

@@ -171,3 +171,14 @@ def committed_steps(workers: list[Worker]) -> dict[int, dict]:
             if prev is None or r["rank"] == 0:
                 by_step[r["step"]] = r
     return by_step
+
+
+def start_coordinator(tmp: Path, port: int = 0) -> tuple[subprocess.Popen, str]:
+    """A standalone `malletrain coordinator` process (as root) and its address."""
+    address_file = tmp / f"coord-{time.monotonic_ns()}.addr"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "malletrain.cli", "coordinator", "--port", str(port),
+         "--address-file", str(address_file)],
+        cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.DEVNULL)
+    wait_for(address_file.exists, 60, "the coordinator to listen")
+    return proc, address_file.read_text().strip()

@@ -9,10 +9,16 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-from elastic_harness import REPO, Cluster, checksums_at, committed_steps, wait_for
+from elastic_harness import (
+    REPO,
+    Cluster,
+    checksums_at,
+    committed_steps,
+    start_coordinator,
+    wait_for,
+)
 
 from malletrain.elastic.coordinator import Coordinator, MemberUnavailable
 from malletrain.elastic.jobstore import JobStore
@@ -22,16 +28,6 @@ from malletrain.errors import PermanentError, RetryableError
 pytestmark = pytest.mark.torch
 
 
-def _start_coordinator(tmp: Path, port: int = 0) -> tuple[subprocess.Popen, str]:
-    address_file = tmp / f"coord-{time.monotonic_ns()}.addr"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "malletrain.cli", "coordinator", "--port", str(port),
-         "--address-file", str(address_file)],
-        cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.DEVNULL)
-    wait_for(address_file.exists, 60, "the coordinator to listen")
-    return proc, address_file.read_text().strip()
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -39,7 +35,7 @@ def _free_port() -> int:
 
 
 def test_daemon_restart_reattaches_to_the_standalone_coordinator(tmp_path):
-    proc, address = _start_coordinator(tmp_path)
+    proc, address = start_coordinator(tmp_path)
     try:
         daemon = Coordinator.attach(address)
         worker_side = JobStore(Coordinator.attach(address).store, "j1")  # what workers write
@@ -87,7 +83,7 @@ def test_coordinator_cli_rejects_bad_input_in_one_line(tmp_path):
 
 def test_workers_train_through_a_coordinator_restart(tmp_path):
     port = _free_port()
-    proc, address = _start_coordinator(tmp_path, port)
+    proc, address = start_coordinator(tmp_path, port)
     cluster = Cluster(tmp_path, coord=Coordinator.attach(address))
     args = ["--dataset-size", "256", "--batch", "4", "--hidden", "32", "--step-sleep", "0.02"]
     try:
@@ -103,7 +99,7 @@ def test_workers_train_through_a_coordinator_restart(tmp_path):
         time.sleep(2.0)
         assert w0.last_step() >= before + 10, "training stalled while the coordinator was down"
 
-        proc, address = _start_coordinator(tmp_path, port)
+        proc, address = start_coordinator(tmp_path, port)
         cluster.coord = Coordinator.attach(address)
         # the workers put their epoch and registration back (rank 0's watcher re-seeds)
         wait_for(lambda: (m := cluster.coord.membership(cluster.job_id)) is not None

@@ -3,6 +3,7 @@
 import pytest
 
 from malletrain.elastic import protocol as p
+from malletrain.elastic import records as rec
 from malletrain.errors import PermanentError
 
 
@@ -12,7 +13,7 @@ def _ev(seq, kind, member, **data):
 
 def test_membership_round_trip_and_rank_offsets():
     m = p.build_membership(3, ["a", "b", "c"], {"a": 2, "b": 1, "c": 4}, "publish", 10.0)
-    back = p.decode_membership(p.encode_membership(m))
+    back = rec.decode_membership(rec.encode_membership(m))
     assert back == m
     assert m.world_size == 7
     assert [m.rank_offset(x) for x in "abc"] == [0, 2, 3]
@@ -57,9 +58,9 @@ def test_waiting_members_and_departures_from_the_event_log():
 def test_progress_and_finish_round_trip():
     r = p.ProgressReport(epoch=2, step=10, samples_total=320, samples_per_s=99.5,
                          world_size=3, step_time_s=0.1, time_s=5.0, members=("a", "b"))
-    assert p.decode_progress(p.encode_progress(r)) == r
+    assert rec.decode_progress(rec.encode_progress(r)) == r
     f = p.FinishRecord(step=10, samples_total=320, time_s=6.0)
-    assert p.decode_finish(p.encode_finish(f)) == f
+    assert rec.decode_finish(rec.encode_finish(f)) == f
 
 
 @pytest.mark.parametrize(
