@@ -13,7 +13,7 @@ from malletrain.core.model import IdleNode, MalleableJob, ThroughputModel
 from malletrain.core.policies import make_policy
 from malletrain.daemon.slots import SlotStatus, member_id, slot_tag
 from malletrain.daemon.store import SlotRecord
-from malletrain.daemon.tick import CoordView, Registration
+from malletrain.daemon.tick import CoordView, Registration, decide
 from malletrain.daemon.tick.actions import Cancel, ClearMarks, Hold, Leave, Park, Place, Transit
 from malletrain.daemon.tick.allocate import allocate, policy_jobs
 from malletrain.daemon.tick.membership import next_membership, phase_transitions
@@ -229,3 +229,27 @@ def test_membership_phases_follow_what_is_seen():
         members=(M0,), progress_at_s=NOW - 1)}, heartbeat_timeout_s=30.0)
     assert phase_transitions(_ctx(fresh, running), 1, True) == []
     assert phase_transitions(_ctx(quiet, running), 0, False)[0].to is JobPhase.EVICTED
+
+
+def test_views_a_slot_changed_outside_malletrain_is_no_longer_used():
+    """Slots are re-checked every tick, not only at attach (issue 15): owner, partition, size."""
+    moved = slot_job(11, "m1", 0, JobState.PENDING, "JobHeldUser")
+    moved = dataclasses.replace(moved, partition="batch")
+    grown = dataclasses.replace(slot_job(12, "m1", 1, JobState.PENDING, "JobHeldUser"),
+                                node_count=4)
+    stolen = dataclasses.replace(slot_job(13, "m1", 2, JobState.RUNNING, nodes=["n3"]),
+                                 user="bob")
+    fine = slot_job(14, "m1", 3, JobState.PENDING, "JobHeldUser")
+    w = world([node("n3")], [moved, grown, stolen, fine],
+              [SlotRecord("m1", k, 11 + k) for k in range(4)], [record(max_nodes=4)])
+    js = job_slots(w)["m1"]
+    assert [v.status for v in js.views] == [SlotStatus.GONE] * 3 + [SlotStatus.PARKED]
+    assert js.changed == (
+        "m1: slot job 11 moved to partition batch; no longer used",
+        "m1: slot job 12 asks for 4 nodes; no longer used",
+        "m1: slot job 13 belongs to bob, not alice; no longer used",
+    )
+    plan = decide(w, make_policy("equal-share"))
+    assert js.changed[0] in plan.notes
+    assert all(getattr(a, "slurm_job_id", 14) == 14 for a in plan.actions
+               if not isinstance(a, Transit))

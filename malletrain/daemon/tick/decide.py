@@ -32,7 +32,7 @@ def decide(world: World, policy: Policy) -> TickPlan:
     jobs = policy_jobs(screened.managed, slots, pool.holdings.held, world.models)
     allocation = allocate(world.now_s, pool, jobs, policy)
     actions: list[Action] = list(screened.actions)
-    notes = list(pool.give_back.notes)
+    notes = [n for js in slots.values() for n in js.changed] + list(pool.give_back.notes)
     windows = pool.windows
     for job in screened.managed:
         ctx = JobContext(job, world.coord_of(job.job_id),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from malletrain.core.cluster import ClusterSnapshot
+from malletrain.core.cluster import ClusterSnapshot, Job
 from malletrain.daemon.slots import SlotView, classify, parse_member, parse_tag
 from malletrain.daemon.store import SlotRecord
 from malletrain.daemon.tick.world import CoordView, Registration, World
@@ -22,22 +22,46 @@ class JobSlots:
 
     views: tuple[SlotView, ...]
     records: Mapping[int, SlotRecord]
+    #: slot jobs changed outside malletrain (owner, partition, size): no longer used
+    changed: tuple[str, ...] = ()
 
 
-def slot_views(snapshot: ClusterSnapshot, job_id: str, records: Sequence[SlotRecord]
-               ) -> tuple[SlotView, ...]:
+def slot_views(snapshot: ClusterSnapshot, job_id: str, records: Sequence[SlotRecord],
+               user: str | None = None, partition: str | None = None
+               ) -> tuple[tuple[SlotView, ...], tuple[str, ...]]:
+    """Each slot as Slurm shows it, re-checked every tick (not only when it was attached).
+
+    A slot job that no longer is what was attached (another owner, another partition, more
+    than one node: changed with ``scontrol update`` after the attach) counts as gone, with a
+    note, so the daemon never places, extends or counts it again.
+    """
     out = []
+    changed = []
     for r in records:
         sj = snapshot.job(r.slurm_job_id)
         # a recycled job id that is not our slot any more counts as gone
         if sj is not None and sj.comment and parse_tag(sj.comment) != (job_id, r.slot):
+            sj = None
+        problem = None if sj is None else _changed(sj, user, partition)
+        if problem is not None:
+            changed.append(f"{job_id}: slot job {r.slurm_job_id} {problem}; no longer used")
             sj = None
         status = classify(sj)
         node = sj.nodes[0] if sj is not None and sj.nodes else None
         out.append(SlotView(job_id, r.slot, r.slurm_job_id, status, node,
                             sj.time_limit_s if sj else None, sj.start_time if sj else None,
                             sj.end_time if sj else None))
-    return tuple(out)
+    return tuple(out), tuple(changed)
+
+
+def _changed(sj: Job, user: str | None, partition: str | None) -> str | None:
+    if user is not None and sj.user != user:
+        return f"belongs to {sj.user}, not {user}"
+    if partition is not None and sj.partition != partition:
+        return f"moved to partition {sj.partition}"
+    if sj.node_count > 1 or len(sj.nodes) > 1:
+        return f"asks for {max(sj.node_count, len(sj.nodes))} nodes"
+    return None
 
 
 def job_slots(world: World) -> dict[str, JobSlots]:
@@ -45,8 +69,9 @@ def job_slots(world: World) -> dict[str, JobSlots]:
     out = {}
     for j in world.jobs:
         recs = world.slots.get(j.job_id, ())
-        out[j.job_id] = JobSlots(slot_views(world.snapshot, j.job_id, recs),
-                                 {r.slot: r for r in recs})
+        views, changed = slot_views(world.snapshot, j.job_id, recs, j.user,
+                                    world.settings.scavenger_partition)
+        out[j.job_id] = JobSlots(views, {r.slot: r for r in recs}, changed)
     return out
 
 
