@@ -13,6 +13,7 @@ malformed request gets an error answer, never a crash of the daemon.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ import pwd
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +33,15 @@ log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 1 << 20
 CLIENT_TIMEOUT_S = 60.0
+#: a whole request must arrive within this (a client trickling bytes is cut off)
 _SERVER_READ_TIMEOUT_S = 10.0
+#: connections served at once, per calling uid and in all: a user opening connections
+#: without end gets "busy" answers, and everyone else is still served (issue 15)
+MAX_CONNECTIONS_PER_UID = 16
+MAX_CONNECTIONS = 256
+#: accept() errors that mean "out of resources right now" (file descriptors, memory)
+_TRANSIENT_ACCEPT_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS,
+                                      errno.ENOMEM, errno.ECONNABORTED, errno.EPROTO})
 
 
 @dataclass(frozen=True)
@@ -74,6 +84,9 @@ class ChannelServer:
         self._sock.listen(64)
         self._sock.settimeout(0.5)
         self._thread = threading.Thread(target=self._serve, name="submit-channel", daemon=True)
+        self._lock = threading.Lock()
+        self._open: dict[int, int] = {}  # uid -> connections being served
+        self._last_full_log = 0.0
 
     def start(self) -> ChannelServer:
         self._thread.start()
@@ -88,32 +101,65 @@ class ChannelServer:
             self.path.unlink()
 
     def _serve(self) -> None:
+        """Accept forever: no error of one connection, and no shortage, ends this thread."""
         while not self._stop.is_set():
             try:
                 conn, _ = self._sock.accept()
             except TimeoutError:
                 continue
-            except OSError:
+            except OSError as exc:
                 if self._stop.is_set():
                     return
-                raise
-            threading.Thread(target=self._one, args=(conn,), name="submit-conn",
-                             daemon=True).start()
+                self._log_full(f"submit channel: accept failed ({exc}); retrying")
+                time.sleep(0.05 if exc.errno in _TRANSIENT_ACCEPT_ERRORS else 0.5)
+                continue
+            self._admit(conn)
 
-    def _one(self, conn: socket.socket) -> None:
-        with conn:
-            try:
-                peer = peer_of(conn)
-                conn.settimeout(_SERVER_READ_TIMEOUT_S)
-                request = _read_message(conn)
-                answer = self._dispatch(peer, request)
-            except (OSError, ValueError) as exc:
-                answer = {"ok": False, "error": f"bad request: {exc}", "retryable": False}
-                peer = None
-            try:
-                conn.sendall((json.dumps(answer) + "\n").encode())
-            except OSError as exc:
-                log.warning("submit channel: could not answer %s: %s", peer, exc)
+    def _admit(self, conn: socket.socket) -> None:
+        try:
+            peer = peer_of(conn)
+        except OSError:
+            conn.close()
+            return
+        with self._lock:
+            mine = self._open.get(peer.uid, 0)
+            full = mine >= MAX_CONNECTIONS_PER_UID or sum(self._open.values()) >= MAX_CONNECTIONS
+            if not full:
+                self._open[peer.uid] = mine + 1
+        if full:
+            self._log_full(f"submit channel: too many connections; refusing uid {peer.uid}")
+            with conn, contextlib.suppress(OSError):
+                conn.setblocking(False)
+                conn.send(b'{"ok": false, "error": "the daemon is busy with your other '
+                          b'requests; try again", "retryable": true}\n')
+            return
+        threading.Thread(target=self._one, args=(conn, peer), name="submit-conn",
+                         daemon=True).start()
+
+    def _log_full(self, message: str) -> None:
+        now = time.monotonic()
+        if now - self._last_full_log > 10.0:  # a flood must not flood the log too
+            self._last_full_log = now
+            log.warning("%s", message)
+
+    def _one(self, conn: socket.socket, peer: Peer) -> None:
+        try:
+            with conn:
+                try:
+                    request = _read_message(conn, deadline_s=_SERVER_READ_TIMEOUT_S)
+                    answer = self._dispatch(peer, request)
+                except (OSError, ValueError) as exc:
+                    answer = {"ok": False, "error": f"bad request: {exc}", "retryable": False}
+                try:
+                    conn.settimeout(_SERVER_READ_TIMEOUT_S)
+                    conn.sendall((json.dumps(answer) + "\n").encode())
+                except OSError as exc:
+                    log.warning("submit channel: could not answer %s: %s", peer, exc)
+        finally:
+            with self._lock:
+                self._open[peer.uid] -= 1
+                if not self._open[peer.uid]:
+                    del self._open[peer.uid]
 
     def _dispatch(self, peer: Peer, request: Any) -> dict[str, Any]:
         if not isinstance(request, dict) or not isinstance(request.get("op"), str):
@@ -132,9 +178,16 @@ class ChannelServer:
         return {"ok": True, **answer}
 
 
-def _read_message(conn: socket.socket) -> Any:
+def _read_message(conn: socket.socket, deadline_s: float | None = None) -> Any:
+    """One JSON line; with ``deadline_s``, the whole line must arrive within it."""
     buf = bytearray()
+    end = None if deadline_s is None else time.monotonic() + deadline_s
     while b"\n" not in buf:
+        if end is not None:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise ValueError(f"no whole request within {deadline_s:.0f} s")
+            conn.settimeout(left)
         chunk = conn.recv(65536)
         if not chunk:
             break
