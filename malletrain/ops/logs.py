@@ -114,14 +114,24 @@ class TextFormatter(logging.Formatter):
         job_id = getattr(record, "job_id", None)
         if job_id is not None:
             parts.append(f"[job_id={job_id}]")
-        parts.append(record.getMessage())
-        parts += [f"{k}={_text_value(v)}" for k, v in extra_fields(record).items()]
+        parts.append(escape_controls(record.getMessage()))
+        parts += [f"{k}={escape_controls(_text_value(v))}" for k, v in extra_fields(record).items()]
         line = " ".join(parts)
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         if record.stack_info:
             line += "\n" + self.formatStack(record.stack_info)
         return line
+
+
+#: control characters (C0, DEL, C1) -> a visible escape: a value from a user, a worker or
+#: Slurm (a name, a reason, a record) can never start a forged line in a text log
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))} | {
+    0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
+
+
+def escape_controls(text: str) -> str:
+    return text.translate(_CONTROLS)
 
 
 def _text_value(v: Any) -> str:

@@ -118,3 +118,13 @@ def test_job_context_is_per_thread_and_per_task(logger):
 def test_unknown_format_is_refused(logger):
     with pytest.raises(ValueError, match="unknown log format"):
         configure_logging("INFO", "xml", logger=logger)
+
+
+def test_a_value_with_control_characters_cannot_forge_a_text_log_line(logger):
+    """Names, reasons and records come from users, workers and Slurm (issue 15)."""
+    buf = io.StringIO()
+    configure_logging("INFO", "text", stream=buf, logger=logger)
+    forged = "m1\n2026-11-25T00:00:00.000Z ERROR malletrain.daemon all jobs cancelled\x1b[2J"
+    logger.info("job %s submitted", forged, extra={"job_name": "a\rb"})
+    [line] = lines(buf)
+    assert "\\n2026-11-25" in line and "\\x1b[2J" in line and 'job_name="a\\rb"' in line
