@@ -7,6 +7,12 @@ membership change), so neither a snapshot of another job nor an older one of thi
 overwrite fresher state. Writes go to a temporary name in the same directory, are fsync'ed
 and renamed, so a reader never sees a partial file; older snapshots of the job are removed
 after a newer one is in place.
+
+The state directory is shared by every user's jobs (sticky, like /tmp), so a snapshot is
+private and checked: it is created ``O_CREAT|O_EXCL|O_NOFOLLOW`` with mode 0600, and a file
+is used only if ``lstat`` shows a regular file owned by this process's user with no group
+or other permissions. A file another user planted (or a symlink, or a readable copy) is
+refused with a warning and never loaded; the job's real progress is kept.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import contextlib
 import logging
 import os
 import re
+import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,18 +44,38 @@ def snapshot_path(state_dir: Path, job_id: str, step: int) -> Path:
     return state_dir / f"{job_id}.step{step:012d}{_SUFFIX}"
 
 
+def _private_problem(path: str) -> str | None:
+    """Why ``path`` is not a private snapshot file of this user, or None."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"cannot stat it ({exc.strerror})"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_uid != os.getuid():
+        return f"owned by uid {st.st_uid}, not by this job's user (uid {os.getuid()})"
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        return f"mode {stat.S_IMODE(st.st_mode):o}: readable or writable by others"
+    return None
+
+
 def find_latest(state_dir: Path | None, job_id: str) -> SnapshotRef | None:
-    """The newest complete snapshot of ``job_id`` in ``state_dir`` (by step), if any."""
+    """The newest complete, private snapshot of ``job_id`` in ``state_dir`` (by step)."""
     if state_dir is None or not state_dir.is_dir():
         return None
     pattern = re.compile(rf"^{re.escape(job_id)}\.step(\d+){re.escape(_SUFFIX)}$")
     best: SnapshotRef | None = None
     for entry in os.scandir(state_dir):
         m = pattern.match(entry.name)
-        if m and entry.is_file():
-            ref = SnapshotRef(Path(entry.path), int(m.group(1)))
-            if best is None or ref.step > best.step:
-                best = ref
+        if not m:
+            continue
+        problem = _private_problem(entry.path)
+        if problem is not None:
+            log.warning("refusing snapshot %s: %s", entry.path, problem)
+            continue
+        ref = SnapshotRef(Path(entry.path), int(m.group(1)))
+        if best is None or ref.step > best.step:
+            best = ref
     return best
 
 
@@ -55,9 +83,11 @@ def save(state_dir: Path, job_id: str, step: int, payload: dict[str, Any]) -> Pa
     """Atomically write ``payload`` (tagged with job id and step); returns the path."""
     state_dir.mkdir(parents=True, exist_ok=True)
     final = snapshot_path(state_dir, job_id, step)
-    tmp = state_dir / f".{final.name}.{os.getpid()}.tmp"
+    # an unpredictable name: in a shared directory another user may plant a guessable one
+    tmp = state_dir / f".{final.name}.{secrets.token_hex(8)}.tmp"
     tagged = dict(payload, job_id=job_id, step=step)
-    with open(tmp, "wb") as f:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
         torch.save(tagged, f)
         f.flush()
         os.fsync(f.fileno())
@@ -78,9 +108,12 @@ def remove_older(state_dir: Path, job_id: str, keep_step: int | None) -> None:
         return
     for entry in os.scandir(state_dir):
         m = pattern.match(entry.name)
-        if m and (keep_step is None or int(m.group(1)) != keep_step):
-            with contextlib.suppress(FileNotFoundError):
+        if (m and (keep_step is None or int(m.group(1)) != keep_step)
+                and _private_problem(entry.path) is None):  # never another user's file
+            try:
                 os.unlink(entry.path)
+            except OSError as exc:
+                log.warning("could not remove old snapshot %s: %s", entry.path, exc)
 
 
 def load(ref: SnapshotRef, job_id: str) -> dict[str, Any] | None:

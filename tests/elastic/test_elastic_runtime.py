@@ -257,6 +257,7 @@ def test_evicted_to_zero_saves_and_restores_never_a_stale_or_foreign_snapshot(cl
     (state / "otherjob.step000000999999.mtsnap").write_bytes(saved[0].read_bytes())
     forged = state / f"job1.step{saved_step + 500:012d}.mtsnap"
     forged.write_bytes(saved[0].read_bytes())
+    forged.chmod(0o600)  # as private as a real one: only its tags give it away
 
     # the job gets a node again: restored from the snapshot, not from the decoys
     w2 = cluster.launch("m2", *args)

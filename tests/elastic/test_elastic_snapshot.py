@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import pwd
+import stat
+
 import pytest
 import torch
 
@@ -39,12 +43,14 @@ def test_mismatched_or_corrupt_files_are_rejected_and_set_aside(tmp_path):
     good = snapshot.save(tmp_path, "job", 5, _payload(1.0))
     forged = tmp_path / "job.step000000000050.mtsnap"
     forged.write_bytes(good.read_bytes())  # inner tag says step 5
+    forged.chmod(0o600)  # private, like a real one: the tags give it away
     ref = snapshot.find_latest(tmp_path, "job")
     assert ref is not None and ref.step == 50
     assert snapshot.load(ref, "job") is None
     assert (tmp_path / (forged.name + ".rejected")).exists()
     corrupt = tmp_path / "job.step000000000060.mtsnap"
     corrupt.write_bytes(b"\x00not a torch file")
+    corrupt.chmod(0o600)
     assert snapshot.load(snapshot.find_latest(tmp_path, "job"), "job") is None
     # what remains is the genuine one
     ref = snapshot.find_latest(tmp_path, "job")
@@ -57,3 +63,22 @@ def test_remove_all_of_a_job(tmp_path):
     snapshot.remove_older(tmp_path, "job", keep_step=None)
     assert snapshot.find_latest(tmp_path, "job") is None
     assert snapshot.find_latest(tmp_path, "keep") is not None
+
+
+def test_snapshots_are_private_and_only_private_ones_of_this_user_are_used(tmp_path):
+    """The state directory is shared by all users (issue 15): planted files are refused."""
+    good = snapshot.save(tmp_path, "job", 5, _payload(1.0))
+    assert stat.S_IMODE(good.stat().st_mode) == 0o600
+    planted = tmp_path / "job.step000000000900.mtsnap"  # another user's, newer-named
+    planted.write_bytes(good.read_bytes())
+    planted.chmod(0o600)
+    os.chown(planted, pwd.getpwnam("nobody").pw_uid, -1)
+    readable = tmp_path / "job.step000000000800.mtsnap"  # a copy others could read or swap
+    readable.write_bytes(good.read_bytes())
+    readable.chmod(0o644)
+    link = tmp_path / "job.step000000000700.mtsnap"  # a symlink to a file of its choosing
+    link.symlink_to(good)
+    ref = snapshot.find_latest(tmp_path, "job")
+    assert ref is not None and ref.path == good and snapshot.load(ref, "job") is not None
+    snapshot.remove_older(tmp_path, "job", keep_step=None)  # removes only its own files
+    assert not good.exists() and planted.exists()
