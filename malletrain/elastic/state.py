@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from enum import Enum, StrEnum
 from typing import TYPE_CHECKING
@@ -58,7 +59,7 @@ class Leave(Exception):
     """Internal: this process leaves the job (reason in ``ElasticJob.exit_reason``)."""
 
 
-class WorkerState:
+class WorkerState(ABC):
     config: ElasticConfig
     link: CoordinatorLink
     sigterm: SigtermWatch
@@ -116,16 +117,16 @@ class WorkerState:
         self._registered_seq = self.link.js.register(self.link.member_info())
         log.info("registered as %s (seq %d)", self.member_id, self._registered_seq)
 
-    # calls across parts (defined by the part named)
+    # calls across parts: abstract here, implemented by the part named
 
-    def _save_snapshot(self) -> None:  # statesync
-        raise NotImplementedError
+    @abstractmethod
+    def _save_snapshot(self) -> None: ...  # statesync
 
-    def _sync_state(self) -> None:  # statesync
-        raise NotImplementedError
+    @abstractmethod
+    def _sync_state(self) -> None: ...  # statesync
 
-    def _maybe_report(self, force: bool) -> None:  # worker
-        raise NotImplementedError
+    @abstractmethod
+    def _maybe_report(self, force: bool) -> None: ...  # worker
 
-    def reseed(self, js: JobStore) -> None:  # worker
-        raise NotImplementedError
+    @abstractmethod
+    def reseed(self, js: JobStore) -> None: ...  # worker
