@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from malletrain.core.model import Policy
@@ -58,7 +58,8 @@ class LearnedState:
             if data is not None:
                 self._save(("profile", kind), data, self.store.save_profile)
 
-    def _save(self, key: tuple[str, str], data: Any, write: Any) -> None:
+    def _save(self, key: tuple[str, str], data: Any, write: Callable[[str, Any], None]
+              ) -> None:
         text = json.dumps(data, sort_keys=True)
         if self._saved.get(key) != text:
             write(key[1], data)

@@ -44,6 +44,9 @@ class JobMonitor:
         self._last_good: dict[str, CoordView] = {}
         #: job -> bad event records already reported (the coordinator keeps skipping them)
         self._bad_events: dict[str, int] = {}
+        #: job -> the refusal last reported: junk that stays in the store is reported once,
+        #: not at every tick (no log, metric or store write per tick for one bad write)
+        self._reported: dict[str, str] = {}
 
     def observe(self, coordinator: Any, jobs: list[JobRecord]) -> dict[str, CoordView]:
         out: dict[str, CoordView] = {}
@@ -57,6 +60,7 @@ class JobMonitor:
                 prog = coordinator.progress(jid)
                 fin = coordinator.result(jid)
                 gone = coordinator.departures(jid)
+                skipped = coordinator.bad_records(jid)
             except RecordError as exc:
                 self._refused(jid, exc)
                 if jid in self._last_good:
@@ -65,7 +69,7 @@ class JobMonitor:
             except Exception as exc:  # the store may be restarting; keep going
                 log.warning("coordinator read for %s failed: %s", jid, exc)
                 continue
-            self._count_skipped_events(coordinator, jid)
+            self._count_skipped_events(jid, skipped)
             out[jid] = CoordView(
                 epoch=m.epoch if m else 0,
                 members=tuple(m.members) if m else (),
@@ -81,24 +85,25 @@ class JobMonitor:
             self._learn(job, out[jid], prog)
         return out
 
-    def _refused(self, job_id: str, exc: Exception, what: str | None = None) -> None:
-        kind = what or str(exc).split(":", 1)[0].rstrip("0123456789 ")
+    def _refused(self, job_id: str, exc: RecordError) -> None:
+        if self._reported.get(job_id) == str(exc):
+            return
+        self._reported[job_id] = str(exc)
         log.error("job %s: bad record from its workers refused (last good view kept): %s",
                   job_id, exc)
         if self._on_bad is not None:
-            self._on_bad(job_id, kind)
+            self._on_bad(job_id, exc.record)
         self.store.update_job(job_id, message=f"bad record refused: {str(exc)[:200]}")
 
-    def _count_skipped_events(self, coordinator: Any, job_id: str) -> None:
+    def _count_skipped_events(self, job_id: str, skipped: int) -> None:
         """Events the coordinator skipped as malformed, reported once each."""
-        skipped = getattr(coordinator, "bad_records", lambda _job: 0)(job_id)
         new = skipped - self._bad_events.get(job_id, 0)
         if new > 0:
             self._bad_events[job_id] = skipped
-            self._refused(job_id, RecordError(f"{new} event record(s) skipped"), "event")
+            self._refused(job_id, RecordError(f"event: {new} malformed record(s) skipped"))
 
     def forget(self, job_id: str) -> None:
-        for d in (self._last_progress, self._last_good, self._bad_events):
+        for d in (self._last_progress, self._last_good, self._bad_events, self._reported):
             d.pop(job_id, None)
 
     def _learn(self, job: JobRecord, cv: CoordView, prog: Any) -> None:

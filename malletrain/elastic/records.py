@@ -38,7 +38,15 @@ _REASONS = frozenset(get_args(DepartureReason))
 
 
 class RecordError(ValueError):
-    """A record is not what the protocol allows (a buggy or hostile writer)."""
+    """A record is not what the protocol allows (a buggy or hostile writer).
+
+    Its message starts with the record it is about ("progress report: ...", "event 7: ...");
+    :attr:`record` is that record's kind, without a sequence number (a metric label).
+    """
+
+    @property
+    def record(self) -> str:
+        return str(self).split(":", 1)[0].rstrip("0123456789 ")
 
 
 def _dumps(obj: Mapping[str, Any]) -> str:
@@ -62,11 +70,14 @@ def _load(raw: bytes | str, what: str, keys: frozenset[str], optional: frozenset
     return d
 
 
-def _count(d: Mapping[str, Any], key: str, what: str, lo: int = 0, hi: int = MAX_COUNT) -> int:
-    v = d[key]
+def _int(v: Any, key: str, what: str, lo: int = 0, hi: int = MAX_COUNT) -> int:
     if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
         raise RecordError(f"{what}: {key} must be an integer from {lo} to {hi}, got {v!r:.40}")
     return v
+
+
+def _count(d: Mapping[str, Any], key: str, what: str, lo: int = 0, hi: int = MAX_COUNT) -> int:
+    return _int(d[key], key, what, lo, hi)
 
 
 def _number(d: Mapping[str, Any], key: str, what: str, lo: float = 0.0, hi: float = 1e18
@@ -185,9 +196,9 @@ def _register_data(data: Mapping[str, Any], what: str) -> None:
     if (not isinstance(node, str) or len(node) > MAX_NODE_NAME
             or not all(c.isprintable() and not c.isspace() for c in node)):
         raise RecordError(f"{what}: node {node!r:.40} is not a host name")
-    _count({"pid": data.get("pid", 0)}, "pid", what)
-    _count({"local_world_size": data.get("local_world_size", 1)}, "local_world_size", what,
-           lo=1, hi=MAX_LOCAL_WORLD_SIZE)
+    _int(data.get("pid", 0), "pid", what)
+    _int(data.get("local_world_size", 1), "local_world_size", what, lo=1,
+         hi=MAX_LOCAL_WORLD_SIZE)
 
 
 def _depart_data(data: Mapping[str, Any], what: str) -> None:

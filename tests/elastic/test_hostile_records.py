@@ -83,6 +83,9 @@ def test_junk_written_by_another_user_stays_with_the_job_it_targets(dev_cluster,
         assert second[other].samples_total == 1280  # the other job is served as before
         assert second[victim] == first[victim]  # the victim keeps its last good view
         assert {job for job, _ in bad} == {victim} and len(bad) >= 1
+        reported = len(bad)
+        monitor.observe(coord, store.jobs())  # the junk is still there: not reported again
+        assert len(bad) == reported
         rec = store.job(victim)
         assert rec is not None and "bad record" in rec.message
         assert store.job(other).samples_total == 1280

@@ -17,7 +17,7 @@ from malletrain.daemon.tick import CoordView, Registration, decide
 from malletrain.daemon.tick.actions import Cancel, ClearMarks, Hold, Leave, Park, Place, Transit
 from malletrain.daemon.tick.allocate import allocate, policy_jobs
 from malletrain.daemon.tick.membership import next_membership, phase_transitions
-from malletrain.daemon.tick.pool import build_pool, holdings
+from malletrain.daemon.tick.pool import build_pool, holdings, regular_jobs
 from malletrain.daemon.tick.reconcile import JobContext, SlotDiff, reconcile
 from malletrain.daemon.tick.screen import screen
 from malletrain.daemon.tick.views import job_slots, sigtermed, slot_member
@@ -26,8 +26,7 @@ M0, M1 = member_id(0, 0), member_id(1, 0)
 
 
 def _ctx(w, job, target=(), windows=None):
-    return JobContext(job, w.coord_of(job.job_id), frozenset(target), windows or {},
-                      w.snapshot, w.now_s, w.settings)
+    return JobContext.of(w, job, target, windows or {})
 
 
 # -- views -------------------------------------------------------------------------------
@@ -99,7 +98,7 @@ def test_pool_holdings_running_placed_and_leaving_slots():
                slot_job(13, "m1", 2, JobState.RUNNING, nodes=["n3"])],
               [SlotRecord("m1", 0, 11), SlotRecord("m1", 1, 12, placed_node="n2"),
                SlotRecord("m1", 2, 13, leaving_since_s=NOW - 1)], [job])
-    h = holdings(w, (job,), job_slots(w))
+    h = holdings(w, (job,), job_slots(w), regular_jobs(w.snapshot))
     assert h.held == {"m1": ("n1", "n2")}
     assert h.placing == {"n2"} and h.freeing == {"n3"}
 

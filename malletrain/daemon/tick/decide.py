@@ -35,9 +35,7 @@ def decide(world: World, policy: Policy) -> TickPlan:
     notes = [n for js in slots.values() for n in js.changed] + list(pool.give_back.notes)
     windows = pool.windows
     for job in screened.managed:
-        ctx = JobContext(job, world.coord_of(job.job_id),
-                         frozenset(allocation.targets.get(job.job_id, ())), windows,
-                         world.snapshot, world.now_s, world.settings)
+        ctx = JobContext.of(world, job, allocation.targets.get(job.job_id, ()), windows)
         diff = reconcile(ctx, slots[job.job_id])
         actions += diff.actions
         notes += diff.notes

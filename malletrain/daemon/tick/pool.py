@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from malletrain.core.cluster import ClusterSnapshot, JobState, NodeState
+from malletrain.core.cluster import ClusterSnapshot, Job, JobState, NodeState
 from malletrain.core.model import IdleNode
 from malletrain.core.scavenger import UNUSABLE_FLAGS, Claim, earliest_claims, idle_nodes, is_idle
 from malletrain.daemon.slots import SlotStatus, parse_tag
@@ -79,8 +79,13 @@ class Pool:
         return {n.name: n.window_s for n in self.free + self.held}
 
 
-def holdings(world: World, managed: tuple[JobRecord, ...], slots: Mapping[str, JobSlots]
-             ) -> Holdings:
+def regular_jobs(snap: ClusterSnapshot) -> tuple[Job, ...]:
+    """The jobs of the snapshot that are not our slots (read once per tick)."""
+    return tuple(j for j in snap.jobs if parse_tag(j.comment) is None)
+
+
+def holdings(world: World, managed: tuple[JobRecord, ...], slots: Mapping[str, JobSlots],
+             regular: tuple[Job, ...]) -> Holdings:
     held: dict[str, tuple[str, ...]] = {}
     placing: set[str] = set()
     freeing: set[str] = set()
@@ -100,7 +105,6 @@ def holdings(world: World, managed: tuple[JobRecord, ...], slots: Mapping[str, J
             elif v.status in (SlotStatus.RUNNING, SlotStatus.ENDING) and v.node:
                 freeing.add(v.node)
         held[job.job_id] = tuple(mine)
-    regular = [j for j in world.snapshot.jobs if parse_tag(j.comment) is None]
     freeing.update(n for j in regular if j.state is JobState.COMPLETING for n in j.nodes)
     # a node Slurm has already given to a regular job is not on its way to anyone else
     freeing -= {n for j in regular if j.state in RUNNING_STATES for n in j.nodes}
@@ -144,9 +148,9 @@ def give_back(world: World, h: Holdings, claims: Mapping[str, Claim], own_ids: s
                     follow_up=bool(nodes or ahead.waiting or unplanned.waiting))
 
 
-def hole_names(snap: ClusterSnapshot, partition: str, held: frozenset[str]) -> set[str]:
+def hole_names(snap: ClusterSnapshot, partition: str, held: frozenset[str],
+               regular: tuple[Job, ...]) -> set[str]:
     """Nodes in a hole: not taken by a regular job (our own use does not end a hole)."""
-    regular = [j for j in snap.jobs if parse_tag(j.comment) is None]
     foreign = {n for j in regular if j.state in _FOREIGN_BUSY for n in j.nodes}
     return {
         n.name for n in snap.nodes
@@ -160,10 +164,11 @@ def build_pool(world: World, managed: tuple[JobRecord, ...], slots: Mapping[str,
     s, now, snap = world.settings, world.now_s, world.snapshot
     own_ids = {r.slurm_job_id for recs in world.slots.values() for r in recs}
     claims = earliest_claims(snap, now, exclude_job_ids=own_ids)
-    h = holdings(world, managed, slots)
+    regular = regular_jobs(snap)
+    h = holdings(world, managed, slots, regular)
     back = give_back(world, h, claims, own_ids)
     held_set = h.held_set
-    names = hole_names(snap, s.scavenger_partition, held_set)
+    names = hole_names(snap, s.scavenger_partition, held_set, regular)
     idle_now = idle_nodes(snap, now, partitions=[s.scavenger_partition], min_window_s=0.0,
                           claims=claims)
     idle_age = {n.name: n.idle_age_s for n in idle_now}

@@ -9,7 +9,7 @@ start, or left). Then parked slots are placed on the target nodes no slot covers
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from malletrain.core.cluster import ClusterSnapshot
@@ -18,7 +18,7 @@ from malletrain.daemon.store import JobRecord, SlotRecord
 from malletrain.daemon.tick.actions import Action, ClearMarks, Extend, Hold, Leave, Park, Place
 from malletrain.daemon.tick.timing import extension_min, time_limit_min, yield_s
 from malletrain.daemon.tick.views import JobSlots, sigtermed, slot_member
-from malletrain.daemon.tick.world import CoordView, DecideSettings
+from malletrain.daemon.tick.world import CoordView, DecideSettings, World
 
 
 @dataclass
@@ -49,6 +49,12 @@ class JobContext:
     snapshot: ClusterSnapshot
     now_s: float
     settings: DecideSettings
+
+    @classmethod
+    def of(cls, world: World, job: JobRecord, target: Iterable[str],
+           windows: Mapping[str, float | None]) -> JobContext:
+        return cls(job, world.coord_of(job.job_id), frozenset(target), windows,
+                   world.snapshot, world.now_s, world.settings)
 
 
 def reconcile(ctx: JobContext, js: JobSlots) -> SlotDiff:
