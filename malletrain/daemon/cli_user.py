@@ -138,6 +138,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     try:
         for k in range(spec.max_nodes):
             slot = render_slot(spec, job_id, k, coordinator=str(answer["coordinator"]),
+                               secret=str(answer["job_secret"]),
                                state_dir=str(answer["state_dir"]),
                                partition=str(answer["partition"]), qos=answer.get("qos"),
                                account=answer.get("account"))

@@ -4,6 +4,10 @@ The coordinator (the membership store the workers talk to) runs as a SEPARATE pr
 started detached by the daemon when none answers at the configured address, so that a
 ``kill -9`` of the daemon does not touch training: the workers keep stepping, and the
 restarted daemon attaches to the same coordinator and carries on.
+
+Both read the master key from ``coordinator.key`` beside the database (0600, created by the
+daemon). A new database gets a new key: job ids restart at ``m1`` with a new database, and a
+job must never get the secret an earlier job's user already knows.
 """
 
 from __future__ import annotations
@@ -29,11 +33,25 @@ def coordinator_files(settings: Settings) -> tuple[Path, Path, Path]:
     return base / "coordinator.addr", base / "coordinator.pid", base / "coordinator.log"
 
 
-def ensure_coordinator(settings: Settings, timeout_s: float = 60.0) -> Any:
-    """Attach to the running coordinator, or start one detached and attach to it."""
-    from malletrain.elastic.coordinator import Coordinator
+def key_file(settings: Settings) -> Path:
+    return settings.state.database_path.parent / "coordinator.key"
+
+
+def ensure_coordinator(settings: Settings, timeout_s: float = 60.0, *,
+                       new_key: bool = False) -> Any:
+    """Attach to the running coordinator, or start one detached and attach to it.
+
+    ``new_key``: replace the master key first (a new database); a coordinator still running
+    with the old key is stopped and a new one started.
+    """
+    from malletrain.elastic.coordinator import Coordinator, CoordinatorKeyMismatch
+    from malletrain.elastic.keyfile import ensure_key
 
     addr_file, pid_file, log_file = coordinator_files(settings)
+    addr_file.parent.mkdir(parents=True, exist_ok=True)
+    if new_key:
+        key_file(settings).unlink(missing_ok=True)
+    master = ensure_key(key_file(settings))
     candidates = []
     if addr_file.exists():
         candidates.append(addr_file.read_text().strip())
@@ -41,16 +59,19 @@ def ensure_coordinator(settings: Settings, timeout_s: float = 60.0) -> Any:
         candidates.append(f"{settings.coordinator.host}:{settings.coordinator.port}")
     for address in candidates:
         try:
-            coord = Coordinator.attach(address, timeout_s=2.0)
+            coord = Coordinator.attach(address, master, timeout_s=2.0)
             log.info("attached to the running coordinator at %s", address)
             return coord
+        except CoordinatorKeyMismatch:
+            log.warning("the coordinator at %s has an old key; restarting it", address)
+            stop_coordinator(settings)
+            time.sleep(0.5)
         except (RetryableError, PermanentError) as exc:
             log.info("no coordinator at %s (%s)", address, exc)
     addr_file.unlink(missing_ok=True)
-    addr_file.parent.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "malletrain.cli", "coordinator",
             "--host", settings.coordinator.host, "--port", str(settings.coordinator.port),
-            "--address-file", str(addr_file)]
+            "--key-file", str(key_file(settings)), "--address-file", str(addr_file)]
     with open(log_file, "ab") as out:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                 start_new_session=True, close_fds=True)
@@ -62,7 +83,7 @@ def ensure_coordinator(settings: Settings, timeout_s: float = 60.0) -> Any:
         if addr_file.exists() and addr_file.read_text().strip():
             address = addr_file.read_text().strip()
             log.info("started the coordinator (pid %d) at %s", proc.pid, address)
-            return Coordinator.attach(address, timeout_s=10.0)
+            return Coordinator.attach(address, master, timeout_s=10.0)
         time.sleep(0.1)
     raise RetryableError(f"the coordinator did not come up within {timeout_s:.0f} s")
 

@@ -77,9 +77,11 @@ class Daemon:
         self.settings = settings
         self.backend = backend
         self.cache = SnapshotCache(backend, max_age_s=600.0)
+        new_database = not settings.state.database_path.exists()
         self.store = Store(settings.state.database_path)
         self.metrics = metrics
-        self.coordinator = coordinator if coordinator is not None else ensure_coordinator(settings)
+        self.coordinator = (coordinator if coordinator is not None
+                            else ensure_coordinator(settings, new_key=new_database))
         self._decide_overrides = dict(decide_overrides or {})
         self.learned = LearnedState(self.store)
         self.policy = make_policy(settings.allocator.policy, settings.allocator.policy_options())

@@ -107,13 +107,15 @@ os._exit(rc)
 
 
 def render_launcher(spec: JobSpec, job_id: str, slot: int, coordinator: str,
-                    state_dir: str) -> str:
+                    state_dir: str, secret: str) -> str:
     """The slot's batch script: a few lines of Python that ``exec`` an argument list.
 
     Python, not bash, so that no user argument is ever parsed by a shell: the command is
     embedded as a JSON list (a valid Python literal) and run with ``os.execvp``. The payload
     runs under ``srun`` so that Slurm's preemption SIGTERM reaches it at once (the batch
-    shell alone is only signalled at kill time, docs/slurm-backend.md).
+    shell alone is only signalled at kill time, docs/slurm-backend.md). The job's secret
+    rides in the script (sent on sbatch's stdin, kept by Slurm readable only by the user and
+    its operators; on the node, the user's 0500 script file), never on a command line.
     """
     if spec.launcher == "srun":
         # srun starts the K workers itself; each maps its SLURM_LOCALID to LOCAL_RANK
@@ -131,6 +133,7 @@ def render_launcher(spec: JobSpec, job_id: str, slot: int, coordinator: str,
         "MALLETRAIN_STATE_DIR": state_dir,
     }
     env.update(spec.environment)
+    env["MALLETRAIN_JOB_SECRET"] = secret  # last: a user's --export cannot replace it
     return "\n".join([
         f"#!{spec.python}",
         f"# malletrain node slot {slot} of job {job_id}: rendered by `malletrain submit`.",
@@ -152,6 +155,7 @@ def render_slot(
     slot: int,
     *,
     coordinator: str,
+    secret: str,
     state_dir: str,
     partition: str,
     qos: str | None = None,
@@ -159,7 +163,7 @@ def render_slot(
 ) -> SbatchSpec:
     """The held single-node scavenger job of one slot (the user's ``sbatch``)."""
     return SbatchSpec(
-        script=render_launcher(spec, job_id, slot, coordinator, state_dir),
+        script=render_launcher(spec, job_id, slot, coordinator, state_dir, secret),
         job_name=slot_job_name(job_id, slot),
         partition=partition,
         nodes=1,

@@ -26,12 +26,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "coordinator",
         help="host the membership store of elastic jobs (standalone)",
         description=(
-            "Host the TCPStore that elastic workers and the daemon share. Prints host:port "
-            "and serves until SIGTERM/SIGINT."
+            "Host the authenticated store that elastic workers and the daemon share. Prints "
+            "host:port and serves until SIGTERM/SIGINT. With --job-secret, print a job's "
+            "secret (for MALLETRAIN_JOB_SECRET) and exit."
         ),
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind and advertise")
     parser.add_argument("--port", type=int, default=29400, help="TCP port (0: pick a free one)")
+    parser.add_argument(
+        "--key-file", type=Path, required=True,
+        help="the master key (created 0600 if missing); every job secret derives from it",
+    )
+    parser.add_argument("--job-secret", metavar="JOB",
+                        help="print JOB's secret (hex) and exit; keep it private")
     parser.add_argument(
         "--address-file",
         type=Path,
@@ -49,11 +56,20 @@ def _write_atomic(path: Path, text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port < 65536:
         raise PermanentError(f"--port {args.port}: must be between 0 and 65535")
+    from malletrain.elastic import keyfile, wire
+
+    master = keyfile.ensure_key(args.key_file)
+    if args.job_secret is not None:
+        try:
+            print(wire.job_secret(master, args.job_secret).hex())
+        except ValueError as exc:
+            raise PermanentError(f"--job-secret: {exc}") from None
+        return 0
     # Import here: `malletrain --help` must not pay for importing torch.
     from malletrain.elastic.coordinator import Coordinator
 
     try:
-        coord = Coordinator.start(args.host, args.port)
+        coord = Coordinator.start(args.host, args.port, master)
     except RuntimeError as exc:
         raise PermanentError(f"cannot listen on {args.host}:{args.port}: {exc}") from exc
     stop = threading.Event()

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from malletrain.elastic import protocol as p
+from malletrain.elastic import wire
 from malletrain.elastic.coordinator import parse_address
 from malletrain.errors import ConfigError
 
@@ -46,6 +47,9 @@ class ElasticConfig:
     coordinator: str
     job_id: str
     member_id: str
+    #: the job's secret (MALLETRAIN_JOB_SECRET): proves the job to the coordinator, keys the
+    #: snapshot MAC. Never printed.
+    secret: bytes = field(default=b"", repr=False)
     state_dir: Path | None = None
     local_rank: int = 0
     local_world_size: int = 1
@@ -65,7 +69,8 @@ class ElasticConfig:
         env = os.environ if env is None else env
         missing = [
             k
-            for k in ("MALLETRAIN_COORDINATOR", "MALLETRAIN_JOB_ID", "MALLETRAIN_MEMBER_ID")
+            for k in ("MALLETRAIN_COORDINATOR", "MALLETRAIN_JOB_ID", "MALLETRAIN_MEMBER_ID",
+                      "MALLETRAIN_JOB_SECRET")
             if not env.get(k)
         ]
         if missing:
@@ -76,11 +81,16 @@ class ElasticConfig:
         parse_address(env["MALLETRAIN_COORDINATOR"])  # host:port, or a one-line error
         p.check_id("job id", env["MALLETRAIN_JOB_ID"])
         p.check_id("member id", env["MALLETRAIN_MEMBER_ID"])
+        try:
+            secret = wire.parse_secret(env["MALLETRAIN_JOB_SECRET"])
+        except ValueError as exc:
+            raise ConfigError(f"environment variable MALLETRAIN_JOB_SECRET: {exc}") from None
         state_dir = env.get("MALLETRAIN_STATE_DIR") or None
         cfg = cls(
             coordinator=env["MALLETRAIN_COORDINATOR"],
             job_id=env["MALLETRAIN_JOB_ID"],
             member_id=env["MALLETRAIN_MEMBER_ID"],
+            secret=secret,
             state_dir=Path(state_dir) if state_dir else None,
             local_rank=_env_int(env, "LOCAL_RANK", 0),
             local_world_size=_env_int(env, "LOCAL_WORLD_SIZE", 1) or 1,

@@ -1,18 +1,20 @@
 """The elastic coordinator: the daemon's handle on the membership of malleable jobs.
 
-The coordinator is a ``torch.distributed.TCPStore`` that lives OFF the preemptible nodes, plus
-this typed API over its keys (layout in :mod:`malletrain.elastic.protocol`). All state is in
+The coordinator is a key-value store (:mod:`.kvserver`, behind the authenticated wire of
+:mod:`.wire`) that lives OFF the preemptible nodes, plus this typed API over its keys
+(layout in :mod:`malletrain.elastic.protocol`). All state is in
 the store, none in this object, so:
 
 * the daemon can host the store in-process (:meth:`Coordinator.start`), or
 * run it in a separate process that survives a ``kill -9`` of the daemon
-  (``malletrain coordinator --port 29400 --address-file F``) and connect with
+  (``malletrain coordinator --port 29400 --key-file K --address-file F``) and connect with
   :meth:`Coordinator.attach`; a restarted daemon attaches again and reads the current
   epoch, membership, registrations, departures and progress back.
 
 Daemon usage (one job)::
 
-    coord = Coordinator.attach("login1:29400")          # or Coordinator.start("0.0.0.0")
+    coord = Coordinator.attach("login1:29400", master)  # or Coordinator.start("0.0.0.0", 0, master)
+    coord.job_secret("job42")                           # hex, for job42's processes ONLY
     # start Slurm slot jobs with the env contract below; their workers register
     waiting = coord.registered("job42")                 # {member_id: MemberInfo}
     epoch = coord.publish("job42", ["m0", "m1"])        # grow / shrink / planned leave
@@ -41,6 +43,8 @@ one node running ``torchrun --nnodes=1 --nproc-per-node=K script.py``):
 =========================  ==================================================================
 ``MALLETRAIN_COORDINATOR``  ``host:port`` of the store (required)
 ``MALLETRAIN_JOB_ID``       the job id, ``[A-Za-z0-9._-]{1,128}`` (required)
+``MALLETRAIN_JOB_SECRET``   the job's secret, 64 hex digits (required; :meth:`job_secret`).
+                            Private to the job's user: never on a command line.
 ``MALLETRAIN_MEMBER_ID``    this slot's member id, unique within the job, same charset (required)
 ``MALLETRAIN_STATE_DIR``    directory for the evicted-to-zero snapshot; must be reachable from
                             every node the job may run on (login node / parallel FS). Optional:
@@ -59,22 +63,28 @@ marks, default 2), ``MALLETRAIN_SIGTERM_DEADLINE_S`` (after SIGTERM the process 
 after this long whatever it is doing, default 4; set it a little under Slurm's GraceTime),
 ``MALLETRAIN_BACKEND`` (``gloo``/``nccl``; default: nccl for a CUDA device).
 
-Trust: the store has no authentication. Anything that can reach its port can change any job's
-membership; run it on the management network only.
+Trust: every session proves a key (docs/security.md). A job's processes prove the job's secret
+and can name only that job's keys, and can shrink the job (heal, leave) but not grow it or
+evict it; the daemon proves the admin key derived from the master key. Frames are MAC-checked,
+not encrypted.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
-from collections.abc import Sequence
-from datetime import timedelta
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch.distributed as dist
 
 from malletrain.elastic import protocol as p
+from malletrain.elastic import wire
+from malletrain.elastic.authstore import AuthStore
 from malletrain.elastic.jobstore import JobStore
+from malletrain.elastic.kvserver import KVServer, ServerLimits
 from malletrain.elastic.protocol import (
     Departure,
     FinishRecord,
@@ -85,6 +95,7 @@ from malletrain.elastic.protocol import (
 from malletrain.errors import PermanentError, RetryableError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 __all__ = [
     "Coordinator",
@@ -95,6 +106,10 @@ __all__ = [
     "Membership",
     "ProgressReport",
 ]
+
+
+class CoordinatorKeyMismatch(PermanentError):
+    """A coordinator answers at the address but was started with another master key."""
 
 
 class MemberUnavailable(RetryableError):
@@ -112,50 +127,64 @@ def parse_address(address: str) -> tuple[str, int]:
 class Coordinator:
     """Typed access to the membership store. Thread-safe (one lock around store calls)."""
 
-    def __init__(self, store: dist.TCPStore, host: str, port: int, *, owner: bool) -> None:
+    def __init__(self, store: AuthStore, host: str, port: int, master: bytes) -> None:
         self._store = store
         self._host = host
         self._port = port
-        self._owner = owner
+        self._master = master
+        self._server: KVServer | None = None  # set when this object hosts the store
         self._lock = threading.Lock()
         self._jobs: dict[str, JobStore] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
     @classmethod
-    def start(cls, host: str = "127.0.0.1", port: int = 0) -> Coordinator:
+    def start(cls, host: str = "127.0.0.1", port: int = 0, master: bytes | None = None,
+              limits: ServerLimits | None = None) -> Coordinator:
         """Host a new store in this process (``port=0``: pick a free port; see ``address``).
 
         ``host`` is the address to bind AND the one advertised in :attr:`address`; pass the
         login node's cluster-facing name or IP (``0.0.0.0`` binds everywhere but is
-        advertised as the machine's hostname).
+        advertised as the machine's hostname). ``master``: the key every job secret derives
+        from (:mod:`.wire`); a random one when not given (tests, one-off runs).
         """
-        store = dist.TCPStore(
-            host, port, is_master=True, wait_for_workers=False, multi_tenant=True,
-            timeout=timedelta(seconds=30),
-        )
+        master = os.urandom(wire.SECRET_BYTES) if master is None else master
+        try:
+            server = KVServer(master, host, port, limits).start()
+        except OSError as exc:
+            raise RuntimeError(f"cannot listen on {host}:{port}: {exc}") from exc
         advertised = host
         if host in ("0.0.0.0", "::", ""):
             import socket
 
             advertised = socket.getfqdn()
-        log.info("coordinator store listening on %s:%d", advertised, store.port)
-        return cls(store, advertised, store.port, owner=True)
+        log.info("coordinator store listening on %s:%d", advertised, server.port)
+        coord = cls.attach(f"{advertised if host not in ('0.0.0.0', '::', '') else '127.0.0.1'}"
+                           f":{server.port}", master)
+        coord._server = server
+        coord._host = advertised
+        return coord
 
     @classmethod
-    def attach(cls, address: str, timeout_s: float = 10.0) -> Coordinator:
+    def attach(cls, address: str, master: bytes, timeout_s: float = 10.0) -> Coordinator:
         """Connect to a store hosted elsewhere (e.g. by ``malletrain coordinator``).
 
-        Raises :class:`RetryableError` if it cannot be reached within ``timeout_s``.
+        Raises :class:`RetryableError` if it cannot be reached within ``timeout_s``, and
+        :class:`CoordinatorKeyMismatch` if it answers but does not know ``master``.
         """
         host, port = parse_address(address)
+        return cls(cls._connect(host, port, master, timeout_s), host, port, master)
+
+    @staticmethod
+    def _connect(host: str, port: int, master: bytes, timeout_s: float) -> AuthStore:
         try:
-            store = dist.TCPStore(
-                host, port, is_master=False, timeout=timedelta(seconds=timeout_s)
-            )
-        except (RuntimeError, TimeoutError) as exc:
-            raise RetryableError(f"cannot reach the coordinator at {address}: {exc}") from exc
-        return cls(store, host, port, owner=False)
+            return AuthStore(host, port, None, wire.admin_secret(master),
+                             timeout_s=timeout_s, connect_timeout_s=timeout_s)
+        except RuntimeError as exc:
+            if "refused: authentication failed" in str(exc):
+                raise CoordinatorKeyMismatch(
+                    f"the coordinator at {host}:{port} has another key") from exc
+            raise RetryableError(f"cannot reach the coordinator at {host}:{port}: {exc}") from exc
 
     @property
     def address(self) -> str:
@@ -163,15 +192,21 @@ class Coordinator:
         return f"{self._host}:{self._port}"
 
     @property
-    def store(self) -> dist.TCPStore:
-        """The underlying store (tests and tools; not needed for normal use)."""
+    def store(self) -> AuthStore:
+        """The daemon's admin session (tests and tools; not needed for normal use)."""
         return self._store
 
+    def job_secret(self, job_id: str) -> str:
+        """Job ``job_id``'s secret, hex: hand it to that job's processes only."""
+        return wire.job_secret(self._master, job_id).hex()
+
     def close(self) -> None:
-        """Drop the store handle. If this object hosts the store, the server stops."""
+        """Drop the session. If this object hosts the store, the server stops."""
         with self._lock:
             self._jobs.clear()
-            del self._store
+            self._store.close()
+            if self._server is not None:
+                self._server.close()
 
     def _job(self, job_id: str) -> JobStore:
         js = self._jobs.get(job_id)
@@ -179,79 +214,87 @@ class Coordinator:
             js = self._jobs[job_id] = JobStore(self._store, job_id)
         return js
 
+    def _run(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` under the lock; on a lost connection, reconnect once and run it again
+        (a restarted coordinator lost its keys; the workers write their epoch again)."""
+        with self._lock:
+            try:
+                return fn()
+            except dist.DistNetworkError as exc:
+                log.warning("coordinator connection lost (%s); reconnecting", exc)
+                host = "127.0.0.1" if self._server is not None else self._host
+                self._store = self._connect(host, self._port, self._master, 5.0)
+                self._jobs.clear()
+                return fn()
+
     # ------------------------------------------------------------------ per job
 
     def registered(self, job_id: str) -> dict[str, MemberInfo]:
         """Members whose workers are up and waiting to join (not in the current epoch)."""
-        with self._lock:
+        def read() -> dict[str, MemberInfo]:
             js = self._job(job_id)
             return p.waiting_members(js.events(), js.current())
+        return self._run(read)
 
     def live_members(self, job_id: str) -> dict[str, MemberInfo]:
         """Every registered member that has not departed since (in the job or waiting)."""
-        with self._lock:
-            return p.live_registrations(self._job(job_id).events())
+        return self._run(lambda: p.live_registrations(self._job(job_id).events()))
 
     def publish(self, job_id: str, members: Sequence[str]) -> int:
         """Publish the next membership epoch of ``job_id``; returns its number.
 
         Raises :class:`MemberUnavailable` if a member never registered or departed since.
         """
-        members = list(members)
-        with self._lock:
-            js = self._job(job_id)
-            events = js.events()
-            live = p.live_registrations(events)
-            departed = {d.member_id for d in p.departures(events)}
-            current = js.current()
-            # members of the current epoch are valid even without a registration in the log
-            # (a restarted coordinator store: the workers re-publish their epoch first)
-            sizes: dict[str, int] = {}
-            if current is not None:
-                sizes.update(zip(current.members, current.local_world_sizes, strict=True))
-            sizes = {m: n for m, n in sizes.items() if m not in departed}
-            sizes.update((m, info.local_world_size) for m, info in live.items())
-            gone = [m for m in members if m not in sizes]
-            if gone:
-                raise MemberUnavailable(
-                    f"job {job_id}: member(s) {gone} are not registered or have departed"
-                )
-            while True:
-                epoch = js.latest_epoch() + 1
-                wanted = p.build_membership(epoch, members, sizes, "publish", time.time())
-                won, _held = js.propose(wanted)
-                if won:
-                    log.info("job %s: published epoch %d = %s", job_id, epoch, members)
-                    return epoch
-                log.info("job %s: epoch %d was taken by the workers; retrying", job_id, epoch)
+        return self._run(lambda: self._publish(self._job(job_id), list(members)))
+
+    def _publish(self, js: JobStore, members: list[str]) -> int:
+        events = js.events()
+        live = p.live_registrations(events)
+        departed = {d.member_id for d in p.departures(events)}
+        current = js.current()
+        # members of the current epoch are valid even without a registration in the log
+        # (a restarted coordinator store: the workers re-publish their epoch first)
+        sizes: dict[str, int] = {}
+        if current is not None:
+            sizes.update(zip(current.members, current.local_world_sizes, strict=True))
+        sizes = {m: n for m, n in sizes.items() if m not in departed}
+        sizes.update((m, info.local_world_size) for m, info in live.items())
+        gone = [m for m in members if m not in sizes]
+        if gone:
+            raise MemberUnavailable(
+                f"job {js.job_id}: member(s) {gone} are not registered or have departed"
+            )
+        while True:
+            epoch = js.latest_epoch() + 1
+            wanted = p.build_membership(epoch, members, sizes, "publish", time.time())
+            won, _held = js.propose(wanted)
+            if won:
+                log.info("job %s: published epoch %d = %s", js.job_id, epoch, members)
+                return epoch
+            log.info("job %s: epoch %d was taken by the workers; retrying", js.job_id, epoch)
 
     def membership(self, job_id: str) -> Membership | None:
         """The newest epoch of the job (None before the first publish)."""
-        with self._lock:
-            return self._job(job_id).current()
+        return self._run(lambda: self._job(job_id).current())
 
     def epoch(self, job_id: str, epoch: int) -> Membership | None:
         """One specific epoch (history), None if it does not exist."""
-        with self._lock:
-            return self._job(job_id).membership(epoch)
+        return self._run(lambda: self._job(job_id).membership(epoch))
 
     def progress(self, job_id: str) -> ProgressReport | None:
         """The newest progress report of the job (global rank 0 writes it about 1/s)."""
-        with self._lock:
-            return self._job(job_id).progress()
+        return self._run(lambda: self._job(job_id).progress())
 
     def departures(self, job_id: str) -> list[Departure]:
         """Every departure so far, in order (``seq`` grows; keep the last one you saw)."""
-        with self._lock:
-            return p.departures(self._job(job_id).events())
+        return self._run(lambda: p.departures(self._job(job_id).events()))
 
     def is_finished(self, job_id: str) -> bool:
         """True once the job reached its stop condition (see :meth:`result`)."""
         return self.result(job_id) is not None
 
     def result(self, job_id: str) -> FinishRecord | None:
-        with self._lock:
-            return self._job(job_id).finished()
+        return self._run(lambda: self._job(job_id).finished())
 
     def bad_records(self, job_id: str) -> int:
         """Event records of the job skipped so far for failing their schema."""
@@ -259,8 +302,12 @@ class Coordinator:
             return self._job(job_id).bad_records
 
     def forget(self, job_id: str) -> None:
-        """Delete the job's keys (call after the job ended and its workers exited)."""
+        """Drop all of the job's keys, its process groups' too (after its workers exited)."""
+        n = self._run(lambda: self._store.forget_job(p.check_id("job id", job_id)))
         with self._lock:
-            n = self._job(job_id).forget()
             self._jobs.pop(job_id, None)
         log.info("job %s: forgot %d keys", job_id, n)
+
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes of keys the coordinator holds per job (metrics, the store-growth check)."""
+        return self._run(lambda: {j: b for j, (_k, b) in self._store.jobs().items()})

@@ -2,8 +2,8 @@
 
 Every client of the coordinator's store a worker opens is made here: the main thread's
 (rendezvous, announcements; blocking, reconnected on failure), the watcher thread's own
-(:mod:`.watcher`), and a throw-away one for a last word after SIGTERM. Replacing the
-transport (e.g. an authenticated store) means replacing this class.
+(:mod:`.watcher`), and a throw-away one for a last word after SIGTERM. Each is an
+:class:`~.authstore.AuthStore` session that proves the job's secret.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from malletrain.elastic import protocol as p
+from malletrain.elastic.authstore import AuthStore
 from malletrain.elastic.config import ElasticConfig
 from malletrain.elastic.jobstore import JobStore
 from malletrain.errors import ConfigError
@@ -34,13 +35,15 @@ class CoordinatorLink:
         self.config = config
         host, port_text = config.coordinator.rsplit(":", 1)
         self._host, self._port = host, int(port_text)
-        self._store: dist.TCPStore | None = None
+        self._store: AuthStore | None = None
         self._js: JobStore | None = None
         self._lock = threading.Lock()
 
-    def _client(self, timeout_s: float) -> dist.TCPStore:
-        return dist.TCPStore(self._host, self._port, is_master=False,
-                             timeout=timedelta(seconds=timeout_s))
+    def _client(self, timeout_s: float) -> AuthStore:
+        if not self.config.secret:
+            raise ConfigError("no job secret: set MALLETRAIN_JOB_SECRET")
+        return AuthStore(self._host, self._port, self.config.job_id, self.config.secret,
+                         timeout_s=timeout_s, connect_timeout_s=timeout_s)
 
     def connect(self, first: bool) -> None:
         """The main thread's client (the first connection waits up to 30 s)."""

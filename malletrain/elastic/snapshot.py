@@ -13,11 +13,20 @@ private and checked: it is created ``O_CREAT|O_EXCL|O_NOFOLLOW`` with mode 0600,
 is used only if ``lstat`` shows a regular file owned by this process's user with no group
 or other permissions. A file another user planted (or a symlink, or a readable copy) is
 refused with a warning and never loaded; the job's real progress is kept.
+
+Each file carries a MAC keyed by the job's secret (``MALLETRAIN_JOB_SECRET``): ``MTSNAP1\n``,
+then ``HMAC-SHA256(snapshot key, job id | step | body)``, then the ``torch.save`` body. The MAC
+is checked before ``torch.load`` (itself ``weights_only=True``), so a swapped, truncated or
+forged file (even one of this user's other jobs) is refused. Saving and loading hold the
+body in memory once more (the state is small next to the node's memory; eviction is rare).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
+import io
 import logging
 import os
 import re
@@ -32,6 +41,13 @@ import torch
 log = logging.getLogger(__name__)
 
 _SUFFIX = ".mtsnap"
+_MAGIC = b"MTSNAP1\n"
+_HEADER_BYTES = len(_MAGIC) + 32
+
+
+def _mac(secret: bytes, job_id: str, step: int, body: bytes) -> bytes:
+    key = hmac.new(secret, b"malletrain/snapshot/v1", hashlib.sha256).digest()
+    return hmac.new(key, f"{job_id}|{step}|".encode() + body, hashlib.sha256).digest()
 
 
 @dataclass(frozen=True)
@@ -79,16 +95,20 @@ def find_latest(state_dir: Path | None, job_id: str) -> SnapshotRef | None:
     return best
 
 
-def save(state_dir: Path, job_id: str, step: int, payload: dict[str, Any]) -> Path:
-    """Atomically write ``payload`` (tagged with job id and step); returns the path."""
+def save(state_dir: Path, job_id: str, step: int, payload: dict[str, Any],
+         secret: bytes) -> Path:
+    """Atomically write ``payload`` (tagged with job id and step, MAC'ed); returns the path."""
     state_dir.mkdir(parents=True, exist_ok=True)
     final = snapshot_path(state_dir, job_id, step)
     # an unpredictable name: in a shared directory another user may plant a guessable one
     tmp = state_dir / f".{final.name}.{secrets.token_hex(8)}.tmp"
-    tagged = dict(payload, job_id=job_id, step=step)
+    buf = io.BytesIO()
+    torch.save(dict(payload, job_id=job_id, step=step), buf)
+    body = buf.getvalue()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "wb") as f:
-        torch.save(tagged, f)
+        f.write(_MAGIC + _mac(secret, job_id, step, body))
+        f.write(body)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, final)
@@ -116,17 +136,35 @@ def remove_older(state_dir: Path, job_id: str, keep_step: int | None) -> None:
                 log.warning("could not remove old snapshot %s: %s", entry.path, exc)
 
 
-def load(ref: SnapshotRef, job_id: str) -> dict[str, Any] | None:
-    """Read a snapshot; None if unreadable or its tags do not match the name and job.
+def _read_checked(ref: SnapshotRef, job_id: str, secret: bytes) -> bytes:
+    """The file's torch body once its MAC holds; ValueError (the reason) otherwise."""
+    if _private_problem(str(ref.path)) is not None:  # swapped since it was found
+        raise ValueError(str(_private_problem(str(ref.path))))
+    fd = os.open(ref.path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        data = f.read()
+    if len(data) < _HEADER_BYTES or not data.startswith(_MAGIC):
+        raise ValueError("not a malletrain snapshot (no header)")
+    mac, body = data[len(_MAGIC):_HEADER_BYTES], data[_HEADER_BYTES:]
+    if not hmac.compare_digest(mac, _mac(secret, job_id, ref.step, body)):
+        raise ValueError("its MAC does not match: not written by this job, or altered")
+    return body
+
+
+def load(ref: SnapshotRef, job_id: str, secret: bytes) -> dict[str, Any] | None:
+    """Read a snapshot; None if unreadable, not MAC'ed by this job, or mis-tagged.
 
     A rejected file is renamed to ``*.rejected`` so that the next look-up skips it (and a
     person can inspect it).
     """
+    payload = None
     try:
-        payload = torch.load(ref.path, map_location="cpu", weights_only=True)
+        body = _read_checked(ref, job_id, secret)
+        payload = torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
+    except ValueError as exc:
+        reason = f"refused: {exc}"
     except Exception as exc:  # truncated, corrupt, not a torch file: never use it
         reason = f"unreadable: {exc}"
-        payload = None
     else:
         ok = isinstance(payload, dict) and (payload.get("job_id"), payload.get("step")) == (
             job_id,

@@ -70,7 +70,8 @@ class StateSync(WorkerState):
 
     def _restore(self, snap: snapshot.SnapshotRef | None) -> None:
         t_load = time.monotonic()
-        loaded = snapshot.load(snap, self.config.job_id) if snap is not None else None
+        loaded = (snapshot.load(snap, self.config.job_id, self.config.secret)
+                  if snap is not None else None)
         if loaded is None:  # load() renamed it aside, so the retry picks the next one
             raise SyncError(f"snapshot {snap} became unreadable during the state sync")
         self._apply(loaded)
@@ -129,7 +130,8 @@ class StateSync(WorkerState):
             log.error("evicted to zero without MALLETRAIN_STATE_DIR: training state is lost")
             return
         t0 = time.monotonic()
-        path = snapshot.save(self.config.state_dir, self.config.job_id, self.step, self._payload())
+        path = snapshot.save(self.config.state_dir, self.config.job_id, self.step, self._payload(),
+                             self.config.secret)
         self.last_reconfig["snapshot_save_s"] = time.monotonic() - t0
         log.warning("saved snapshot of step %d to %s in %.2f s", self.step, path,
                     time.monotonic() - t0)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from malletrain.elastic.coordinator import Coordinator
+from malletrain.elastic.keyfile import ensure_key
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "elastic_train.py"
@@ -79,6 +80,7 @@ class Cluster:
         e.update(
             MALLETRAIN_COORDINATOR=self.coord.address,
             MALLETRAIN_JOB_ID=self.job_id,
+            MALLETRAIN_JOB_SECRET=self.coord.job_secret(self.job_id),
             MALLETRAIN_MEMBER_ID=member_id,
             MALLETRAIN_LOG_LEVEL="INFO",
             PYTHONPATH=str(REPO),
@@ -174,11 +176,19 @@ def committed_steps(workers: list[Worker]) -> dict[int, dict]:
 
 
 def start_coordinator(tmp: Path, port: int = 0) -> tuple[subprocess.Popen, str]:
-    """A standalone `malletrain coordinator` process (as root) and its address."""
+    """A standalone `malletrain coordinator` process (as root) and its address.
+
+    Its master key is ``tmp/coordinator.key`` (created on first use): see :func:`attach`.
+    """
     address_file = tmp / f"coord-{time.monotonic_ns()}.addr"
     proc = subprocess.Popen(
         [sys.executable, "-m", "malletrain.cli", "coordinator", "--port", str(port),
-         "--address-file", str(address_file)],
+         "--key-file", str(tmp / "coordinator.key"), "--address-file", str(address_file)],
         cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.DEVNULL)
     wait_for(address_file.exists, 60, "the coordinator to listen")
     return proc, address_file.read_text().strip()
+
+
+def attach(tmp: Path, address: str) -> Coordinator:
+    """The daemon's session with a coordinator of :func:`start_coordinator`."""
+    return Coordinator.attach(address, ensure_key(tmp / "coordinator.key"))

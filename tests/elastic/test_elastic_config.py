@@ -16,7 +16,8 @@ from malletrain.errors import ConfigError, PermanentError
 
 pytestmark = pytest.mark.torch
 
-BASE = {"MALLETRAIN_COORDINATOR": "h:1", "MALLETRAIN_JOB_ID": "j", "MALLETRAIN_MEMBER_ID": "m"}
+BASE = {"MALLETRAIN_COORDINATOR": "h:1", "MALLETRAIN_JOB_ID": "j", "MALLETRAIN_MEMBER_ID": "m",
+        "MALLETRAIN_JOB_SECRET": "0f" * 32}
 
 
 def test_from_env_reads_the_contract():
@@ -27,12 +28,16 @@ def test_from_env_reads_the_contract():
     assert cfg.state_dir == Path("/s") and (cfg.local_rank, cfg.local_world_size) == (1, 4)
     assert cfg.step_timeout_s == 2.5 and cfg.backend == "gloo"
     assert ElasticConfig.from_env(BASE).state_dir is None
+    assert cfg.secret == bytes.fromhex("0f" * 32) and "0f0f" not in repr(cfg)  # never printed
 
 
 @pytest.mark.parametrize(
     "env, match",
     [
-        ({"MALLETRAIN_JOB_ID": "j"}, "MALLETRAIN_COORDINATOR, MALLETRAIN_MEMBER_ID"),
+        ({"MALLETRAIN_JOB_ID": "j"},
+         "MALLETRAIN_COORDINATOR, MALLETRAIN_MEMBER_ID, MALLETRAIN_JOB_SECRET"),
+        ({**BASE, "MALLETRAIN_JOB_SECRET": "abc"}, "MALLETRAIN_JOB_SECRET: a secret is 64 hex"),
+        ({**BASE, "MALLETRAIN_JOB_SECRET": "zz" * 32}, "MALLETRAIN_JOB_SECRET: a secret is hex"),
         ({**BASE, "MALLETRAIN_STEP_TIMEOUT_S": "soon"}, "MALLETRAIN_STEP_TIMEOUT_S='soon'"),
         ({**BASE, "MALLETRAIN_HEAL_WAIT_S": "-1"}, "must be > 0"),
         ({**BASE, "LOCAL_RANK": "x"}, "LOCAL_RANK"),

@@ -14,18 +14,21 @@ import pytest
 from elastic_harness import (
     REPO,
     Cluster,
+    attach,
     checksums_at,
     committed_steps,
     start_coordinator,
     wait_for,
 )
 
+from malletrain.elastic.authstore import AuthStore
 from malletrain.elastic.coordinator import Coordinator, MemberUnavailable
 from malletrain.elastic.jobstore import JobStore
 from malletrain.elastic.protocol import MemberInfo
 from malletrain.errors import PermanentError, RetryableError
 
 pytestmark = pytest.mark.torch
+KEY = b"k" * 32
 
 
 def _free_port() -> int:
@@ -37,8 +40,10 @@ def _free_port() -> int:
 def test_daemon_restart_reattaches_to_the_standalone_coordinator(tmp_path):
     proc, address = start_coordinator(tmp_path)
     try:
-        daemon = Coordinator.attach(address)
-        worker_side = JobStore(Coordinator.attach(address).store, "j1")  # what workers write
+        daemon = attach(tmp_path, address)
+        host, port = address.rsplit(":", 1)
+        secret = bytes.fromhex(daemon.job_secret("j1"))
+        worker_side = JobStore(AuthStore(host, int(port), "j1", secret), "j1")  # a job's own
         for i, m in enumerate(("a", "b", "c")):
             worker_side.register(MemberInfo(m, f"node{i}", 100 + i, 1, time.time()))
         assert set(daemon.registered("j1")) == {"a", "b", "c"}
@@ -53,7 +58,7 @@ def test_daemon_restart_reattaches_to_the_standalone_coordinator(tmp_path):
             daemon.publish("j1", ["a", "b"])
         del daemon  # the daemon is killed; the store lives on in its own process
 
-        again = Coordinator.attach(address)
+        again = attach(tmp_path, address)
         m = again.membership("j1")
         assert (m.epoch, m.members, m.source) == (2, ("a", "c"), "publish")
         assert again.epoch("j1", 1).members == ("a", "b")
@@ -69,22 +74,41 @@ def test_daemon_restart_reattaches_to_the_standalone_coordinator(tmp_path):
         assert proc.wait(10) == 0
 
 
-def test_coordinator_cli_rejects_bad_input_in_one_line(tmp_path):
-    out = subprocess.run(
-        [sys.executable, "-m", "malletrain.cli", "coordinator", "--port", "70000"],
+def _coordinator_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "malletrain.cli", "coordinator", *args],
         cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True)
+
+
+def test_coordinator_cli_rejects_bad_input_in_one_line(tmp_path):
+    key = str(tmp_path / "k")
+    out = _coordinator_cli("--port", "70000", "--key-file", key)
     assert out.returncode != 0
     assert "--port 70000" in out.stderr and "Traceback" not in out.stderr
+    out = _coordinator_cli("--key-file", key, "--job-secret", "m1")  # creates the key
+    assert out.returncode == 0 and os.stat(key).st_mode & 0o777 == 0o600
+    os.chmod(key, 0o644)  # now readable by others: refused
+    out = _coordinator_cli("--key-file", key, "--job-secret", "m1")
+    assert out.returncode != 0 and "must be 0600" in out.stderr and "Traceback" not in out.stderr
+    os.chmod(key, 0o600)
+    link = tmp_path / "link"
+    link.symlink_to(key)
+    out = _coordinator_cli("--key-file", str(link), "--job-secret", "m1")
+    assert out.returncode != 0 and "not a regular file" in out.stderr
+    out = _coordinator_cli("--key-file", key, "--job-secret", "m1")
+    assert out.returncode == 0 and len(out.stdout.strip()) == 64
+    out = _coordinator_cli("--key-file", key, "--job-secret", "bad/id")
+    assert out.returncode != 0 and "invalid job id" in out.stderr
     with pytest.raises(RetryableError):
-        Coordinator.attach(f"127.0.0.1:{_free_port()}", timeout_s=1)
+        Coordinator.attach(f"127.0.0.1:{_free_port()}", KEY, timeout_s=1)
     with pytest.raises(PermanentError):
-        Coordinator.attach("no-port-here")
+        Coordinator.attach("no-port-here", KEY)
 
 
 def test_workers_train_through_a_coordinator_restart(tmp_path):
     port = _free_port()
     proc, address = start_coordinator(tmp_path, port)
-    cluster = Cluster(tmp_path, coord=Coordinator.attach(address))
+    cluster = Cluster(tmp_path, coord=attach(tmp_path, address))
     args = ["--dataset-size", "256", "--batch", "4", "--hidden", "32", "--step-sleep", "0.02"]
     try:
         w0 = cluster.launch("m0", *args)
@@ -100,7 +124,7 @@ def test_workers_train_through_a_coordinator_restart(tmp_path):
         assert w0.last_step() >= before + 10, "training stalled while the coordinator was down"
 
         proc, address = start_coordinator(tmp_path, port)
-        cluster.coord = Coordinator.attach(address)
+        cluster.coord = attach(tmp_path, address)
         # the workers put their epoch and registration back (rank 0's watcher re-seeds)
         wait_for(lambda: (m := cluster.coord.membership(cluster.job_id)) is not None
                  and m.epoch == e1 and m.members == ("m0",), 30, "re-seeded epoch", cluster)

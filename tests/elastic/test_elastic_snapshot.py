@@ -12,6 +12,7 @@ import torch
 from malletrain.elastic import snapshot
 
 pytestmark = pytest.mark.torch
+KEY = b"s" * 32
 
 
 def _payload(x: float) -> dict:
@@ -19,20 +20,20 @@ def _payload(x: float) -> dict:
 
 
 def test_save_is_atomic_tagged_and_replaces_older(tmp_path):
-    p1 = snapshot.save(tmp_path, "job", 10, _payload(1.0))
-    p2 = snapshot.save(tmp_path, "job", 25, _payload(2.0))
+    p1 = snapshot.save(tmp_path, "job", 10, _payload(1.0), KEY)
+    p2 = snapshot.save(tmp_path, "job", 25, _payload(2.0), KEY)
     assert not p1.exists() and p2.name == "job.step000000000025.mtsnap"
     assert not list(tmp_path.glob(".*tmp"))  # no temporary left behind
     ref = snapshot.find_latest(tmp_path, "job")
     assert ref is not None and ref.step == 25
-    loaded = snapshot.load(ref, "job")
+    loaded = snapshot.load(ref, "job", KEY)
     assert loaded is not None and loaded["step"] == 25 and loaded["job_id"] == "job"
     assert torch.equal(loaded["model"]["w"], torch.full((3,), 2.0))
 
 
 def test_other_jobs_and_prefixes_are_never_matched(tmp_path):
-    snapshot.save(tmp_path, "job10", 99, _payload(1.0))
-    snapshot.save(tmp_path, "other", 500, _payload(1.0))
+    snapshot.save(tmp_path, "job10", 99, _payload(1.0), KEY)
+    snapshot.save(tmp_path, "other", 500, _payload(1.0), KEY)
     (tmp_path / "job1.step000000000777.mtsnap.tmp").write_bytes(b"partial")
     assert snapshot.find_latest(tmp_path, "job1") is None
     assert snapshot.find_latest(tmp_path / "missing", "job1") is None
@@ -40,26 +41,26 @@ def test_other_jobs_and_prefixes_are_never_matched(tmp_path):
 
 
 def test_mismatched_or_corrupt_files_are_rejected_and_set_aside(tmp_path):
-    good = snapshot.save(tmp_path, "job", 5, _payload(1.0))
+    good = snapshot.save(tmp_path, "job", 5, _payload(1.0), KEY)
     forged = tmp_path / "job.step000000000050.mtsnap"
     forged.write_bytes(good.read_bytes())  # inner tag says step 5
     forged.chmod(0o600)  # private, like a real one: the tags give it away
     ref = snapshot.find_latest(tmp_path, "job")
     assert ref is not None and ref.step == 50
-    assert snapshot.load(ref, "job") is None
+    assert snapshot.load(ref, "job", KEY) is None
     assert (tmp_path / (forged.name + ".rejected")).exists()
     corrupt = tmp_path / "job.step000000000060.mtsnap"
     corrupt.write_bytes(b"\x00not a torch file")
     corrupt.chmod(0o600)
-    assert snapshot.load(snapshot.find_latest(tmp_path, "job"), "job") is None
+    assert snapshot.load(snapshot.find_latest(tmp_path, "job"), "job", KEY) is None
     # what remains is the genuine one
     ref = snapshot.find_latest(tmp_path, "job")
-    assert ref is not None and ref.step == 5 and snapshot.load(ref, "job") is not None
+    assert ref is not None and ref.step == 5 and snapshot.load(ref, "job", KEY) is not None
 
 
 def test_remove_all_of_a_job(tmp_path):
-    snapshot.save(tmp_path, "job", 5, _payload(1.0))
-    snapshot.save(tmp_path, "keep", 5, _payload(1.0))
+    snapshot.save(tmp_path, "job", 5, _payload(1.0), KEY)
+    snapshot.save(tmp_path, "keep", 5, _payload(1.0), KEY)
     snapshot.remove_older(tmp_path, "job", keep_step=None)
     assert snapshot.find_latest(tmp_path, "job") is None
     assert snapshot.find_latest(tmp_path, "keep") is not None
@@ -67,7 +68,7 @@ def test_remove_all_of_a_job(tmp_path):
 
 def test_snapshots_are_private_and_only_private_ones_of_this_user_are_used(tmp_path):
     """The state directory is shared by all users (issue 15): planted files are refused."""
-    good = snapshot.save(tmp_path, "job", 5, _payload(1.0))
+    good = snapshot.save(tmp_path, "job", 5, _payload(1.0), KEY)
     assert stat.S_IMODE(good.stat().st_mode) == 0o600
     planted = tmp_path / "job.step000000000900.mtsnap"  # another user's, newer-named
     planted.write_bytes(good.read_bytes())
@@ -79,6 +80,27 @@ def test_snapshots_are_private_and_only_private_ones_of_this_user_are_used(tmp_p
     link = tmp_path / "job.step000000000700.mtsnap"  # a symlink to a file of its choosing
     link.symlink_to(good)
     ref = snapshot.find_latest(tmp_path, "job")
-    assert ref is not None and ref.path == good and snapshot.load(ref, "job") is not None
+    assert ref is not None and ref.path == good and snapshot.load(ref, "job", KEY) is not None
     snapshot.remove_older(tmp_path, "job", keep_step=None)  # removes only its own files
     assert not good.exists() and planted.exists()
+
+
+def test_a_snapshot_must_carry_this_jobs_mac(tmp_path):
+    """Swapped, truncated, or written with another secret (e.g. the same user's other job
+    renamed into place): refused before torch.load, and the genuine one is still used."""
+    good = snapshot.save(tmp_path, "job", 5, _payload(1.0), KEY)
+    data = good.read_bytes()
+    for step, body in ((50, data[:-10]),  # truncated
+                       (60, data[:-1] + bytes([data[-1] ^ 1])),  # one bit flipped
+                       (70, data[:8] + b"0" * 32 + data[40:])):  # MAC replaced
+        bad = tmp_path / f"job.step{step:012d}.mtsnap"
+        bad.write_bytes(body)
+        bad.chmod(0o600)
+        assert snapshot.load(snapshot.find_latest(tmp_path, "job"), "job", KEY) is None
+    other = snapshot.save(tmp_path / "o", "job", 80, _payload(9.0), b"t" * 32)
+    os.replace(other, tmp_path / other.name)  # a valid file, another secret
+    assert snapshot.load(snapshot.find_latest(tmp_path, "job"), "job", KEY) is None
+    ref = snapshot.find_latest(tmp_path, "job")
+    assert ref is not None and ref.path == good
+    loaded = snapshot.load(ref, "job", KEY)
+    assert loaded is not None and torch.equal(loaded["model"]["w"], torch.full((3,), 1.0))

@@ -1,10 +1,12 @@
-"""A second real Unix user writes junk into another user's job records in the coordinator:
-the daemon's Job Monitor keeps that job's last good view, counts the bad record, marks the
-job, and serves every other job as before (issue 15, "hostile input isolated").
+"""A job's own user writes junk into its job records in the coordinator (a buggy or hostile
+worker: the secret lets it write its own job's keys): the daemon's Job Monitor keeps that
+job's last good view, counts the bad record, marks the job, and serves every other job as
+before (issue 15, "hostile input isolated"). Another user cannot write there at all
+(tests/security/test_coordinator_attacks.py).
 
-Real parts: the standalone coordinator process (TCPStore), the daemon's JobMonitor, Profiling
-Advisor and SQLite store; the attacker is mt-bob, a separate account of the dev cluster,
-running its own Python process against the coordinator's port.
+Real parts: the standalone coordinator process, the daemon's JobMonitor, Profiling Advisor
+and SQLite store; the writer is mt-alice, a separate account of the dev cluster, running its
+own Python process with her job's secret (given on stdin, never on a command line).
 """
 
 from __future__ import annotations
@@ -15,14 +17,14 @@ import sys
 import time
 
 import pytest
-from elastic_harness import start_coordinator
+from elastic_harness import attach, start_coordinator
 
 from malletrain.core.lifecycle import JobPhase
 from malletrain.core.profiler import ProfilingAdvisor
 from malletrain.daemon.monitor import JobMonitor
 from malletrain.daemon.spec import JobSpec
 from malletrain.daemon.store import Store
-from malletrain.elastic.coordinator import Coordinator
+from malletrain.elastic.authstore import AuthStore
 from malletrain.elastic.jobstore import JobStore
 from malletrain.elastic.protocol import MemberInfo, ProgressReport
 
@@ -30,10 +32,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
 ATTACK = """
 import sys
-from datetime import timedelta
-import torch.distributed as dist
+from malletrain.elastic.authstore import AuthStore
 host, port, job = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=10))
+store = AuthStore(host, port, job, bytes.fromhex(sys.stdin.read().strip()))
 pre = f"mt/{job}/"
 store.set(pre + "progress", '{"epoch": 1, "samples_total": "lots", "junk": [1, 2]}')
 n = store.add(pre + "events", 1) - 1
@@ -49,7 +50,7 @@ def _report(samples: int, t: float) -> ProgressReport:
                           members=("s0-r0",))
 
 
-def test_junk_written_by_another_user_stays_with_the_job_it_targets(dev_cluster, tmp_path):
+def test_junk_written_by_a_jobs_own_user_stays_with_that_job(dev_cluster, tmp_path):
     proc, address = start_coordinator(tmp_path)
     store = Store(tmp_path / "state.db")
     try:
@@ -58,8 +59,11 @@ def test_junk_written_by_another_user_stays_with_the_job_it_targets(dev_cluster,
         victim, other = (j.job_id for j in jobs)
         for jid in (victim, other):  # slots attached: the daemon reads the coordinator for it
             store.transition(jid, JobPhase.QUEUED, "slots attached")
-        coord = Coordinator.attach(address)
-        writers = {jid: JobStore(Coordinator.attach(address).store, jid) for jid in (victim, other)}
+        coord = attach(tmp_path, address)
+        host, port = address.rsplit(":", 1)
+        writers = {jid: JobStore(AuthStore(host, int(port), jid,
+                                           bytes.fromhex(coord.job_secret(jid))), jid)
+                   for jid in (victim, other)}
         for js in writers.values():  # what the jobs' own workers write
             js.register(MemberInfo("s0-r0", "n1", 100, 1, time.time()))
         coord.publish(victim, ["s0-r0"])
@@ -73,9 +77,8 @@ def test_junk_written_by_another_user_stays_with_the_job_it_targets(dev_cluster,
         first = monitor.observe(coord, store.jobs())
         assert first[victim].samples_total == 640 and bad == []
 
-        host, port = address.rsplit(":", 1)
         res = dev_cluster.run(sys.executable, "-c", ATTACK, host, port, victim,
-                              user="mt-bob", timeout_s=60)
+                              user="mt-alice", timeout_s=60, input=coord.job_secret(victim))
         assert "written" in res.stdout, res.stderr
         writers[other].set_progress(_report(1280, now + 5))
 

@@ -22,6 +22,8 @@ import pytest
 from malletrain.daemon.slots import render_slot
 from malletrain.daemon.spec import JobSpec
 
+SECRET = "ab" * 32
+
 pytestmark = pytest.mark.torch
 
 WORKER = """\
@@ -42,7 +44,8 @@ def _agent_argv(tmp_path: Path, *args: str) -> list[str]:
     spec = JobSpec(script=str(script), args=args, name="t", min_nodes=1, max_nodes=1,
                    nproc_per_node=2, python=sys.executable, kind="worker.py")
     spec = dataclasses.replace(spec, launcher="torchrun")
-    text = render_slot(spec, "m1", 0, coordinator="c:1", state_dir=str(tmp_path),
+    text = render_slot(spec, "m1", 0, coordinator="c:1", secret=SECRET,
+                       state_dir=str(tmp_path),
                        partition="scavenger").script
     argv = json.loads(text.split("argv = ", 1)[1].split("\n", 1)[0])
     assert argv[:4] == ["srun", "--nodes=1", "--ntasks=1", "--kill-on-bad-exit=1"]

@@ -17,6 +17,7 @@ from malletrain.daemon.slots import (
 from malletrain.daemon.spec import JobSpec
 
 GOLDEN = Path(__file__).parent / "golden" / "slot_m7_s2.txt"
+SECRET = "ab" * 32
 
 SPEC = JobSpec(script="/home/alice/train.py", args=("--lr", "0.1; rm -rf / $(x)"), name="r",
                min_nodes=1, max_nodes=4, nproc_per_node=2, output="/home/alice/o-%j.txt",
@@ -25,7 +26,8 @@ SPEC = JobSpec(script="/home/alice/train.py", args=("--lr", "0.1; rm -rf / $(x)"
 
 
 def rendered() -> str:
-    spec = render_slot(SPEC, "m7", 2, coordinator="login1:29400", state_dir="/pfs/mt/m7",
+    spec = render_slot(SPEC, "m7", 2, coordinator="login1:29400", secret=SECRET,
+                       state_dir="/pfs/mt/m7",
                        partition="scavenger", qos="scav")
     return "ARGV " + " ".join(spec.render()) + "\n" + spec.script
 
@@ -38,11 +40,26 @@ def test_slot_job_matches_golden_file():
     assert text == GOLDEN.read_text()
     assert "--hold" in text and "--partition=scavenger" in text
     assert "--comment=malletrain:m7:2" in text and "--requeue" in text
+    argv_line, script = text.split("\n", 1)
+    assert SECRET not in argv_line  # never on a command line (ps shows it to everyone)
+    assert f'"MALLETRAIN_JOB_SECRET": "{SECRET}"' in script
+
+
+def test_a_users_environment_cannot_replace_the_job_secret():
+    import dataclasses
+
+    import pytest
+
+    from malletrain.daemon.spec import SpecError
+
+    with pytest.raises(SpecError, match="MALLETRAIN_"):
+        dataclasses.replace(SPEC, environment={"MALLETRAIN_JOB_SECRET": "cd" * 32})
 
 
 def test_launcher_execs_an_argument_list_without_a_shell(tmp_path):
     """Run the launcher with a fake srun: the hostile argument arrives verbatim."""
-    spec = render_slot(SPEC, "m7", 2, coordinator="c:1", state_dir="/s", partition="scavenger")
+    spec = render_slot(SPEC, "m7", 2, coordinator="c:1", secret=SECRET, state_dir="/s",
+                       partition="scavenger")
     script = spec.script.replace("#!/opt/venv/bin/python", f"#!{sys.executable}", 1)
     fake = tmp_path / "srun"
     fake.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
@@ -98,7 +115,7 @@ def test_srun_launcher_maps_slurm_task_ids_to_torchrun_variables(tmp_path):
                       "os.environ['LOCAL_WORLD_SIZE'], sys.argv, __name__]))\n")
     spec = dataclasses.replace(SPEC, launcher="srun", script=str(script), python=sys.executable,
                                nproc_per_node=3)
-    text = render_slot(spec, "m7", 0, coordinator="c:1", state_dir="/s",
+    text = render_slot(spec, "m7", 0, coordinator="c:1", secret=SECRET, state_dir="/s",
                        partition="scavenger").script
     argv = json.loads(text.split("argv = ", 1)[1].split("\n", 1)[0])
     assert argv[:4] == ["srun", "--nodes=1", "--ntasks=3", "--kill-on-bad-exit=1"]

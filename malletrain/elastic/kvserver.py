@@ -1,0 +1,380 @@
+"""The coordinator's key-value server: per-job namespaces behind an authenticated wire.
+
+It serves the operations of ``torch.distributed.Store`` (enough for the membership protocol of
+:mod:`.protocol` and for gloo/NCCL to form a process group) to clients that proved a key in
+the handshake of :mod:`.wire`:
+
+* a **job session** (job ``J``'s secret) may only name keys under ``mt/J/``; it may not rewrite
+  history (``cfg/<e>`` is written once, by compare-and-set, and only as a ``heal``/``leave``
+  epoch of members the job already had (it can shrink, never grow); ``ev/<i>`` is written
+  once; neither is deleted);
+* the **admin session** (the daemon) may name any job's keys, forget a job, list the jobs.
+
+Requests and their fields (all bytes; integers as ASCII)::
+
+    SET key value | GET key timeout_ms | ADD key amount | CHECK key... | WAIT timeout_ms key...
+    NUM_KEYS | DELETE key | COMPARE_SET key expected desired | FORGET_JOB job | JOBS
+
+Bounded: connections (in all, per job, and handshakes in progress: the oldest unfinished
+handshake is dropped first, so a flood of idle connections cannot keep a real client out),
+bytes and keys per job, wait times. A bad request or a broken frame ends that connection
+only; nothing a client sends can stop the server's accept loop.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import socket
+import threading
+from dataclasses import dataclass, field
+
+from malletrain.elastic import records as r
+from malletrain.elastic import wire
+from malletrain.elastic.protocol import ID_RE
+from malletrain.elastic.wire import Op, Status
+
+log = logging.getLogger(__name__)
+
+_WORKER_WRITABLE_EPOCH_SOURCES = ("heal", "leave")
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    handshake_timeout_s: float = 5.0
+    max_pending_handshakes: int = 1024
+    max_connections: int = 8192
+    max_connections_per_job: int = 2048
+    max_job_bytes: int = 64 << 20
+    max_job_keys: int = 100_000
+    max_wait_s: float = 3600.0
+
+
+class Refused(Exception):
+    """A request this session may not make; answered with REFUSED, the session goes on."""
+
+
+@dataclass
+class JobSpace:
+    """One job's keys. ``cond`` guards ``data`` and wakes blocked GET/WAIT requests."""
+
+    data: dict[str, bytes] = field(default_factory=dict)
+    bytes_used: int = 0
+    connections: int = 0
+    cond: threading.Condition = field(default_factory=threading.Condition)
+
+    def put(self, key: str, value: bytes, limits: ServerLimits) -> None:
+        old = self.data.get(key)
+        grow = len(key) + len(value) - (0 if old is None else len(key) + len(old))
+        if old is None and len(self.data) >= limits.max_job_keys:
+            raise Refused(f"the job holds {len(self.data)} keys, the limit")
+        if self.bytes_used + grow > limits.max_job_bytes:
+            raise Refused(f"the job's keys would exceed {limits.max_job_bytes} bytes")
+        self.data[key] = value
+        self.bytes_used += grow
+        self.cond.notify_all()
+
+    def pop(self, key: str) -> bool:
+        old = self.data.pop(key, None)
+        if old is None:
+            return False
+        self.bytes_used -= len(key) + len(old)
+        return True
+
+
+def split_key(raw: bytes) -> tuple[str, str, str]:
+    """``mt/<job>/<rest>`` -> (key, job, rest); anything else is refused."""
+    try:
+        key = raw.decode()
+    except UnicodeDecodeError:
+        raise Refused("a key is UTF-8 text") from None
+    parts = key.split("/", 2)
+    if len(raw) > 1024 or len(parts) != 3 or parts[0] != "mt" or not parts[2]:
+        raise Refused(f"key {key[:80]!r} is not mt/<job>/<name>")
+    if not ID_RE.match(parts[1]):
+        raise Refused(f"key {key[:80]!r}: bad job id")
+    return key, parts[1], parts[2]
+
+
+def _int(raw: bytes, what: str) -> int:
+    if not raw or len(raw) > 20 or not raw.lstrip(b"-").isdigit():
+        raise Refused(f"{what} is not an integer")
+    return int(raw)
+
+
+class KVServer:
+    """Serve authenticated store sessions on ``(host, port)`` in background threads."""
+
+    def __init__(self, master: bytes, host: str = "127.0.0.1", port: int = 0,
+                 limits: ServerLimits | None = None) -> None:
+        self._master = master
+        self.limits = limits or ServerLimits()
+        self._sock = socket.create_server((host, port), backlog=1024, reuse_port=False)
+        self.port: int = self._sock.getsockname()[1]
+        self._lock = threading.Lock()  # guards the fields below
+        self._jobs: dict[str, JobSpace] = {}
+        self._pending: collections.OrderedDict[int, socket.socket] = collections.OrderedDict()
+        self._connections = 0
+        self._closed = False
+        self.counts: collections.Counter[str] = collections.Counter()
+        self._thread = threading.Thread(target=self._accept_loop, name="kv-accept", daemon=True)
+
+    def start(self) -> KVServer:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+
+    # ------------------------------------------------------------------ connections
+
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                conn, _addr = self._sock.accept()
+            except OSError as exc:
+                if self._closed:
+                    return
+                self._count("accept_errors", f"accept failed: {exc}")
+                threading.Event().wait(0.05)  # EMFILE and friends: let connections drain
+                continue
+            with self._lock:
+                if self._connections >= self.limits.max_connections:
+                    conn.close()
+                    self.counts["refused_full"] += 1
+                    continue
+                self._connections += 1
+            try:
+                threading.Thread(target=self._serve, args=(conn,), name="kv-conn",
+                                 daemon=True).start()
+            except RuntimeError:  # cannot start a thread: drop this one, keep accepting
+                self._release(conn)
+
+    def _count(self, what: str, message: str) -> None:
+        self.counts[what] += 1
+        n = self.counts[what]
+        if n & (n - 1) == 0:  # 1, 2, 4, 8...: a flood does not flood the log
+            log.warning("coordinator: %s (%s so far: %d)", message, what, n)
+
+    def _release(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._connections -= 1
+            self._pending.pop(id(conn), None)
+        conn.close()
+
+    def _authenticate(self, conn: socket.socket) -> tuple[str | None, wire.Session] | None:
+        with self._lock:
+            self._pending[id(conn)] = conn
+            while len(self._pending) > self.limits.max_pending_handshakes:
+                _, oldest = self._pending.popitem(last=False)
+                self.counts["dropped_handshakes"] += 1
+                with contextlib.suppress(OSError):
+                    oldest.shutdown(socket.SHUT_RDWR)  # its thread sees EOF and ends
+        conn.settimeout(self.limits.handshake_timeout_s)
+        try:
+            job, session = wire.server_handshake(conn, self._master)
+        except (wire.WireError, OSError, ValueError) as exc:
+            self._count("auth_failures", f"handshake refused: {exc}")
+            return None
+        finally:
+            with self._lock:
+                self._pending.pop(id(conn), None)
+        conn.settimeout(None)
+        return job, session
+
+    def _serve(self, conn: socket.socket) -> None:
+        space: JobSpace | None = None
+        try:
+            auth = self._authenticate(conn)
+            if auth is None:
+                return
+            job, session = auth
+            if job is not None:
+                space = self._space(job)
+                with self._lock:
+                    if space.connections >= self.limits.max_connections_per_job:
+                        self._count("refused_job_full", f"job {job}: too many connections")
+                        return
+                    space.connections += 1
+            self._session_loop(job, session)
+        except Exception:  # a bug serving one client must not take the others down
+            log.exception("coordinator: connection failed")
+        finally:
+            if space is not None:
+                with self._lock:
+                    space.connections -= 1
+            self._release(conn)
+
+    def _session_loop(self, job: str | None, session: wire.Session) -> None:
+        while True:
+            try:
+                code, fields = session.recv()
+            except (wire.WireError, OSError) as exc:
+                if not isinstance(exc, ConnectionError):
+                    self._count("bad_frames", f"job {job or '<admin>'}: {exc}")
+                return
+            try:
+                status, answer = self.handle(job, code, fields)
+            except Refused as exc:
+                self.counts["refused"] += 1
+                status, answer = Status.REFUSED, [str(exc).encode()[:512]]
+            session.send(status, answer)
+
+    # ------------------------------------------------------------------ requests
+
+    def _space(self, job: str) -> JobSpace:
+        with self._lock:
+            space = self._jobs.get(job)
+            if space is None:
+                space = self._jobs[job] = JobSpace()
+            return space
+
+    def _target(self, job: str | None, raw: bytes) -> tuple[str, str, JobSpace]:
+        key, key_job, rest = split_key(raw)
+        if job is not None and key_job != job:
+            raise Refused(f"key {key[:80]!r} is outside this session's job")
+        return key, rest, self._space(key_job)
+
+    def handle(self, job: str | None, code: int, f: list[bytes]) -> tuple[Status, list[bytes]]:
+        """One request of a session of ``job`` (None: admin) -> (status, answer fields)."""
+        arity = {Op.SET: 2, Op.GET: 2, Op.ADD: 2, Op.NUM_KEYS: 0, Op.DELETE: 1,
+                 Op.COMPARE_SET: 3, Op.FORGET_JOB: 1, Op.JOBS: 0}
+        if code in arity and len(f) != arity[Op(code)]:
+            raise Refused(f"request {code} takes {arity[Op(code)]} fields, got {len(f)}")
+        if code in (Op.FORGET_JOB, Op.JOBS) and job is not None:
+            raise Refused("only the daemon may do that")
+        if code == Op.CHECK:
+            return self._check(job, f)
+        if code == Op.WAIT:
+            return self._wait(job, f)
+        if code == Op.NUM_KEYS:
+            spaces = [self._space(job)] if job is not None else list(self._jobs.values())
+            return Status.OK, [str(sum(len(s.data) for s in spaces)).encode()]
+        if code == Op.FORGET_JOB:
+            return Status.OK, [str(self.forget(f[0].decode(errors="replace"))).encode()]
+        if code == Op.JOBS:
+            with self._lock:
+                return Status.OK, [f"{j} {len(s.data)} {s.bytes_used}".encode()
+                                   for j, s in sorted(self._jobs.items())]
+        if code not in (Op.SET, Op.GET, Op.ADD, Op.DELETE, Op.COMPARE_SET):
+            raise Refused(f"unknown request {code}")
+        key, rest, space = self._target(job, f[0])
+        with space.cond:
+            return self._keyed(job, Op(code), key, rest, f[1:], space)
+
+    def _keyed(self, job: str | None, code: Op, key: str, rest: str, args: list[bytes],
+               space: JobSpace) -> tuple[Status, list[bytes]]:
+        if job is not None:
+            _check_worker_write(code, key, rest, args, space)
+        if code == Op.SET:
+            space.put(key, args[0], self.limits)
+            return Status.OK, []
+        if code == Op.GET:
+            timeout_s = self._timeout(args[0])
+            if not space.cond.wait_for(lambda: key in space.data, timeout=timeout_s):
+                return Status.TIMEOUT, [key.encode()]
+            return Status.OK, [space.data[key]]
+        if code == Op.ADD:
+            old = space.data.get(key, b"0")
+            value = _int(old, f"the value of {key!r}") + _int(args[0], "the amount")
+            space.put(key, str(value).encode(), self.limits)
+            return Status.OK, [str(value).encode()]
+        if code == Op.DELETE:
+            return Status.OK, [b"1" if space.pop(key) else b"0"]
+        expected, desired = args  # COMPARE_SET, as TCPStore does it
+        current = space.data.get(key)
+        if (current is None and expected == b"") or (current is not None and current == expected):
+            space.put(key, desired, self.limits)
+            return Status.OK, [desired]
+        return Status.OK, [current if current is not None else expected]
+
+    def _timeout(self, raw: bytes) -> float:
+        ms = _int(raw, "the timeout")
+        return min(max(ms, 0) / 1000.0, self.limits.max_wait_s)
+
+    def _check(self, job: str | None, f: list[bytes]) -> tuple[Status, list[bytes]]:
+        for raw in f:
+            key, _rest, space = self._target(job, raw)
+            with space.cond:
+                if key not in space.data:
+                    return Status.OK, [b"0"]
+        return Status.OK, [b"1"]
+
+    def _wait(self, job: str | None, f: list[bytes]) -> tuple[Status, list[bytes]]:
+        if not f:
+            raise Refused("WAIT takes a timeout and keys")
+        timeout_s = self._timeout(f[0])
+        targets = [self._target(job, raw) for raw in f[1:]]
+        spaces = {id(s): s for _k, _r, s in targets}
+        if len(spaces) > 1:
+            raise Refused("WAIT names keys of one job only")
+        for key, _rest, space in targets:
+            with space.cond:
+                if not space.cond.wait_for(lambda k=key, s=space: k in s.data,  # type: ignore[misc]
+                                           timeout=timeout_s):
+                    return Status.TIMEOUT, [key.encode()]
+        return Status.OK, []
+
+    def forget(self, job: str) -> int:
+        """Drop every key of ``job`` (its namespace goes; the daemon calls it at job end)."""
+        with self._lock:
+            space = self._jobs.pop(job, None)
+        if space is None:
+            return 0
+        with space.cond:
+            n = len(space.data)
+            space.data.clear()
+            space.bytes_used = 0
+        return n
+
+    def job_bytes(self) -> dict[str, int]:
+        with self._lock:
+            return {j: s.bytes_used for j, s in self._jobs.items()}
+
+
+def _check_worker_write(code: Op, key: str, rest: str, args: list[bytes],
+                        space: JobSpace) -> None:
+    """A job's own processes may not rewrite its history (see the module docstring)."""
+    if code in (Op.GET,):
+        return
+    history = rest.startswith(("cfg/", "ev/")) or rest == "finished"
+    if code == Op.DELETE and history:
+        raise Refused(f"{rest!r} is not deleted by a job")
+    if rest.startswith("ev/") and (code != Op.SET or key in space.data):
+        raise Refused(f"{rest!r} is written once")
+    if rest.startswith("cfg/"):
+        if code != Op.COMPARE_SET or args[0] != b"":
+            raise Refused(f"{rest!r} is written once, by compare-and-set")
+        if key not in space.data:
+            _check_worker_epoch(key, args[1], space)
+
+
+def _check_worker_epoch(key: str, raw: bytes, space: JobSpace) -> None:
+    """A job may shrink itself (heal, leave) but only the daemon adds members or evicts.
+
+    One exception: into a namespace with no epoch at all (a restarted coordinator lost the
+    job's keys) a job's rank 0 puts back the epoch it is in (``reseed``).
+    """
+    try:
+        m = r.decode_membership(raw)
+    except r.RecordError as exc:
+        raise Refused(f"{key}: {exc}") from None
+    prefix = key.rsplit("/", 1)[0] + "/"
+    known: set[str] = set()
+    for k, v in space.data.items():
+        if k.startswith(prefix):
+            try:
+                known.update(r.decode_membership(v).members)
+            except r.RecordError:
+                continue
+    if not known and not any(k.startswith(prefix) for k in space.data):
+        return  # the reseed of a lost store
+    if m.source not in _WORKER_WRITABLE_EPOCH_SOURCES:
+        raise Refused(f"{key}: a job writes only heal/leave epochs, not {m.source!r}")
+    unknown = [mid for mid in m.members if mid not in known]
+    if unknown:
+        raise Refused(f"{key}: members {unknown[:4]} were never published")
