@@ -18,6 +18,12 @@ training state), 2 <-> 3 workers on CPU/gloo, all on this host. Measured in ONE 
 Each transition is done ``--cycles`` times; the median is reported. Last line:
 ``rescale down_s=<x> up_s=<y> baseline_down_s=<a> baseline_up_s=<b>``.
 
+``--against-commit REV`` instead compares this tree's malletrain with an older commit's (e.g.
+the last one with the unauthenticated TCPStore coordinator, to measure what authentication
+costs): the older tree is checked out with ``git worktree`` and its own benchmark runs with
+``--skip-baseline``; the two alternate ``--rounds`` times in one run. Last line:
+``rescale_vs down_s=<x> up_s=<y> other_down_s=<a> other_up_s=<b> other=<rev>``.
+
 Run: ``.venv/bin/python benchmarks/rescale.py`` (about 3 minutes on 2 shared cores).
 """
 
@@ -88,6 +94,7 @@ def run_malletrain(tmp: Path, cycles: int) -> dict[str, list[float]]:
     def launch(member: str) -> None:
         logs[member] = tmp / f"mt-{member}.jsonl"
         env = child_env(MALLETRAIN_COORDINATOR=coord.address, MALLETRAIN_JOB_ID=job,
+                        MALLETRAIN_JOB_SECRET=coord.job_secret(job),
                         MALLETRAIN_MEMBER_ID=member, MALLETRAIN_STATE_DIR=str(state))
         with open(tmp / f"mt-{member}.err", "w") as err:
             procs[member] = subprocess.Popen(
@@ -234,6 +241,53 @@ def fmt(values: list[float]) -> str:
     return "[" + ", ".join(f"{v:.2f}" for v in values) + "]"
 
 
+def _parse_list(line: str, name: str) -> list[float]:
+    text = line.split(f"{name}=[", 1)[1].split("]", 1)[0]
+    return [float(v) for v in text.split(",") if v.strip()]
+
+
+def run_other_tree(tmp: Path, rev: str, cycles: int, hidden: int) -> dict[str, list[float]]:
+    """Run an older commit's own benchmark (malletrain only) from a git worktree."""
+    tree = tmp / f"tree-{rev[:12]}"
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), rev],
+                   check=True, capture_output=True)
+    try:
+        res = subprocess.run(
+            [sys.executable, str(tree / "benchmarks" / "rescale.py"), "--skip-baseline",
+             "--cycles", str(cycles), "--hidden", str(hidden)],
+            env=dict(os.environ, PYTHONPATH=str(tree)), capture_output=True, text=True,
+            timeout=1800, check=False)
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
+                       check=False, capture_output=True)
+    line = next((x for x in res.stdout.splitlines() if x.startswith("malletrain up_s=")), None)
+    if res.returncode != 0 or line is None:
+        raise RuntimeError(f"the benchmark of {rev} failed: {res.stderr[-2000:]}")
+    return {"up": _parse_list(line, "up_s"), "down": _parse_list(line, "down_s")}
+
+
+def compare_with(tmp: Path, rev: str, rounds: int, cycles: int, hidden: int) -> int:
+    mine: dict[str, list[float]] = {"up": [], "down": []}
+    other: dict[str, list[float]] = {"up": [], "down": []}
+    for r in range(rounds):
+        (tmp / f"round{r}").mkdir()
+        for name, run in (("this tree", lambda r=r: run_malletrain(tmp / f"round{r}", cycles)),
+                          (rev, lambda: run_other_tree(tmp, rev, cycles, hidden))):
+            got = run()
+            into = mine if name == "this tree" else other
+            for k in ("up", "down"):
+                into[k] += got[k]
+            print(f"round {r + 1} {name}: up_s={fmt(got['up'])} down_s={fmt(got['down'])}",
+                  flush=True)
+    up, down = statistics.median(mine["up"]), statistics.median(mine["down"])
+    o_up, o_down = statistics.median(other["up"]), statistics.median(other["down"])
+    print(f"this tree / {rev}: up {up / o_up:.3f}x down {down / o_down:.3f}x (median of "
+          f"{len(mine['up'])} transitions each)")
+    print(f"rescale_vs down_s={down:.3f} up_s={up:.3f} other_down_s={o_down:.3f} "
+          f"other_up_s={o_up:.3f} other={rev}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cycles", type=int, default=2, help="up/down cycles per system")
@@ -242,10 +296,19 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the logs (path printed)")
     ap.add_argument("--skip-baseline", action="store_true",
                     help="malletrain only (no last line; for a quick check)")
+    ap.add_argument("--against-commit", metavar="REV",
+                    help="compare with REV's malletrain instead of torchrun (see above)")
+    ap.add_argument("--rounds", type=int, default=2, help="alternations with --against-commit")
     args = ap.parse_args()
     MODEL_ARGS[3] = str(args.hidden)
     tmp = Path(tempfile.mkdtemp(prefix="mt-rescale-"))
     print(f"logs in {tmp}", flush=True)
+    if args.against_commit:
+        try:
+            return compare_with(tmp, args.against_commit, args.rounds, args.cycles, args.hidden)
+        finally:
+            if not args.keep:
+                shutil.rmtree(tmp, ignore_errors=True)
     try:
         mt = run_malletrain(tmp, args.cycles)
         print(f"malletrain up_s={fmt(mt['up'])} down_s={fmt(mt['down'])} "

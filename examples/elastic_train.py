@@ -2,7 +2,8 @@
 
 Run by hand on one machine (CPU, gloo)::
 
-    malletrain coordinator --port 29400 &                       # the membership store
+    malletrain coordinator --port 29400 --key-file ~/.mt.key &   # the membership store
+    export MALLETRAIN_JOB_SECRET=$(malletrain coordinator --key-file ~/.mt.key --job-secret demo)
     for m in m0 m1; do
       MALLETRAIN_COORDINATOR=127.0.0.1:29400 MALLETRAIN_JOB_ID=demo MALLETRAIN_MEMBER_ID=$m \\
       MALLETRAIN_STATE_DIR=/tmp/demo-state \\
@@ -10,7 +11,9 @@ Run by hand on one machine (CPU, gloo)::
           --total-samples 20000 --results /tmp/demo-results.json &
     done
     python -c "from malletrain.elastic.coordinator import Coordinator as C; \\
-               print(C.attach('127.0.0.1:29400').publish('demo', ['m0', 'm1']))"
+               from malletrain.elastic.keyfile import read_key; from pathlib import Path; \\
+               k = read_key(Path.home() / '.mt.key'); \\
+               print(C.attach('127.0.0.1:29400', k).publish('demo', ['m0', 'm1']))"
 
 Under the daemon, each Slurm slot job runs the same torchrun line with the env set for it.
 The job stops after EXACTLY ``--total-samples`` samples; global rank 0 writes them to

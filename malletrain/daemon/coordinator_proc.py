@@ -5,9 +5,9 @@ started detached by the daemon when none answers at the configured address, so t
 ``kill -9`` of the daemon does not touch training: the workers keep stepping, and the
 restarted daemon attaches to the same coordinator and carries on.
 
-Both read the master key from ``coordinator.key`` beside the database (0600, created by the
-daemon). A new database gets a new key: job ids restart at ``m1`` with a new database, and a
-job must never get the secret an earlier job's user already knows.
+Both read the master key from ``coordinator.key`` beside the database (0600, created by
+whichever starts first). Job secrets are also derived in the database's *realm*
+(:mod:`malletrain.elastic.wire`), which the daemon's session sets in the coordinator.
 """
 
 from __future__ import annotations
@@ -37,20 +37,17 @@ def key_file(settings: Settings) -> Path:
     return settings.state.database_path.parent / "coordinator.key"
 
 
-def ensure_coordinator(settings: Settings, timeout_s: float = 60.0, *,
-                       new_key: bool = False) -> Any:
+def ensure_coordinator(settings: Settings, realm: str, timeout_s: float = 60.0) -> Any:
     """Attach to the running coordinator, or start one detached and attach to it.
 
-    ``new_key``: replace the master key first (a new database); a coordinator still running
-    with the old key is stopped and a new one started.
+    A coordinator this daemon started that has another key (the key file was replaced) is
+    stopped and started again; one started otherwise (systemd) is reported.
     """
     from malletrain.elastic.coordinator import Coordinator, CoordinatorKeyMismatch
     from malletrain.elastic.keyfile import ensure_key
 
     addr_file, pid_file, log_file = coordinator_files(settings)
     addr_file.parent.mkdir(parents=True, exist_ok=True)
-    if new_key:
-        key_file(settings).unlink(missing_ok=True)
     master = ensure_key(key_file(settings))
     candidates = []
     if addr_file.exists():
@@ -59,10 +56,13 @@ def ensure_coordinator(settings: Settings, timeout_s: float = 60.0, *,
         candidates.append(f"{settings.coordinator.host}:{settings.coordinator.port}")
     for address in candidates:
         try:
-            coord = Coordinator.attach(address, master, timeout_s=2.0)
+            coord = Coordinator.attach(address, master, timeout_s=2.0, realm=realm)
             log.info("attached to the running coordinator at %s", address)
             return coord
-        except CoordinatorKeyMismatch:
+        except CoordinatorKeyMismatch as exc:
+            if not pid_file.exists():
+                raise PermanentError(f"{exc}: restart it (malletrain-coordinator.service) so "
+                                     f"that it reads {key_file(settings)}") from None
             log.warning("the coordinator at %s has an old key; restarting it", address)
             stop_coordinator(settings)
             time.sleep(0.5)
@@ -83,7 +83,7 @@ def ensure_coordinator(settings: Settings, timeout_s: float = 60.0, *,
         if addr_file.exists() and addr_file.read_text().strip():
             address = addr_file.read_text().strip()
             log.info("started the coordinator (pid %d) at %s", proc.pid, address)
-            return Coordinator.attach(address, master, timeout_s=10.0)
+            return Coordinator.attach(address, master, timeout_s=10.0, realm=realm)
         time.sleep(0.1)
     raise RetryableError(f"the coordinator did not come up within {timeout_s:.0f} s")
 

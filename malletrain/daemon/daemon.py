@@ -77,11 +77,10 @@ class Daemon:
         self.settings = settings
         self.backend = backend
         self.cache = SnapshotCache(backend, max_age_s=600.0)
-        new_database = not settings.state.database_path.exists()
         self.store = Store(settings.state.database_path)
         self.metrics = metrics
         self.coordinator = (coordinator if coordinator is not None
-                            else ensure_coordinator(settings, new_key=new_database))
+                            else ensure_coordinator(settings, self.store.realm))
         self._decide_overrides = dict(decide_overrides or {})
         self.learned = LearnedState(self.store)
         self.policy = make_policy(settings.allocator.policy, settings.allocator.policy_options())
@@ -177,6 +176,9 @@ class Daemon:
         self.holds_nodes = bool(plan.held_nodes) or any(plan.targets.values())
         self._publish_metrics(plan, slurm_up=not self.cache.stale, snap=snap)
         self._save_learned()
+        pruned = self.store.prune_ended(self.settings.state.keep_ended_jobs)
+        if pruned:
+            log.info("deleted %d ended job(s) beyond state.keep_ended_jobs", pruned)
         if self.metrics is not None:
             self.metrics.observe_tick(time.monotonic() - t0)
         if plan.actions:

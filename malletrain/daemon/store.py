@@ -15,6 +15,7 @@ channel's threads and the main loop share it.
 from __future__ import annotations
 
 import json
+import secrets
 import sqlite3
 import threading
 import time
@@ -154,6 +155,15 @@ class Store:
             self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)",
                              (str(SCHEMA_VERSION),))
             self._db.execute("INSERT OR IGNORE INTO meta VALUES ('next_seq', '1')")
+            # names this database in every job secret: job ids restart at m1 with a new
+            # database, and m1 must not get the secret an earlier m1's user already knows
+            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('realm', ?)",
+                             (secrets.token_hex(8),))
+
+    @property
+    def realm(self) -> str:
+        with self._lock:
+            return str(self._db.execute("SELECT value FROM meta WHERE key='realm'").fetchone()[0])
 
     def close(self) -> None:
         with self._lock:
@@ -249,6 +259,27 @@ class Store:
         if not include_terminal:
             recs = [r for r in recs if not r.state.terminal]
         return recs
+
+    def prune_ended(self, keep: int) -> int:
+        """Delete all but the newest ``keep`` ended jobs (and their rows); returns how many.
+
+        Without it the database, and every tick's read of it, grows with every job ever
+        submitted (issue 15: bounded resources).
+        """
+        terminal = ("completed", "cancelled", "failed")
+        with self._lock:  # a read first: most ticks have nothing to delete
+            old = [r[0] for r in self._db.execute(
+                "SELECT job_id FROM jobs WHERE state IN (?,?,?) ORDER BY seq DESC "
+                "LIMIT -1 OFFSET ?", (*terminal, keep))]
+        if not old:
+            return 0
+        with self._tx() as db:
+            for i in range(0, len(old), 500):
+                part = old[i:i + 500]
+                marks = ",".join("?" * len(part))
+                for table in ("slots", "history", "actions", "jobs"):
+                    db.execute(f"DELETE FROM {table} WHERE job_id IN ({marks})", part)
+        return len(old)
 
     def count_jobs(self, uid: int | None = None) -> int:
         """Jobs not yet in a terminal state (all users, or one)."""

@@ -163,6 +163,10 @@ class AuthStore(dist.Store):
         """Drop every key of ``job_id`` on the server (admin session only)."""
         return int(self._ok(Op.FORGET_JOB, [job_id.encode()])[0])
 
+    def set_realm(self, realm: str) -> None:
+        """Derive job secrets in ``realm`` from now on (admin session only)."""
+        self._ok(Op.REALM, [realm.encode()])
+
     def jobs(self) -> dict[str, tuple[int, int]]:
         """``{job: (keys, bytes)}`` held by the server (admin session only)."""
         out = {}

@@ -127,11 +127,13 @@ def parse_address(address: str) -> tuple[str, int]:
 class Coordinator:
     """Typed access to the membership store. Thread-safe (one lock around store calls)."""
 
-    def __init__(self, store: AuthStore, host: str, port: int, master: bytes) -> None:
+    def __init__(self, store: AuthStore, host: str, port: int, master: bytes,
+                 realm: str = "") -> None:
         self._store = store
         self._host = host
         self._port = port
         self._master = master
+        self._realm = realm
         self._server: KVServer | None = None  # set when this object hosts the store
         self._lock = threading.Lock()
         self._jobs: dict[str, JobStore] = {}
@@ -140,7 +142,7 @@ class Coordinator:
 
     @classmethod
     def start(cls, host: str = "127.0.0.1", port: int = 0, master: bytes | None = None,
-              limits: ServerLimits | None = None) -> Coordinator:
+              limits: ServerLimits | None = None, realm: str = "") -> Coordinator:
         """Host a new store in this process (``port=0``: pick a free port; see ``address``).
 
         ``host`` is the address to bind AND the one advertised in :attr:`address`; pass the
@@ -159,27 +161,34 @@ class Coordinator:
 
             advertised = socket.getfqdn()
         log.info("coordinator store listening on %s:%d", advertised, server.port)
-        coord = cls.attach(f"{advertised if host not in ('0.0.0.0', '::', '') else '127.0.0.1'}"
-                           f":{server.port}", master)
+        local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+        coord = cls.attach(f"{local}:{server.port}", master, realm=realm)
         coord._server = server
         coord._host = advertised
         return coord
 
     @classmethod
-    def attach(cls, address: str, master: bytes, timeout_s: float = 10.0) -> Coordinator:
+    def attach(cls, address: str, master: bytes, timeout_s: float = 10.0,
+               realm: str = "") -> Coordinator:
         """Connect to a store hosted elsewhere (e.g. by ``malletrain coordinator``).
 
+        ``realm`` names the daemon's database; job secrets are derived in it (:mod:`.wire`),
+        and it is set again on every reconnection (a restarted coordinator forgot it).
         Raises :class:`RetryableError` if it cannot be reached within ``timeout_s``, and
         :class:`CoordinatorKeyMismatch` if it answers but does not know ``master``.
         """
         host, port = parse_address(address)
-        return cls(cls._connect(host, port, master, timeout_s), host, port, master)
+        store = cls._connect(host, port, master, timeout_s, realm)
+        return cls(store, host, port, master, realm)
 
     @staticmethod
-    def _connect(host: str, port: int, master: bytes, timeout_s: float) -> AuthStore:
+    def _connect(host: str, port: int, master: bytes, timeout_s: float,
+                 realm: str) -> AuthStore:
         try:
-            return AuthStore(host, port, None, wire.admin_secret(master),
-                             timeout_s=timeout_s, connect_timeout_s=timeout_s)
+            store = AuthStore(host, port, None, wire.admin_secret(master),
+                              timeout_s=timeout_s, connect_timeout_s=timeout_s)
+            store.set_realm(realm)
+            return store
         except RuntimeError as exc:
             if "refused: authentication failed" in str(exc):
                 raise CoordinatorKeyMismatch(
@@ -198,7 +207,7 @@ class Coordinator:
 
     def job_secret(self, job_id: str) -> str:
         """Job ``job_id``'s secret, hex: hand it to that job's processes only."""
-        return wire.job_secret(self._master, job_id).hex()
+        return wire.job_secret(self._master, job_id, self._realm).hex()
 
     def close(self) -> None:
         """Drop the session. If this object hosts the store, the server stops."""
@@ -223,7 +232,7 @@ class Coordinator:
             except dist.DistNetworkError as exc:
                 log.warning("coordinator connection lost (%s); reconnecting", exc)
                 host = "127.0.0.1" if self._server is not None else self._host
-                self._store = self._connect(host, self._port, self._master, 5.0)
+                self._store = self._connect(host, self._port, self._master, 5.0, self._realm)
                 self._jobs.clear()
                 return fn()
 

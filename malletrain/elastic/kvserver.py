@@ -117,6 +117,8 @@ class KVServer:
         self._pending: collections.OrderedDict[int, socket.socket] = collections.OrderedDict()
         self._connections = 0
         self._closed = False
+        #: set by the daemon's session (Op.REALM); job secrets are derived in it
+        self.realm = ""
         self.counts: collections.Counter[str] = collections.Counter()
         self._thread = threading.Thread(target=self._accept_loop, name="kv-accept", daemon=True)
 
@@ -176,7 +178,7 @@ class KVServer:
                     oldest.shutdown(socket.SHUT_RDWR)  # its thread sees EOF and ends
         conn.settimeout(self.limits.handshake_timeout_s)
         try:
-            job, session = wire.server_handshake(conn, self._master)
+            job, session = wire.server_handshake(conn, self._master, self.realm)
         except (wire.WireError, OSError, ValueError) as exc:
             self._count("auth_failures", f"handshake refused: {exc}")
             return None
@@ -242,11 +244,17 @@ class KVServer:
     def handle(self, job: str | None, code: int, f: list[bytes]) -> tuple[Status, list[bytes]]:
         """One request of a session of ``job`` (None: admin) -> (status, answer fields)."""
         arity = {Op.SET: 2, Op.GET: 2, Op.ADD: 2, Op.NUM_KEYS: 0, Op.DELETE: 1,
-                 Op.COMPARE_SET: 3, Op.FORGET_JOB: 1, Op.JOBS: 0}
+                 Op.COMPARE_SET: 3, Op.FORGET_JOB: 1, Op.JOBS: 0, Op.REALM: 1}
         if code in arity and len(f) != arity[Op(code)]:
             raise Refused(f"request {code} takes {arity[Op(code)]} fields, got {len(f)}")
-        if code in (Op.FORGET_JOB, Op.JOBS) and job is not None:
+        if code in (Op.FORGET_JOB, Op.JOBS, Op.REALM) and job is not None:
             raise Refused("only the daemon may do that")
+        if code == Op.REALM:
+            realm = f[0].decode(errors="replace")
+            if realm and not ID_RE.match(realm):
+                raise Refused("bad realm")
+            self.realm = realm
+            return Status.OK, []
         if code == Op.CHECK:
             return self._check(job, f)
         if code == Op.WAIT:

@@ -6,10 +6,13 @@ write every job's membership and join its process group (docs/security.md). Why 
 has one key per listener, where each job needs its own.
 
 Keys. The coordinator holds one *master key* (the daemon's, 32 random bytes in a 0600 file).
-Job ``J``'s secret is ``HMAC(master, "malletrain/job/v1\\0" + J)``: the daemon hands it to
-J's processes only (inside the job's private batch script), and the coordinator derives it
-again from the job id a client names, so nothing has to be registered or kept in sync. The
-daemon itself authenticates with ``HMAC(master, "malletrain/admin/v1")``.
+Job ``J``'s secret is ``HMAC(master, "malletrain/job/v1\\0" + realm + "\\0" + J)``: the daemon
+hands it to J's processes only (inside the job's private batch script), and the coordinator
+derives it again from the job id a client names, so nothing per job is registered or kept in
+sync. The *realm* names the daemon's database (set by the daemon's session, :data:`Op.REALM`):
+job ids restart at ``m1`` with a new database, and the new ``m1`` must not get the secret an
+old ``m1``'s user knows. The daemon itself authenticates with ``HMAC(master,
+"malletrain/admin/v1")``.
 
 Handshake (every connection, before anything else)::
 
@@ -65,6 +68,7 @@ class Op(IntEnum):
     COMPARE_SET = 8
     FORGET_JOB = 9  # admin only
     JOBS = 10  # admin only: the job namespaces held, with their sizes
+    REALM = 11  # admin only: the realm job secrets are derived in (see above)
 
 
 class Status(IntEnum):
@@ -80,11 +84,14 @@ class WireError(Exception):
 # ---------------------------------------------------------------------- keys
 
 
-def job_secret(master: bytes, job_id: str) -> bytes:
+def job_secret(master: bytes, job_id: str, realm: str = "") -> bytes:
     """Job ``job_id``'s secret: what its processes prove, derived from the master key."""
     if not ID_RE.match(job_id):
         raise ValueError(f"invalid job id {job_id!r}")
-    return hmac.new(master, b"malletrain/job/v1\0" + job_id.encode(), hashlib.sha256).digest()
+    if realm and not ID_RE.match(realm):
+        raise ValueError(f"invalid realm {realm!r}")
+    label = f"malletrain/job/v1\0{realm}\0{job_id}".encode()
+    return hmac.new(master, label, hashlib.sha256).digest()
 
 
 def admin_secret(master: bytes) -> bytes:
@@ -171,7 +178,8 @@ def client_handshake(sock: socket.socket, job: str | None, key: bytes) -> Sessio
     return Session(sock, hmac.new(key, b"session" + t, hashlib.sha256).digest(), client=True)
 
 
-def server_handshake(sock: socket.socket, master: bytes) -> tuple[str | None, Session]:
+def server_handshake(sock: socket.socket, master: bytes,
+                     realm: str = "") -> tuple[str | None, Session]:
     """Check a client's proof; returns (its job, or None for admin; the session)."""
     hello = _recv_plain(sock)
     if hello.get("v") != 1:
@@ -183,7 +191,7 @@ def server_handshake(sock: socket.socket, master: bytes) -> tuple[str | None, Se
     ns = os.urandom(16).hex()
     _send_plain(sock, {"nonce": ns})
     t = _transcript(job, nc, ns)
-    key = admin_secret(master) if job is None else job_secret(master, job)
+    key = admin_secret(master) if job is None else job_secret(master, job, realm)
     proof = _hex_field(_recv_plain(sock), "proof", 32)
     if not hmac.compare_digest(proof, _mac(key, b"c", t)):
         _send_plain(sock, {"error": "authentication failed"})

@@ -210,6 +210,12 @@ class StateSettings:
         "again; must be reachable by the job's workers (a parallel file system on a real "
         "cluster).",
     ))
+    keep_ended_jobs: int = field(default=1000, metadata=meta(
+        "Ended jobs (completed, cancelled, failed) kept with their history for `malletrain "
+        "jobs` and audits; older ones are deleted with their slots, history and actions, so "
+        "the database stays bounded however many jobs come and go.",
+        min=0, max=10_000_000,
+    ))
 
 
 @dataclass(frozen=True)

@@ -60,3 +60,22 @@ def test_slot_ids_are_unique_across_jobs(tmp_path):
     with pytest.raises(sqlite3.IntegrityError):
         s.add_slots("m2", [5])
     assert [x.slurm_job_id for x in s.slots()] == [5]
+
+
+def test_prune_keeps_the_newest_ended_jobs_and_every_live_one(tmp_path):
+    s = Store(tmp_path / "state.db")
+    for i in range(6):
+        rec = s.create_job(1001, "alice", SPEC, now_s=float(i))
+        s.add_slots(rec.job_id, [100 + 3 * i, 101 + 3 * i, 102 + 3 * i])
+        s.begin_action(rec.job_id, 100 + 3 * i, "place", "n1")
+        if i != 2:  # m3 stays queued: live jobs are never pruned, however old
+            s.transition(rec.job_id, JobPhase.CANCELLED, "cancelled by alice")
+        else:
+            s.transition(rec.job_id, JobPhase.QUEUED, "slots attached")
+    assert s.prune_ended(keep=2) == 3  # m1, m2, m4 go; m5, m6 (newest ended) and m3 stay
+    assert [j.job_id for j in s.jobs()] == ["m3", "m5", "m6"]
+    assert {r.job_id for r in s.slots()} == {"m3", "m5", "m6"}
+    assert s.actions("m1") == [] and s.actions("m5") != []
+    assert s.job("m1") is None and len(s.job("m5").lifecycle.history) == 2  # kept whole
+    assert s.prune_ended(keep=2) == 0
+    assert s.create_job(1001, "alice", SPEC).job_id == "m7"  # ids never reused
