@@ -1,0 +1,60 @@
+"""Reading who may see whose jobs from Slurm (PrivateData, SlurmUser, admin levels)."""
+
+import pytest
+
+from malletrain.slurm.privacy import (
+    ADMIN_LEVELS_COMMAND,
+    CONFIG_COMMAND,
+    Privacy,
+    parse_admin_levels,
+    parse_config,
+    read_privacy,
+)
+
+# lines as `scontrol show config` of Slurm 22.05 prints them (the dev cluster's, and a site's)
+CONFIG_OPEN = """Configuration data as of 2026-11-25T11:37:00
+AccountingStorageType   = accounting_storage/slurmdbd
+PrivateData             = none
+SlurmUser               = root(0)
+"""
+CONFIG_PRIVATE = """PrivateData             = accounts,jobs,usage
+SlurmUser               = slurm(64030)
+"""
+
+
+def test_parse_config():
+    assert parse_config(CONFIG_OPEN) == (frozenset(), "root")
+    assert parse_config(CONFIG_PRIVATE) == (frozenset({"accounts", "jobs", "usage"}), "slurm")
+    assert parse_config("garbage\n=\n") == (frozenset(), None)
+
+
+def test_parse_admin_levels():
+    text = "root|Administrator\nalice|None\nops|Operator\nbad line\n|\n"
+    assert parse_admin_levels(text) == frozenset({"root", "ops"})
+
+
+def test_who_sees_all():
+    open_ = Privacy()
+    private = Privacy(private_jobs=True, operators=frozenset({"root", "slurm", "ops"}))
+    assert open_.sees_all("alice", 1001)
+    assert not private.sees_all("alice", 1001)
+    assert private.sees_all("ops", 1005) and private.sees_all("anyone", 0)
+
+
+def test_read_privacy_falls_back_to_root_and_the_slurm_user_without_accounting():
+    def run(argv):
+        if argv == CONFIG_COMMAND:
+            return CONFIG_PRIVATE
+        assert argv == ADMIN_LEVELS_COMMAND
+        raise RuntimeError("sacctmgr: no slurmdbd")
+
+    p = read_privacy(run)
+    assert p == Privacy(private_jobs=True, operators=frozenset({"root", "slurm"}))
+
+
+def test_read_privacy_needs_the_config():
+    def run(argv):
+        raise RuntimeError("slurmctld down")
+
+    with pytest.raises(RuntimeError):
+        read_privacy(run)
