@@ -3,8 +3,9 @@
 Model: MLP 1024 -> 12288 -> 1024 (25.2 M fp32 params = 96 MiB; with SGD momentum 192 MiB of
 training state), 2 <-> 3 workers on CPU/gloo, all on this host. Measured in ONE run:
 
-* malletrain (examples/elastic_train.py, one process per member, coordinator in this
-  process, the newcomer pre-started and registered as the daemon does it):
+* malletrain (examples/elastic_train.py, one process per member, the coordinator in a
+  process of its own as the daemon runs it, the newcomer pre-started and registered as the
+  daemon does it):
   up   = publish([m0, m1, m2]) -> first step at world size 3 starts in the training loop
   down = publish([m0, m1])     -> first step at world size 2 starts (m2 leaves, planned)
   plus the evicted-to-zero snapshot: save (publish([])) and restore (a fresh member).
@@ -50,6 +51,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from malletrain.elastic.coordinator import Coordinator  # noqa: E402
+from malletrain.elastic.keyfile import read_key  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "elastic_train.py"
 BASELINE = REPO / "benchmarks" / "rescale_baseline_worker.py"
@@ -84,8 +86,19 @@ def child_env(**extra: str) -> dict[str, str]:
 # ------------------------------------------------------------------------------ malletrain
 
 
+def start_coordinator(tmp: Path) -> tuple[subprocess.Popen, Coordinator]:
+    """``malletrain coordinator`` in its own process, as the daemon starts it."""
+    addr = tmp / "coordinator.addr"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "malletrain.cli", "coordinator", "--port", "0",
+         "--key-file", str(tmp / "coordinator.key"), "--address-file", str(addr)],
+        env=child_env(), stdout=subprocess.DEVNULL)
+    wait_for(addr.exists, 60, "the coordinator")
+    return proc, Coordinator.attach(addr.read_text().strip(), read_key(tmp / "coordinator.key"))
+
+
 def run_malletrain(tmp: Path, cycles: int) -> dict[str, list[float]]:
-    coord = Coordinator.start("127.0.0.1", 0)
+    coord_proc, coord = start_coordinator(tmp)
     job = "bench"
     state = tmp / "state"
     procs: dict[str, subprocess.Popen] = {}
@@ -163,6 +176,8 @@ def run_malletrain(tmp: Path, cycles: int) -> dict[str, list[float]]:
                 p.kill()
                 p.wait()
         coord.close()
+        coord_proc.terminate()
+        coord_proc.wait(10)
     return out
 
 

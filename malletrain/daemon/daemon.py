@@ -41,6 +41,7 @@ from malletrain.daemon.tick import DecideSettings, TickPlan, World, decide
 from malletrain.ops.metrics import JobStatus, Metrics, MetricsSnapshot
 from malletrain.ops.settings import Settings
 from malletrain.slurm.backend import SlurmBackend, SnapshotCache
+from malletrain.slurm.privacy import PrivacyCache
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +104,10 @@ class Daemon:
         self.instance = self._instance_id()
         self.state_dir = settings.state.snapshot_dir / self.instance
         self._prepare_state_dir()
+        self.privacy = PrivacyCache(backend.privacy)
         self.requests = RequestHandler(
             settings, self.store, backend, coordinator=self.coordinator, state_dir=self.state_dir,
-            rows=self.rows, wake=wake or (lambda: None))
+            rows=self.rows, wake=wake or (lambda: None), privacy=self.privacy.get)
         self._reconcile_interrupted()
 
     def _reconcile_interrupted(self) -> None:
@@ -300,8 +302,11 @@ class Daemon:
         predicted = sum(horizon if w is None else min(w, horizon) for w in windows)
         with self._rows_lock:
             job_nodes = dict(self._job_nodes)
+        # whoever can scrape the metrics is not known: where Slurm keeps jobs private, the
+        # per-job series do not say whose job it is
+        private = self.privacy.get().private_jobs
         jobs = tuple(
-            JobStatus(job_id=j.job_id, user=j.user, state=j.state.value,
+            JobStatus(job_id=j.job_id, user="" if private else j.user, state=j.state.value,
                       nodes=len(job_nodes.get(j.job_id, ())), samples_per_s=j.samples_per_s,
                       samples_total=j.samples_total, rescales_up=j.rescales_up,
                       rescales_down=j.rescales_down)

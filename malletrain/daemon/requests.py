@@ -23,6 +23,7 @@ from malletrain.daemon.store import JobRecord, Store
 from malletrain.errors import PermanentError, RetryableError
 from malletrain.ops.settings import Settings
 from malletrain.slurm.backend import SlurmBackend
+from malletrain.slurm.privacy import Privacy
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,8 @@ class JobRow:
 class RequestHandler:
     def __init__(self, settings: Settings, store: Store, backend: SlurmBackend, *,
                  coordinator: Any, state_dir: Path,
-                 rows: Callable[[], list[JobRow]], wake: Callable[[], None]) -> None:
+                 rows: Callable[[], list[JobRow]], wake: Callable[[], None],
+                 privacy: Callable[[], Privacy] = Privacy) -> None:
         self.settings = settings  # replaced on reload
         self.store = store
         self.backend = backend
@@ -60,6 +62,8 @@ class RequestHandler:
         self.state_dir = state_dir
         self.rows = rows
         self.wake = wake
+        #: Slurm's PrivateData and operators (the daemon's cache; open by default in tests)
+        self.privacy = privacy
 
     def handle(self, peer: Peer, req: Mapping[str, Any]) -> dict[str, Any]:
         op = req.get("op")
@@ -70,10 +74,17 @@ class RequestHandler:
         if op == "abort":
             return self._abort(peer, req)
         if op == "jobs":
-            return {"jobs": [asdict(row) for row in self.rows()]}
+            return {"jobs": [asdict(row) for row in self._visible_rows(peer)]}
         if op == "cancel":
             return self._cancel(peer, req)
         raise PermanentError(f"unknown request {op!r}")
+
+    def _visible_rows(self, peer: Peer) -> list[JobRow]:
+        """Every job, or only the caller's own where Slurm keeps jobs private."""
+        rows = self.rows()
+        if self.privacy().sees_all(peer.user, peer.uid):
+            return rows
+        return [row for row in rows if row.user == peer.user]
 
     def _submit(self, peer: Peer, req: Mapping[str, Any]) -> dict[str, Any]:
         spec = JobSpec.from_dict(req.get("spec"))

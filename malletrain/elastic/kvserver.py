@@ -17,7 +17,7 @@ Requests and their fields (all bytes; integers as ASCII)::
 
 Bounded: connections (in all, per job, and handshakes in progress: the oldest unfinished
 handshake is dropped first, so a flood of idle connections cannot keep a real client out),
-bytes and keys per job, wait times. A bad request or a broken frame ends that connection
+bytes and keys per job, bytes of all jobs together, wait times. A bad request or a broken frame ends that connection
 only; nothing a client sends can stop the server's accept loop.
 """
 
@@ -46,8 +46,11 @@ class ServerLimits:
     max_pending_handshakes: int = 1024
     max_connections: int = 8192
     max_connections_per_job: int = 2048
-    max_job_bytes: int = 64 << 20
+    max_job_bytes: int = 16 << 20
     max_job_keys: int = 100_000
+    #: all jobs together: the coordinator's memory stays bounded however many jobs a
+    #: site admits (its systemd unit has MemoryMax=2G)
+    max_total_bytes: int = 1 << 30
     max_wait_s: float = 3600.0
 
 
@@ -55,10 +58,28 @@ class Refused(Exception):
     """A request this session may not make; answered with REFUSED, the session goes on."""
 
 
+class Usage:
+    """Bytes held by all jobs together (each job space adds and releases its own)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.bytes = 0
+        self._lock = threading.Lock()
+
+    def change(self, delta: int) -> bool:
+        """Add ``delta`` bytes; False (and nothing added) if that would pass the limit."""
+        with self._lock:
+            if delta > 0 and self.bytes + delta > self.limit:
+                return False
+            self.bytes += delta
+            return True
+
+
 @dataclass
 class JobSpace:
     """One job's keys. ``cond`` guards ``data`` and wakes blocked GET/WAIT requests."""
 
+    usage: Usage
     data: dict[str, bytes] = field(default_factory=dict)
     bytes_used: int = 0
     connections: int = 0
@@ -71,6 +92,8 @@ class JobSpace:
             raise Refused(f"the job holds {len(self.data)} keys, the limit")
         if self.bytes_used + grow > limits.max_job_bytes:
             raise Refused(f"the job's keys would exceed {limits.max_job_bytes} bytes")
+        if not self.usage.change(grow):
+            raise Refused("the coordinator is full (all jobs' keys at the limit)")
         self.data[key] = value
         self.bytes_used += grow
         self.cond.notify_all()
@@ -80,6 +103,7 @@ class JobSpace:
         if old is None:
             return False
         self.bytes_used -= len(key) + len(old)
+        self.usage.change(-(len(key) + len(old)))
         return True
 
 
@@ -114,6 +138,7 @@ class KVServer:
         self.port: int = self._sock.getsockname()[1]
         self._lock = threading.Lock()  # guards the fields below
         self._jobs: dict[str, JobSpace] = {}
+        self.usage = Usage(self.limits.max_total_bytes)
         self._pending: collections.OrderedDict[int, socket.socket] = collections.OrderedDict()
         self._connections = 0
         self._closed = False
@@ -232,7 +257,7 @@ class KVServer:
         with self._lock:
             space = self._jobs.get(job)
             if space is None:
-                space = self._jobs[job] = JobSpace()
+                space = self._jobs[job] = JobSpace(self.usage)
             return space
 
     def _target(self, job: str | None, raw: bytes) -> tuple[str, str, JobSpace]:
@@ -336,6 +361,7 @@ class KVServer:
         with space.cond:
             n = len(space.data)
             space.data.clear()
+            self.usage.change(-space.bytes_used)
             space.bytes_used = 0
         return n
 

@@ -43,6 +43,7 @@ from malletrain.slurm.errors import (
 from malletrain.slurm.parse import SnapshotTexts, build_snapshot
 from malletrain.slurm.parse_json import check_json_errors
 from malletrain.slurm.parse_text import parse_job_ids
+from malletrain.slurm.privacy import Privacy, read_privacy
 from malletrain.slurm.sbatch import SbatchSpec, parse_job_id
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,10 @@ class SlurmBackend(Protocol):
     def pending_job_ids(self) -> frozenset[int]:
         """The ids of pending jobs: a query far cheaper than :meth:`snapshot`, for the
         daemon's arrival probe between ticks (:class:`~malletrain.daemon.arrivals.ArrivalProbe`)."""
+        ...
+
+    def privacy(self) -> Privacy:
+        """Who may see whose jobs (``PrivateData``, operators): :mod:`.privacy`."""
         ...
 
 
@@ -206,6 +211,9 @@ class CliBackend:
 
     def pending_job_ids(self) -> frozenset[int]:
         return parse_job_ids(self._check(PENDING_IDS_COMMAND))
+
+    def privacy(self) -> Privacy:
+        return read_privacy(lambda argv: self._check(list(argv)))
 
     def slurm_version(self) -> str:
         """The client's Slurm version as ``"22.05"`` (``sinfo --version``, no slurmctld needed)."""

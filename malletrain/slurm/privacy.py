@@ -13,6 +13,8 @@ SlurmUser are operators: the safe side.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -69,3 +71,32 @@ def read_privacy(run: Callable[[tuple[str, ...]], str]) -> Privacy:
     except Exception as exc:  # no accounting: root and the SlurmUser only
         log.info("no Slurm admin levels (%s): operators are root and the SlurmUser", exc)
     return Privacy(private_jobs="jobs" in private, operators=frozenset(operators))
+
+
+class PrivacyCache:
+    """The last good :class:`Privacy`, read again at most every ``ttl_s``.
+
+    A failed read keeps the last good answer; before the first good one, jobs are private
+    (only root sees other users' jobs): an outage of slurmctld never shows more than allowed.
+    """
+
+    def __init__(self, read: Callable[[], Privacy], ttl_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._read = read
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._value = Privacy(private_jobs=True)
+        self._read_at: float | None = None
+
+    def get(self) -> Privacy:
+        with self._lock:
+            now = self._clock()
+            if self._read_at is None or now - self._read_at >= self._ttl_s:
+                self._read_at = now
+                try:
+                    self._value = self._read()
+                except Exception as exc:
+                    log.warning("cannot read Slurm's PrivateData (%s); keeping the last "
+                                "answer (jobs private before a first one)", exc)
+            return self._value

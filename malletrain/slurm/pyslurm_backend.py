@@ -33,6 +33,7 @@ from malletrain.slurm.commands import render_update
 from malletrain.slurm.errors import SlurmCommandError, SlurmUnavailableError
 from malletrain.slurm.hostlist import expand_hostlist
 from malletrain.slurm.parse_json import job_state, node_state
+from malletrain.slurm.privacy import Privacy
 from malletrain.slurm.sbatch import SbatchSpec
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,9 @@ class PyslurmBackend:
     def pending_job_ids(self) -> frozenset[int]:
         # one short squeue answer; pyslurm would load every job's full record to filter them
         return self._cli.pending_job_ids()
+
+    def privacy(self) -> Privacy:
+        return self._cli.privacy()  # read rarely (once a minute): the CLI's parser serves
 
     @staticmethod
     def _node(n: Any, warns: list[str]) -> Node:

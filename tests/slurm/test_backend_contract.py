@@ -222,3 +222,35 @@ def test_batch_job_preempts_a_scavenger_job(backend, clean_cluster):
     assert not backend.snapshot().job(scav).state.is_active
     assert delay_s < 45, f"the batch job waited {delay_s:.1f} s for the scavenger job"
     clean_cluster.wait_step_running(regular)  # so the clean-up does not race the launch
+
+
+def _wait_privacy(backend, private: bool) -> None:
+    deadline = time.monotonic() + 30
+    while backend.privacy().private_jobs != private:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"PrivateData did not become {'jobs' if private else 'none'}")
+        time.sleep(0.5)
+
+
+def test_privacy_follows_the_clusters_private_data(backend, clean_cluster):
+    """malletrain reads PrivateData as Slurm applies it (set live with `scontrol reconfigure`)."""
+    p = backend.privacy()
+    assert not p.private_jobs and "root" in p.operators  # SlurmUser=root, Administrator
+    assert p.sees_all("mt-bob", 1234)
+    conf = clean_cluster.conf_path
+    text = conf.read_text()
+    try:
+        conf.write_text(text + "PrivateData=jobs\n")
+        clean_cluster.run("scontrol", "reconfigure")
+        _wait_privacy(backend, True)
+        p = backend.privacy()
+        assert not p.sees_all("mt-bob", 1234) and p.sees_all("root", 0)
+        # what malletrain follows is what Slurm does: bob no longer sees alice's job
+        jid = clean_cluster.sbatch("--hold", wrap="sleep 60", user="mt-alice")
+        seen = clean_cluster.run("squeue", "-h", "-o", "%i", user="mt-bob").stdout.split()
+        assert str(jid) not in seen
+        assert str(jid) in clean_cluster.run("squeue", "-h", "-o", "%i").stdout.split()
+    finally:
+        conf.write_text(text)
+        clean_cluster.run("scontrol", "reconfigure")
+        _wait_privacy(backend, False)

@@ -168,6 +168,22 @@ def test_quotas_per_job(server):
         small.close()
 
 
+def test_all_jobs_together_are_bounded_and_forgetting_frees_the_room():
+    srv = KVServer(MASTER, limits=ServerLimits(max_total_bytes=5_000)).start()
+    try:
+        a = job(srv, "m1")
+        a.set("mt/m1/k", b"x" * 4_000)
+        with pytest.raises(StoreRefused, match="coordinator is full"):
+            job(srv, "m2").set("mt/m2/k", b"y" * 2_000)
+        a.delete_key("mt/m1/k")
+        job(srv, "m2").set("mt/m2/k", b"y" * 2_000)
+        admin(srv).forget_job("m2")
+        assert srv.usage.bytes == 0
+        job(srv, "m3").set("mt/m3/k", b"z" * 4_500)
+    finally:
+        srv.close()
+
+
 def _raw_session(srv: KVServer) -> wire.Session:
     sock = socket.create_connection(("127.0.0.1", srv.port))
     return wire.client_handshake(sock, "m1", wire.job_secret(MASTER, "m1"))

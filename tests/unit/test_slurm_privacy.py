@@ -58,3 +58,25 @@ def test_read_privacy_needs_the_config():
 
     with pytest.raises(RuntimeError):
         read_privacy(run)
+
+
+def test_the_cache_rereads_after_its_ttl_and_keeps_the_last_good_answer():
+    from malletrain.slurm.privacy import PrivacyCache
+
+    now = [0.0]
+    answers: list = [RuntimeError("slurmctld down"), Privacy(), RuntimeError("down again")]
+
+    def read():
+        a = answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    cache = PrivacyCache(read, ttl_s=60, clock=lambda: now[0])
+    assert cache.get().private_jobs  # no answer yet: private, the safe side
+    now[0] = 30
+    assert cache.get().private_jobs and len(answers) == 2  # within the TTL: not re-read
+    now[0] = 61
+    assert not cache.get().private_jobs  # read: open
+    now[0] = 200
+    assert not cache.get().private_jobs and answers == []  # failed read: the last good one
