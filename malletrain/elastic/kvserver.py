@@ -17,8 +17,8 @@ Requests and their fields (all bytes; integers as ASCII)::
 
 Bounded: connections (in all, per job, and handshakes in progress: the oldest unfinished
 handshake is dropped first, so a flood of idle connections cannot keep a real client out),
-bytes and keys per job, bytes of all jobs together, wait times. A bad request or a broken frame ends that connection
-only; nothing a client sends can stop the server's accept loop.
+bytes and keys per job, bytes of all jobs together, wait times. A bad request or a broken
+frame ends that connection only; nothing a client sends can stop the server's accept loop.
 """
 
 from __future__ import annotations
