@@ -38,7 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the master key (created 0600 if missing); every job secret derives from it",
     )
     parser.add_argument("--job-secret", metavar="JOB",
-                        help="print JOB's secret (hex) and exit; keep it private")
+                        help="print JOB's secret (hex) for a coordinator run by hand (the "
+                             "daemon's jobs get theirs from the daemon) and exit; keep it "
+                             "private")
     parser.add_argument(
         "--address-file",
         type=Path,
