@@ -17,13 +17,22 @@ import json
 import logging
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from malletrain.daemon.channel import call
-from malletrain.daemon.directives import build_spec, merge, parse_option_tokens, read_directives
-from malletrain.daemon.slots import render_slot
-from malletrain.daemon.spec import MAX_SCRIPT_BYTES, SpecError
+from malletrain.daemon.directives import (
+    Options,
+    ScriptErrors,
+    build_spec,
+    interpreter_problems,
+    merge,
+    parse_option_tokens,
+    read_directives,
+)
+from malletrain.daemon.slots import node_command, render_slot, slot_extra_args
+from malletrain.daemon.spec import MAX_SCRIPT_BYTES, JobSpec, SpecError
 from malletrain.errors import PermanentError, UserError
 
 log = logging.getLogger(__name__)
@@ -55,7 +64,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument("--min-nodes", type=str)
     sub.add_argument("--max-nodes", type=str)
     sub.add_argument("-t", "--time", help="total wall time (Slurm formats)")
-    sub.add_argument("--gpus-per-node")
+    sub.add_argument("--gpus-per-node", help="[TYPE:]N GPUs on every node")
+    sub.add_argument("--gres", help="generic resources per node, e.g. gpu:a100:4")
+    sub.add_argument("-G", "--gpus", help="[TYPE:]N GPUs in all (fixed node counts only)")
+    sub.add_argument("-n", "--ntasks", help="tasks in all (fixed node counts only)")
+    sub.add_argument("-c", "--cpus-per-task", help="passed to every node slot")
+    sub.add_argument("--mem", help="memory per node, passed to every node slot")
+    sub.add_argument("-C", "--constraint", help="node features, passed to every node slot")
     sub.add_argument("--ntasks-per-node", "--nproc-per-node", dest="ntasks_per_node",
                      help="worker processes per node (torchrun --nproc-per-node)")
     sub.add_argument("-o", "--output")
@@ -69,6 +84,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument("--python", default=sys.executable,
                      help="Python on the nodes that runs the workers (default: this one)")
     sub.add_argument("--parsable", action="store_true", help="print only the job id")
+    sub.add_argument("--test-only", action="store_true",
+                     help="check the script and print what would run; submit nothing "
+                          "(no daemon or Slurm needed), like sbatch --test-only")
+    sub.add_argument("--json", action="store_true", help="with --test-only: print JSON")
     sub.add_argument("script", help="training script (run on every node of the job)")
     sub.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     sub.set_defaults(func=cmd_submit)
@@ -88,7 +107,8 @@ _FLAG_OPTS = (
     ("max_nodes", "--max-nodes"), ("time", "--time"), ("gpus_per_node", "--gpus-per-node"),
     ("ntasks_per_node", "--ntasks-per-node"), ("output", "--output"), ("error", "--error"),
     ("chdir", "--chdir"), ("export", "--export"), ("account", "--account"), ("kind", "--kind"),
-    ("launcher", "--launcher"),
+    ("launcher", "--launcher"), ("gres", "--gres"), ("gpus", "--gpus"), ("ntasks", "--ntasks"),
+    ("cpus_per_task", "--cpus-per-task"), ("mem", "--mem"), ("constraint", "--constraint"),
 )
 
 
@@ -110,9 +130,7 @@ def read_script(path_text: str) -> tuple[Path, str]:
         raise PermanentError(f"{path_text}: not a UTF-8 text file") from None
 
 
-def cmd_submit(args: argparse.Namespace) -> int:
-    from malletrain.slurm.backend import CliBackend
-
+def _read_spec(args: argparse.Namespace) -> tuple[JobSpec, Options]:
     path, text = read_script(args.script)
     tokens: list[str] = []
     for attr, opt in _FLAG_OPTS:
@@ -120,11 +138,55 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if value is not None:
             tokens.append(f"{opt}={value}")
     opts = merge(read_directives(text, str(path)), parse_option_tokens(tokens, "command line"))
+    opts = replace(opts, problems=opts.problems + interpreter_problems(text, str(path)))
     script_args = list(args.args)
     if script_args and script_args[0] == "--":
         script_args = script_args[1:]
     spec = build_spec(opts, script=str(path), args=script_args, cwd=os.getcwd(),
                       python=str(Path(args.python).absolute()), default_name=path.name)
+    return spec, opts
+
+
+def cmd_test_only(args: argparse.Namespace) -> int:
+    """What would run, offline: no daemon, no Slurm (``sbatch --test-only``'s role)."""
+    try:
+        spec, opts = _read_spec(args)
+    except ScriptErrors as exc:
+        for line in exc.problems:
+            print(line, file=sys.stderr)
+        if args.json:
+            print(json.dumps({"accepted": False, "errors": list(exc.problems)}))
+        return 1
+    report = {
+        "accepted": True, "name": spec.name, "min_nodes": spec.min_nodes,
+        "max_nodes": spec.max_nodes, "time_s": spec.time_limit_s,
+        "gpus_per_node": spec.gpus_per_node, "gpu_type": spec.gpu_type,
+        "workers_per_node": spec.nproc_per_node, "launcher": spec.launcher,
+        "slot_options": list(slot_extra_args(spec)), "warnings": list(opts.warnings),
+        "per_node_command": node_command(spec),
+    }
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    for w in opts.warnings:
+        print(f"malletrain submit: warning: {w}", file=sys.stderr)
+    time_text = "no limit" if spec.time_limit_s is None else f"{spec.time_limit_s} s"
+    gpus = (f"{spec.gpus_per_node} {spec.gpu_type or 'any'} GPU(s)" if spec.gpus_per_node
+            else "no GPU")
+    print(f"malleable job {spec.name!r} would run on {spec.min_nodes}-{spec.max_nodes} nodes "
+          f"({time_text}), {spec.nproc_per_node} worker(s) and {gpus} per node")
+    print("each node slot: sbatch " + " ".join(slot_extra_args(spec)))
+    shown = [*node_command(spec)[:4], "...", spec.script, *spec.args]
+    print("each node runs: " + " ".join(shown))
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from malletrain.slurm.backend import CliBackend
+
+    if args.test_only:
+        return cmd_test_only(args)
+    spec, opts = _read_spec(args)
     # "--export=VAR" means "pass my VAR": resolve it here, where the user's environment is
     env = {k: (v if v else os.environ.get(k, "")) for k, v in spec.environment.items()}
     spec = type(spec).from_dict({**spec.to_dict(), "environment": env})

@@ -5,20 +5,18 @@ Why it reads like sbatch: an existing batch script becomes malleable by changing
 sbatch reads them (after the ``#!`` line, up to the first line that is neither blank nor a
 comment), and command-line flags win over them.
 
-Why it refuses so much: slot jobs are placed, timed, signalled and requeued by the daemon,
-so options that fight that (``--nodelist``, ``--dependency``, ``--signal``, ``--no-requeue``,
-``--array``, ``--hold``, ``--uid`` ...) are rejected with a clear error naming the file, the
-line and the option, never silently ignored. ``--partition`` and ``--exclusive`` are accepted
-and ignored (slots always run exclusive in the scavenger partition), so unchanged batch
-scripts still work; the caller gets a warning for each.
+What happens to each sbatch option is one table (:mod:`.sbatch_options`): read here, passed
+to every node slot, accepted with a warning, or refused with the reason. Every problem of a
+script is reported at once, each as ``FILE:LINE: message`` (:class:`ScriptErrors`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
+from malletrain.daemon.sbatch_options import Options, parse_option_tokens
 from malletrain.daemon.spec import (
     MAX_NODES_LIMIT,
     JobSpec,
@@ -29,109 +27,24 @@ from malletrain.daemon.spec import (
     positive_int,
 )
 
-#: option -> canonical key. Short forms are sbatch's.
-_ALIASES = {
-    "-J": "job-name", "--job-name": "job-name",
-    "-N": "nodes", "--nodes": "nodes",
-    "--min-nodes": "min-nodes", "--max-nodes": "max-nodes",
-    "-t": "time", "--time": "time",
-    "--gpus-per-node": "gpus-per-node",
-    "--ntasks-per-node": "ntasks-per-node", "--nproc-per-node": "ntasks-per-node",
-    "-o": "output", "--output": "output",
-    "-e": "error", "--error": "error",
-    "-D": "chdir", "--chdir": "chdir",
-    "--export": "export",
-    "-A": "account", "--account": "account",
-    "-p": "partition", "--partition": "partition",
-    "--exclusive": "exclusive",
-    "--kind": "kind",
-    "--launcher": "launcher",
-}
+T = TypeVar("T")
+
+__all__ = ["Options", "ScriptErrors", "build_spec", "interpreter_problems", "merge",
+           "parse_option_tokens", "read_directives"]
 
 
-#: options accepted for compatibility and ignored (with a warning saying why).
-IGNORED = {
-    "partition": "malleable jobs run their node slots in the scavenger partition",
-    "exclusive": "node slots always hold a whole node",
-}
+class ScriptErrors(SpecError):
+    """Every problem of a script and its command line, one ``FILE:LINE: message`` each."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = tuple(sorted(problems, key=_position))  # in file order, flags last
+        super().__init__("\n".join(self.problems))
 
 
-#: options that have no value.
-_FLAGS = {"exclusive"}
-
-
-#: options refused, with why.
-REFUSED = {
-    "--nodelist": "the daemon chooses the nodes", "-w": "the daemon chooses the nodes",
-    "--exclude": "not supported for malleable jobs", "-x": "not supported for malleable jobs",
-    "--dependency": "not supported for malleable jobs", "-d": "not supported for malleable jobs",
-    "--signal": "malletrain's workers leave on Slurm's SIGTERM",
-    "--requeue": "the daemon requeues node slots itself",
-    "--no-requeue": "node slots must be requeueable",
-    "--array": "submit one malleable job instead", "-a": "submit one malleable job instead",
-    "--hold": "the daemon holds and releases node slots", "-H": "the daemon holds and releases",
-    "--uid": "jobs always run as the submitting user", "--gid": "jobs run as the user",
-    "--wrap": "give a script", "--begin": "not supported", "-b": "not supported",
-    "--deadline": "not supported", "--reservation": "not supported",
-    "--qos": "the administrator sets the scavenger QOS", "-q": "the scavenger QOS is set",
-    "--time-min": "the daemon sets each slot's time", "--ntasks": "use --ntasks-per-node",
-    "-n": "use --ntasks-per-node", "--get-user-env": "not supported",
-    "--comment": "malletrain tags node slots with the comment",
-    "--container": "not supported", "--propagate": "not supported",
-}
-
-
-@dataclass(frozen=True)
-class Options:
-    """Raw option values (strings) as read from directives or the command line."""
-
-    values: Mapping[str, str]
-    #: where each value came from, for error messages ("script.py:3" or "command line").
-    origin: Mapping[str, str]
-    warnings: tuple[str, ...] = ()
-
-
-def _split_option(token: str) -> tuple[str, str | None]:
-    if token.startswith("--"):
-        opt, sep, value = token.partition("=")
-        return opt, (value if sep else None)
-    if token.startswith("-") and len(token) > 2:
-        return token[:2], token[2:]
-    return token, None
-
-
-def parse_option_tokens(tokens: Sequence[str], where: str) -> Options:
-    """``["-N", "2-4", "--time=30"]`` -> Options. Refused/unknown options raise SpecError."""
-    values: dict[str, str] = {}
-    origin: dict[str, str] = {}
-    warnings: list[str] = []
-    i = 0
-    while i < len(tokens):
-        token = tokens[i]
-        if not token.startswith("-"):
-            raise SpecError(f"{where}: {token!r} is not an option")
-        opt, value = _split_option(token)
-        if opt in REFUSED:
-            raise SpecError(f"{where}: {opt} is not allowed for a malleable job ({REFUSED[opt]})")
-        key = _ALIASES.get(opt)
-        if key is None:
-            raise SpecError(f"{where}: unknown option {opt} (malletrain submit --help lists the "
-                            "supported ones)")
-        if key in _FLAGS:
-            if value is not None:
-                raise SpecError(f"{where}: {opt} takes no value")
-            value = ""
-        elif value is None:
-            if i + 1 >= len(tokens):
-                raise SpecError(f"{where}: {opt} needs a value")
-            i += 1
-            value = tokens[i]
-        if key in IGNORED:
-            warnings.append(f"{where}: {opt} ignored: {IGNORED[key]}")
-        values[key] = value
-        origin[key] = where
-        i += 1
-    return Options(values, origin, tuple(warnings))
+def _position(problem: str) -> tuple[int, int]:
+    head = problem.split(": ", 1)[0]
+    _path, _, line = head.rpartition(":")
+    return (0, int(line)) if line.isdigit() else (1, 0)
 
 
 def read_directives(script_text: str, path: str) -> Options:
@@ -140,9 +53,7 @@ def read_directives(script_text: str, path: str) -> Options:
     sbatch stops at the first line that is not blank and not a comment; so does this.
     Later directives win over earlier ones, like later command-line options.
     """
-    values: dict[str, str] = {}
-    origin: dict[str, str] = {}
-    warnings: list[str] = []
+    parts: list[Options] = []
     for lineno, raw in enumerate(script_text.splitlines(), start=1):
         line = raw.strip()
         if lineno == 1 and line.startswith("#!"):
@@ -160,12 +71,25 @@ def read_directives(script_text: str, path: str) -> Options:
         body = rest.split(" #", 1)[0].strip()
         if not body:
             continue
-        tokens = _tokenize(body, f"{path}:{lineno}")
-        opts = parse_option_tokens(tokens, f"{path}:{lineno}")
-        values.update(opts.values)
-        origin.update(opts.origin)
-        warnings.extend(opts.warnings)
-    return Options(values, origin, tuple(warnings))
+        where = f"{path}:{lineno}"
+        try:
+            parts.append(parse_option_tokens(_tokenize(body, where), where))
+        except SpecError as exc:
+            parts.append(Options({}, {}, problems=(str(exc),)))
+    merged = Options({}, {})
+    for part in parts:
+        merged = merge(merged, part)
+    return merged
+
+
+def interpreter_problems(script_text: str, path: str) -> tuple[str, ...]:
+    """A script whose ``#!`` line names no Python cannot run as a node's workers yet."""
+    first = script_text.split("\n", 1)[0].strip()
+    if first.startswith("#!") and "python" not in first:
+        return (f"{path}:1: a {first[2:].strip()!r} script: malletrain runs Python training "
+                "scripts (each worker runs it, written with ElasticJob); shell batch "
+                "scripts are not supported yet",)
+    return ()
 
 
 def _tokenize(body: str, where: str) -> list[str]:
@@ -198,67 +122,133 @@ def _tokenize(body: str, where: str) -> list[str]:
 
 
 def merge(directives: Options, command_line: Options) -> Options:
-    """Command-line flags win over ``#SBATCH`` lines (sbatch's rule)."""
+    """Command-line flags win over ``#SBATCH`` lines (sbatch's rule); problems add up."""
     values = dict(directives.values)
     origin = dict(directives.origin)
     values.update(command_line.values)
     origin.update(command_line.origin)
-    return Options(values, origin, directives.warnings + command_line.warnings)
+    return Options(values, origin, directives.warnings + command_line.warnings,
+                   directives.problems + command_line.problems,
+                   directives.slot + command_line.slot)
 
 
-def build_spec(
-    opts: Options,
-    *,
-    script: str,
-    args: Sequence[str],
-    cwd: str,
-    python: str,
-    default_name: str,
-) -> JobSpec:
-    """Turn merged options into a validated spec; errors name where the bad value came from."""
+class _Collect:
+    """Runs the checks of :func:`build_spec`, keeping every problem instead of the first."""
+
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self.problems: list[str] = list(opts.problems)
+
+    def where(self, key: str) -> str:
+        return f"{self.opts.origin.get(key, 'command line')}: --{key}"
+
+    def get(self, key: str, parse: Callable[[str, str], T]) -> T | None:
+        """``parse(value, where)`` of option ``key``; None if absent or wrong (recorded)."""
+        if key not in self.opts.values:
+            return None
+        try:
+            return parse(self.opts.values[key], self.where(key))
+        except SpecError as exc:
+            self.problems.append(str(exc))
+            return None
+
+    def problem(self, key: str, message: str) -> None:
+        self.problems.append(f"{self.where(key)}: {message}")
+
+
+def _gpu_count(text: str, where: str) -> tuple[str | None, int]:
+    """``[type:]N`` -> (type, N), as --gpus-per-node/--gpus/--gpus-per-task take it."""
+    kind, sep, count = text.strip().rpartition(":")
+    return (kind or None) if sep else None, positive_int(count, where, 64 * 1024)
+
+
+def _gres_gpus(text: str, where: str) -> tuple[str | None, int]:
+    """``--gres=gpu[:type]:N[,other...]`` -> the GPU part (None, 0 without one)."""
+    for item in text.split(","):
+        name, _, rest = item.strip().partition(":")
+        if name != "gpu":
+            continue
+        if not rest:
+            return None, 1  # "gpu" alone is one GPU, as Slurm reads it
+        kind, sep, count = rest.rpartition(":")
+        if not sep and not rest.isdigit():
+            return rest, 1  # "gpu:a100"
+        return (kind or None), positive_int(count if sep else rest, where, 64)
+    return None, 0
+
+
+def _time(text: str, where: str) -> int | None:
+    return None if text.strip().upper() in ("UNLIMITED", "INFINITE") else parse_time_s(text, where)
+
+
+def _nodes(c: _Collect) -> tuple[int, int]:
+    lo, hi = c.get("nodes", parse_nodes) or (1, 1)
+    lo = c.get("min-nodes", lambda t, w: positive_int(t, w, MAX_NODES_LIMIT)) or lo
+    hi = c.get("max-nodes", lambda t, w: positive_int(t, w, MAX_NODES_LIMIT)) or hi
+    if hi < lo:
+        c.problem("max-nodes", f"{hi} is smaller than the minimum of {lo} nodes")
+    return lo, hi
+
+
+def _per_node(c: _Collect, total: int, key: str, nodes: tuple[int, int], what: str) -> int:
+    """A whole-job count (``--ntasks``, ``--gpus``) per node: only for a fixed node count."""
+    lo, hi = nodes
+    if lo != hi or total % lo:
+        c.problem(key, f"{total} {what} in all cannot be split over a changing number of "
+                       f"nodes ({lo}-{hi}): give {what} per node instead")
+        return 0
+    return total // lo
+
+
+def _gpus(c: _Collect, nodes: tuple[int, int], tasks: int | None) -> tuple[str | None, int]:
+    """GPUs per node and their type, from whichever of sbatch's four ways the script used."""
+    for key, parse in (("gres", _gres_gpus), ("gpus-per-node", _gpu_count)):
+        got = c.get(key, parse)
+        if got is not None and got[1]:
+            return got
+    got = c.get("gpus-per-task", _gpu_count)
+    if got is not None:
+        return got[0], got[1] * (tasks or 1)
+    got = c.get("gpus", _gpu_count)
+    if got is not None:
+        return got[0], _per_node(c, got[1], "gpus", nodes, "GPUs")
+    return None, 0
+
+
+def build_spec(opts: Options, *, script: str, args: Sequence[str], cwd: str, python: str,
+               default_name: str) -> JobSpec:
+    """Merged options -> a validated spec, or :class:`ScriptErrors` with every problem."""
+    c = _Collect(opts)
     v = opts.values
-
-    def where(key: str) -> str:
-        return opts.origin.get(key, "command line")
-
-    min_nodes = max_nodes = 1
-    if "nodes" in v:
-        min_nodes, max_nodes = parse_nodes(v["nodes"], f"{where('nodes')}: --nodes")
-    if "min-nodes" in v:
-        min_nodes = positive_int(v["min-nodes"], f"{where('min-nodes')}: --min-nodes",
-                                  MAX_NODES_LIMIT)
-    if "max-nodes" in v:
-        max_nodes = positive_int(v["max-nodes"], f"{where('max-nodes')}: --max-nodes",
-                                  MAX_NODES_LIMIT)
-    if max_nodes < min_nodes:
-        raise SpecError(f"--max-nodes {max_nodes} is smaller than --min-nodes {min_nodes}")
-    time_s = parse_time_s(v["time"], f"{where('time')}: --time") if "time" in v else None
-    gpus = 0
-    if "gpus-per-node" in v:
-        text = v["gpus-per-node"].split(":")[-1]  # "a100:4" -> 4
-        gpus = positive_int(text, f"{where('gpus-per-node')}: --gpus-per-node", 64)
-    nproc = gpus or 1
-    if "ntasks-per-node" in v:
-        nproc = positive_int(v["ntasks-per-node"],
-                              f"{where('ntasks-per-node')}: --ntasks-per-node", 256)
-    export: str = "ALL"
-    env: dict[str, str] = {}
-    if "export" in v:
-        export, env = parse_export(v["export"], f"{where('export')}: --export")
+    nodes = _nodes(c)
+    time_s = c.get("time", _time)
+    tasks = c.get("ntasks-per-node", lambda t, w: positive_int(t, w, 256))
+    tasks = tasks or c.get("nproc-per-node", lambda t, w: positive_int(t, w, 256))
+    if tasks is None and "ntasks" in v:
+        total = c.get("ntasks", lambda t, w: positive_int(t, w, 1 << 20))
+        tasks = _per_node(c, total, "ntasks", nodes, "tasks") if total else None
+    gpu_type, gpus = _gpus(c, nodes, tasks)
+    export, env = c.get("export", parse_export) or ("ALL", {})
     chdir = v.get("chdir", cwd)
     if not chdir.startswith("/"):
         chdir = cwd.rstrip("/") + "/" + chdir
-    name = v.get("job-name", default_name)
-    try:
-        return JobSpec(
-            script=script, args=tuple(args), name=name, min_nodes=min_nodes,
-            max_nodes=max_nodes, time_limit_s=time_s, gpus_per_node=gpus, nproc_per_node=nproc,
-            output=v.get("output"), error=v.get("error"), chdir=chdir, export=export,
-            environment=env, account=v.get("account"), kind=v.get("kind", _kind_of(script)),
-            python=python, launcher=v.get("launcher", "srun"),
-        )
-    except SpecError as exc:
-        raise SpecError(str(exc)) from None
+    slot = tuple(opts.slot) + ((f"--gres={v['gres']}",) if "gres" in v and gpus else ())
+    spec = None
+    if not c.problems:
+        try:
+            spec = JobSpec(
+                script=script, args=tuple(args), name=v.get("job-name", default_name),
+                min_nodes=nodes[0], max_nodes=nodes[1], time_limit_s=time_s,
+                gpus_per_node=gpus, gpu_type=gpu_type, nproc_per_node=tasks or gpus or 1,
+                output=v.get("output"), error=v.get("error"), chdir=chdir, export=export,
+                environment=env, account=v.get("account"),
+                kind=v.get("kind", _kind_of(script)), python=python,
+                launcher=v.get("launcher", "srun"), slot_options=slot)
+        except SpecError as exc:
+            c.problems.append(str(exc))
+    if spec is None:
+        raise ScriptErrors(c.problems)
+    return spec
 
 
 def _kind_of(script: str) -> str:

@@ -106,6 +106,19 @@ os._exit(rc)
 """
 
 
+def node_command(spec: JobSpec) -> list[str]:
+    """The argument list a node slot runs (under ``srun``, so Slurm's SIGTERM reaches it)."""
+    if spec.launcher == "srun":
+        # srun starts the K workers itself; each maps its SLURM_LOCALID to LOCAL_RANK
+        task = [spec.python, "-c", _SRUN_TASK, str(spec.nproc_per_node), spec.script,
+                *spec.args]
+        return ["srun", "--nodes=1", f"--ntasks={spec.nproc_per_node}",
+                "--kill-on-bad-exit=1", *task]
+    torchrun = [spec.python, "-c", _TORCHRUN_AGENT, "--standalone", "--nnodes=1",
+                f"--nproc-per-node={spec.nproc_per_node}", spec.script, *spec.args]
+    return ["srun", "--nodes=1", "--ntasks=1", "--kill-on-bad-exit=1", *torchrun]
+
+
 def render_launcher(spec: JobSpec, job_id: str, slot: int, coordinator: str,
                     state_dir: str, secret: str) -> str:
     """The slot's batch script: a few lines of Python that ``exec`` an argument list.
@@ -117,16 +130,7 @@ def render_launcher(spec: JobSpec, job_id: str, slot: int, coordinator: str,
     rides in the script (sent on sbatch's stdin, kept by Slurm readable only by the user and
     its operators; on the node, the user's 0500 script file), never on a command line.
     """
-    if spec.launcher == "srun":
-        # srun starts the K workers itself; each maps its SLURM_LOCALID to LOCAL_RANK
-        task = [spec.python, "-c", _SRUN_TASK, str(spec.nproc_per_node), spec.script,
-                *spec.args]
-        srun = ["srun", "--nodes=1", f"--ntasks={spec.nproc_per_node}",
-                "--kill-on-bad-exit=1", *task]
-    else:
-        torchrun = [spec.python, "-c", _TORCHRUN_AGENT, "--standalone", "--nnodes=1",
-                    f"--nproc-per-node={spec.nproc_per_node}", spec.script, *spec.args]
-        srun = ["srun", "--nodes=1", "--ntasks=1", "--kill-on-bad-exit=1", *torchrun]
+    srun = node_command(spec)
     env = {
         "MALLETRAIN_COORDINATOR": coordinator,
         "MALLETRAIN_JOB_ID": job_id,
@@ -177,8 +181,19 @@ def render_slot(
         hold=True,
         exclusive=True,
         export=spec.export,
-        extra_args=(f"--gpus-per-node={spec.gpus_per_node}",) if spec.gpus_per_node else (),
+        extra_args=slot_extra_args(spec),
     )
+
+
+def slot_extra_args(spec: JobSpec) -> tuple[str, ...]:
+    """What every node slot carries beyond the pool's own options: the GPUs (with their
+    type) and the user's per-node options (memory, CPUs, constraints, ``--gres``)."""
+    gpus: tuple[str, ...] = ()
+    has_gres = any(o.startswith("--gres=") for o in spec.slot_options)
+    if spec.gpus_per_node and not has_gres:
+        kind = f"{spec.gpu_type}:" if spec.gpu_type else ""
+        gpus = (f"--gpus-per-node={kind}{spec.gpus_per_node}",)
+    return gpus + tuple(spec.slot_options)
 
 
 class SlotStatus(StrEnum):

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from malletrain.daemon.sbatch_options import SLOT_OPTIONS, SLOT_VALUE_RE
 from malletrain.errors import PermanentError
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
@@ -127,6 +128,8 @@ class JobSpec:
     #: is set by the daemon from the node's predicted idle window.
     time_limit_s: int | None = None
     gpus_per_node: int = 0
+    #: The GPU type asked for (``--gres=gpu:a100:4`` -> ``a100``); None: any.
+    gpu_type: str | None = None
     #: Worker processes per node (``torchrun --nproc-per-node``).
     nproc_per_node: int = 1
     output: str | None = None
@@ -146,13 +149,18 @@ class JobSpec:
     #: newcomer without the agent's own torch import in front of the workers', and the
     #: membership, ranks and restarts are malletrain's anyway, not the agent's.
     launcher: str = "srun"
+    #: sbatch options every node slot carries unchanged (``--mem=64G``, ``--constraint=...``,
+    #: ``--gres=...``): Slurm honours them per node as for the original job.
+    slot_options: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _check_spec(self)
+        _check_slot_fields(self)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["args"] = list(self.args)
+        d["slot_options"] = list(self.slot_options)
         d["environment"] = dict(self.environment)
         return d
 
@@ -167,9 +175,9 @@ class JobSpec:
             raise SpecError(f"spec: unknown field(s) {', '.join(unknown)}")
         kw: dict[str, Any] = {}
         for key, value in data.items():
-            if key == "args":
+            if key in ("args", "slot_options"):
                 if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
-                    raise SpecError("spec.args: expected a list of strings")
+                    raise SpecError(f"spec.{key}: expected a list of strings")
                 kw[key] = tuple(value)
             elif key == "environment":
                 if not isinstance(value, Mapping) or not all(
@@ -185,7 +193,7 @@ class JobSpec:
                     raise SpecError(f"spec.{key}: expected an integer, got {type(value).__name__}")
                 else:
                     kw[key] = value
-            elif key in ("output", "error", "account"):
+            elif key in ("output", "error", "account", "gpu_type"):
                 if value is not None and not isinstance(value, str):
                     raise SpecError(f"spec.{key}: expected a string or null")
                 kw[key] = value
@@ -249,6 +257,17 @@ def _check_spec(s: JobSpec) -> None:
             raise SpecError(f"environment: {var} contains a NUL byte or is too long")
     if s.account is not None and not _ACCOUNT_RE.match(s.account):
         raise SpecError(f"account: {s.account!r} is not a valid Slurm account name")
+
+
+def _check_slot_fields(s: JobSpec) -> None:
+    if s.gpu_type is not None and not _NAME_RE.match(s.gpu_type):
+        raise SpecError(f"gpu_type: {s.gpu_type!r} is not a GPU type name")
+    if len(s.slot_options) > 32:
+        raise SpecError("slot_options: more than 32")
+    for opt in s.slot_options:
+        name, sep, value = opt.partition("=")
+        if not sep or name not in SLOT_OPTIONS or not SLOT_VALUE_RE.match(value):
+            raise SpecError(f"slot_options: {opt!r} is not an option node slots may carry")
 
 
 # ----------------------------------------------------------------------------- directives

@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from malletrain.daemon.directives import build_spec, merge, parse_option_tokens, read_directives
+from malletrain.daemon.directives import (
+    ScriptErrors,
+    build_spec,
+    merge,
+    parse_option_tokens,
+    read_directives,
+)
 from malletrain.daemon.spec import JobSpec, SpecError, parse_export, parse_nodes, parse_time_s
 
 SCRIPT = """#!/usr/bin/env python3
@@ -48,12 +54,14 @@ def test_command_line_flags_win():
 
 
 @pytest.mark.parametrize("line,needle", [
-    ("#SBATCH --nodelist=n1", "--nodelist is not allowed"),
-    ("#SBATCH --dependency=afterok:1", "--dependency is not allowed"),
-    ("#SBATCH --signal=B:USR1@30", "--signal is not allowed"),
-    ("#SBATCH --no-requeue", "--no-requeue is not allowed"),
-    ("#SBATCH --uid=0", "--uid is not allowed"),
-    ("#SBATCH --array=1-4", "--array is not allowed"),
+    ("#SBATCH --nodelist=n1", "--nodelist cannot be used for a malleable job"),
+    ("#SBATCH --dependency=afterok:1", "--dependency cannot be used for a malleable job"),
+    ("#SBATCH -w n1", "-w cannot be used"),
+    ("#SBATCH --no-requeue", "--no-requeue cannot be used for a malleable job"),
+    ("#SBATCH --uid=0", "--uid cannot be used for a malleable job"),
+    ("#SBATCH --array=1-4", "--array cannot be used for a malleable job: a malleable job is one"),
+    ("#SBATCH -G 8 -N 2-4", "cannot be split over a changing number of nodes"),
+    ("#SBATCH --mem='64G; rm'", "not a plain value"),
     ("#SBATCH --frobnicate=1", "unknown option --frobnicate"),
     ("#SBATCH --time=soon", "is not a time"),
     ("#SBATCH -N 4-2", "min <= max"),
@@ -65,7 +73,7 @@ def test_refused_and_invalid_directives_name_file_line_and_option(line, needle):
     with pytest.raises(SpecError) as err:
         spec_from(text)
     assert needle in str(err.value)
-    if "unknown" in needle or "not allowed" in needle or "not a time" in needle:
+    if "unknown" in needle or "cannot be" in needle or "not a time" in needle:
         assert "/home/u/train.py:2" in str(err.value)
 
 
@@ -125,3 +133,52 @@ def test_random_directive_lines_never_crash(lines):
     text = "#!/bin/bash\n" + "\n".join(f"#SBATCH {x}" for x in lines) + "\n"
     with contextlib.suppress(SpecError):
         spec_from(text)
+
+
+def test_every_problem_is_reported_at_once_like_a_compiler():
+    text = ("#!/bin/bash\n#SBATCH --array=1-4\n#SBATCH -N 2\n#SBATCH --frobnicate\n"
+            "#SBATCH --time=soon\n#SBATCH --mail-type=END\n#SBATCH --nodelist n1\nsrun x\n")
+    with pytest.raises(ScriptErrors) as err:
+        spec_from(text, ["--gpus-per-node=lots"])
+    lines = err.value.problems
+    assert [ln.split(": ", 1)[0] for ln in lines] == [
+        "/home/u/train.py:2", "/home/u/train.py:4", "/home/u/train.py:5",
+        "/home/u/train.py:7", "command line"]
+    assert str(err.value).count("\n") == len(lines) - 1  # one problem per line
+
+
+def test_gpus_in_each_of_sbatchs_forms():
+    def gpus(*lines, flags=()):
+        text = "#!/bin/bash\n" + "".join(f"#SBATCH {ln}\n" for ln in lines) + "srun x\n"
+        spec, _ = spec_from(text, flags)
+        return spec.gpus_per_node, spec.gpu_type, spec.nproc_per_node, spec.slot_options
+
+    assert gpus("--gres=gpu:a100:4", "-N 1-8") == (4, "a100", 4, ("--gres=gpu:a100:4",))
+    assert gpus("--gres=gpu:2") == (2, None, 2, ("--gres=gpu:2",))
+    assert gpus("--gpus-per-node=v100:8", "--ntasks-per-node=1") == (8, "v100", 1, ())
+    assert gpus("-G 8", "-N 2") == (4, None, 4, ())
+    assert gpus("--gpus-per-task=1", "--ntasks-per-node=4") == (4, None, 4, ())
+    assert gpus("-n 8", "-N 2") == (0, None, 4, ())
+    assert gpus("-N4", "-t30", "-c 8", "--mem=64G", "-C a100&ib") == (
+        0, None, 1, ("--cpus-per-task=8", "--mem=64G", "--constraint=a100&ib"))
+
+
+def test_gpus_and_per_node_options_reach_every_node_slot():
+    from malletrain.daemon.slots import render_slot
+
+    text = "#!/bin/bash\n#SBATCH --gpus-per-node=a100:4\n#SBATCH --mem=64G -C ib\nsrun x\n"
+    spec, _ = spec_from(text)
+    argv = render_slot(spec, "m1", 0, coordinator="c:1", secret="ab" * 32, state_dir="/s",
+                       partition="scavenger").render()
+    assert "--gpus-per-node=a100:4" in argv and "--mem=64G" in argv
+    assert "--constraint=ib" in argv
+    assert JobSpec.from_dict(spec.to_dict()) == spec
+
+
+def test_sbatch_time_and_warning_forms():
+    text = "#!/bin/bash\n#SBATCH --time=UNLIMITED\n#SBATCH --signal=B:USR1@60\n" \
+           "#SBATCH --requeue\n#SBATCH --qos=high\nsrun x\n"
+    spec, opts = spec_from(text)
+    assert spec.time_limit_s is None
+    assert [w.split(": ", 2)[1] for w in opts.warnings] == [
+        "--signal ignored", "--requeue ignored", "--qos ignored"]

@@ -1,0 +1,195 @@
+"""sbatch's options, as a table: what malletrain does with each one.
+
+Every option sbatch documents (Slurm 22.05) that a batch script may carry is listed once, with
+its short form and whether it takes a value, and one of four fates:
+
+* **use**: malletrain reads it (nodes, time, GPUs, workers per node, output, ...);
+* **slot**: passed unchanged to every node slot's ``sbatch`` (memory, CPUs, constraints,
+  licences: Slurm honours them per node exactly as for the original job);
+* **ignore**: accepted with a warning that says why it does not matter to a malleable job
+  (mail, partition, priority hints, ...);
+* **refuse**: it cannot be honoured (arrays, dependencies, a fixed node list, ...); the
+  message says why and what to do instead.
+
+An option not in the table is refused as unknown, like sbatch does. Problems are collected,
+never raised one at a time: a user sees every line to fix in one run, as ``FILE:LINE:
+message`` (:func:`parse_option_tokens`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+_USE, _SLOT, _IGNORE, _REFUSE = "use", "slot", "ignore", "refuse"
+
+
+@dataclass(frozen=True)
+class Rule:
+    long: str
+    fate: str
+    short: str | None = None
+    value: bool = True
+    why: str = ""
+
+
+_TABLE: tuple[Rule, ...] = (
+    # -- read by malletrain
+    Rule("--job-name", _USE, "-J"), Rule("--nodes", _USE, "-N"),
+    Rule("--min-nodes", _USE), Rule("--max-nodes", _USE), Rule("--time", _USE, "-t"),
+    Rule("--gpus-per-node", _USE), Rule("--gres", _USE), Rule("--gpus", _USE, "-G"),
+    Rule("--gpus-per-task", _USE), Rule("--ntasks-per-node", _USE),
+    Rule("--nproc-per-node", _USE), Rule("--ntasks", _USE, "-n"),
+    Rule("--output", _USE, "-o"), Rule("--error", _USE, "-e"), Rule("--chdir", _USE, "-D"),
+    Rule("--export", _USE), Rule("--account", _USE, "-A"), Rule("--kind", _USE),
+    Rule("--launcher", _USE),
+    # -- honoured by Slurm on every node slot
+    *(Rule(o, _SLOT, s) for o, s in (
+        ("--cpus-per-task", "-c"), ("--mem", None), ("--mem-per-cpu", None),
+        ("--mem-per-gpu", None), ("--cpus-per-gpu", None), ("--constraint", "-C"),
+        ("--tmp", None), ("--licenses", "-L"), ("--mincpus", None),
+        ("--threads-per-core", None), ("--cores-per-socket", None),
+        ("--sockets-per-node", None), ("--gres-flags", None), ("--hint", None))),
+    # -- accepted, with a warning
+    Rule("--partition", _IGNORE, "-p",
+         why="malleable jobs run their node slots in the scavenger partition"),
+    Rule("--exclusive", _IGNORE, value=False, why="node slots always hold a whole node"),
+    Rule("--qos", _IGNORE, "-q", why="the administrator sets the scavenger QOS"),
+    Rule("--requeue", _IGNORE, value=False,
+         why="node slots are always requeued by the daemon"),
+    Rule("--signal", _IGNORE,
+         why="malletrain's workers leave on Slurm's SIGTERM at the next step boundary"),
+    *(Rule(o, _IGNORE, s, why=w) for o, s, w in (
+        ("--mail-type", None, "malletrain sends no mail; watch `malletrain jobs`"),
+        ("--mail-user", None, "malletrain sends no mail; watch `malletrain jobs`"),
+        ("--open-mode", None, "node slots append to the output files"),
+        ("--nice", None, "node slots only use idle nodes"),
+        ("--priority", None, "node slots only use idle nodes"),
+        ("--wckey", None, "not used by node slots"),
+        ("--switches", None, "the daemon chooses the nodes"),
+        ("--distribution", "-m", "workers are placed per node by the launcher"),
+        ("--ntasks-per-core", None, "workers are placed per node by the launcher"),
+        ("--ntasks-per-socket", None, "workers are placed per node by the launcher"),
+        ("--gpu-bind", None, "each worker is given its GPU by the launcher"),
+        ("--cpu-freq", None, "not applied to node slots"),
+        ("--gpu-freq", None, "not applied to node slots"),
+        ("--acctg-freq", None, "Slurm's default is used"),
+        ("--profile", None, "not applied to node slots"),
+        ("--comment", None, "malletrain tags node slots with the comment"),
+        ("--input", "-i", "node slots read no input"))),
+    *(Rule(o, _IGNORE, s, value=False, why=w) for o, s, w in (
+        ("--parsable", None, "`malletrain submit --parsable` prints the job id"),
+        ("--quiet", "-Q", "not needed"), ("--verbose", "-v", "not needed"),
+        ("--no-kill", "-k", "a lost node is handled by the daemon"),
+        ("--oversubscribe", "-s", "node slots always hold a whole node"),
+        ("--overcommit", "-O", "not applied to node slots"),
+        ("--spread-job", None, "the daemon chooses the nodes"),
+        ("--kill-on-invalid-dep", None, "dependencies are not supported"))),
+    # -- cannot be honoured
+    *(Rule(o, _REFUSE, s, why=w) for o, s, w in (
+        ("--array", "-a", "a malleable job is one job: submit one per configuration"),
+        ("--dependency", "-d", "a malleable job starts when nodes are idle; submit it "
+         "after the job it waits for has ended"),
+        ("--nodelist", "-w", "the daemon chooses the nodes among the idle ones"),
+        ("--exclude", "-x", "not supported yet for malleable jobs"),
+        ("--begin", "-b", "a malleable job starts when nodes are idle"),
+        ("--deadline", None, "not supported for malleable jobs"),
+        ("--reservation", None, "node slots run in the scavenger partition, outside "
+         "reservations"),
+        ("--time-min", None, "the daemon sets each node slot's time from its idle window"),
+        ("--wrap", None, "give a batch script or a Python training script"),
+        ("--uid", None, "jobs always run as the submitting user"),
+        ("--gid", None, "jobs always run as the submitting user"),
+        ("--container", None, "not supported"),
+        ("--clusters", "-M", "one cluster per daemon"),
+        ("--het-group", None, "heterogeneous jobs are not malleable"),
+        ("--propagate", None, "not supported"),
+        ("--get-user-env", None, "not supported"),
+        ("--batch", None, "node features: use --constraint"),
+        ("--export-file", None, "use --export"))),
+    *(Rule(o, _REFUSE, s, value=False, why=w) for o, s, w in (
+        ("--hold", "-H", "the daemon holds and releases node slots itself"),
+        ("--no-requeue", None, "node slots must be requeueable: the daemon requeues them"),
+        ("--test-only", None, "use `malletrain submit --test-only`"),
+        ("--wait", "-W", "a malleable job's length depends on the idle nodes"))),
+)
+
+#: option (long or short form) -> its rule
+RULES: Mapping[str, Rule] = {
+    name: rule for rule in _TABLE for name in (rule.long, rule.short) if name
+}
+
+#: options node slots may carry (``--gres`` with a GPU is read, and passed on whole)
+SLOT_OPTIONS = frozenset({r.long for r in _TABLE if r.fate == _SLOT} | {"--gres"})
+#: a value passed to node slots: one token of ordinary characters (never a shell string)
+SLOT_VALUE_RE = re.compile(r"^[A-Za-z0-9_.,:|&*!()\[\]=+/%@-]{1,256}$")
+
+
+@dataclass(frozen=True)
+class Options:
+    """Option values as read from directives or the command line (last one wins)."""
+
+    values: Mapping[str, str]
+    #: where each value came from ("script.sh:3" or "command line")
+    origin: Mapping[str, str]
+    warnings: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
+    #: options for every node slot's sbatch, ``--opt=value``, in order
+    slot: tuple[str, ...] = ()
+
+
+def _split(token: str) -> tuple[str, str | None]:
+    if token.startswith("--"):
+        opt, sep, value = token.partition("=")
+        return opt, (value if sep else None)
+    if token.startswith("-") and len(token) > 2:
+        return token[:2], token[2:].removeprefix("=")
+    return token, None
+
+
+def parse_option_tokens(tokens: Sequence[str], where: str) -> Options:
+    """``["-N", "2-4", "--time=30"]`` -> Options; every problem collected, none raised."""
+    values: dict[str, str] = {}
+    origin: dict[str, str] = {}
+    warnings: list[str] = []
+    problems: list[str] = []
+    slot: list[str] = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        i += 1
+        if not token.startswith("-") or token == "-":
+            problems.append(f"{where}: {token!r} is not an option")
+            continue
+        opt, value = _split(token)
+        rule = RULES.get(opt)
+        if rule is None:
+            problems.append(f"{where}: unknown option {opt} (not an sbatch option; the "
+                            "options malletrain reads are in docs/user-guide.md)")
+            continue
+        if not rule.value:
+            if value is not None:
+                problems.append(f"{where}: {opt} takes no value")
+                continue
+            value = ""
+        elif value is None:
+            if i >= len(tokens):
+                problems.append(f"{where}: {opt} needs a value")
+                continue
+            value = tokens[i]
+            i += 1
+        if rule.fate == _REFUSE:
+            problems.append(f"{where}: {opt} cannot be used for a malleable job: {rule.why}")
+        elif rule.fate == _IGNORE:
+            warnings.append(f"{where}: {opt} ignored: {rule.why}")
+        elif rule.fate == _SLOT:
+            if not SLOT_VALUE_RE.match(value):
+                problems.append(f"{where}: {opt}={value!r}: not a plain value")
+            else:
+                slot.append(f"{rule.long}={value}")
+        else:
+            key = rule.long.removeprefix("--")
+            values[key] = value
+            origin[key] = where
+    return Options(values, origin, tuple(warnings), tuple(problems), tuple(slot))

@@ -1,0 +1,66 @@
+"""`malletrain submit --test-only [--json]`: offline (no daemon, no Slurm), like sbatch's."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+LLM = """#!/usr/bin/env python3
+#SBATCH --job-name=llm
+#SBATCH -N 2-8
+#SBATCH --gres=gpu:a100:4
+#SBATCH --time=1-00:00:00
+#SBATCH --mem=0
+#SBATCH --mail-type=END
+import torch
+"""
+
+BAD = """#!/usr/bin/env python3
+#SBATCH --array=1-3
+#SBATCH -N 4-2
+#SBATCH --bogus
+print(1)
+"""
+
+
+def submit(tmp_path, text, *flags):
+    script = tmp_path / "job.py"
+    script.write_text(text)
+    env = dict(os.environ, PYTHONPATH=str(REPO), MALLETRAIN_SOCKET=str(tmp_path / "none"))
+    return subprocess.run([sys.executable, "-m", "malletrain.cli", "submit", "--test-only",
+                           *flags, str(script), "--lr", "0.1"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60), script
+
+
+def test_json_says_what_would_run(tmp_path):
+    res, script = submit(tmp_path, LLM, "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert {k: out[k] for k in ("accepted", "name", "min_nodes", "max_nodes", "time_s",
+                                "gpus_per_node", "gpu_type", "workers_per_node")} == {
+        "accepted": True, "name": "llm", "min_nodes": 2, "max_nodes": 8, "time_s": 86400,
+        "gpus_per_node": 4, "gpu_type": "a100", "workers_per_node": 4}
+    assert out["slot_options"] == ["--mem=0", "--gres=gpu:a100:4"]
+    assert out["per_node_command"][:3] == ["srun", "--nodes=1", "--ntasks=4"]
+    assert out["per_node_command"][-3:] == [str(script), "--lr", "0.1"]
+    assert out["warnings"] == [f"{script}:7: --mail-type ignored: malletrain sends no mail; "
+                               "watch `malletrain jobs`"]
+
+
+def test_a_refused_script_lists_every_problem_and_exits_non_zero(tmp_path):
+    res, script = submit(tmp_path, BAD)
+    assert res.returncode == 1 and res.stdout == ""
+    lines = res.stderr.strip().splitlines()
+    assert [ln.split(": ", 1)[0] for ln in lines] == [f"{script}:{n}" for n in (2, 3, 4)]
+    res, _ = submit(tmp_path, BAD, "--json")
+    assert res.returncode == 1 and json.loads(res.stdout)["accepted"] is False
+    assert len(json.loads(res.stdout)["errors"]) == 3
+
+
+def test_a_shell_batch_script_is_refused_with_the_reason(tmp_path):
+    res, script = submit(tmp_path, "#!/bin/bash\n#SBATCH -N 2\nsrun python train.py\n")
+    assert res.returncode == 1
+    assert res.stderr.startswith(f"{script}:1: a '/bin/bash' script")
