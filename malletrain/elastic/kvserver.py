@@ -139,12 +139,15 @@ class KVServer:
                 return
             job, session = auth
             if job is not None:
-                space = self._space(job)
+                candidate = self._space(job)
                 with self._lock:
-                    if space.connections >= self.limits.max_connections_per_job:
-                        self._count("refused_job_full", f"job {job}: too many connections")
-                        return
-                    space.connections += 1
+                    full = candidate.connections >= self.limits.max_connections_per_job
+                    if not full:
+                        candidate.connections += 1
+                        space = candidate  # counted: released in finally
+                if full:
+                    self._count("refused_job_full", f"job {job}: too many connections")
+                    return
             self._session_loop(job, session)
         except Exception:  # a bug serving one client must not take the others down
             log.exception("coordinator: connection failed")

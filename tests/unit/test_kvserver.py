@@ -231,3 +231,22 @@ def test_the_oldest_stalled_handshakes_make_room_for_new_clients():
             s.close()
     finally:
         srv.close()
+
+
+def test_a_job_over_its_connection_limit_is_refused_and_the_count_stays_right():
+    srv = KVServer(MASTER, limits=ServerLimits(max_connections_per_job=2)).start()
+    try:
+        a, b = job(srv, "m1"), job(srv, "m1")
+        a.set("mt/m1/k", "1")
+        third = job(srv, "m1")  # authenticated, then dropped: the job holds 2 already
+        with pytest.raises(dist.DistNetworkError):
+            third.get("mt/m1/k")
+        assert srv.counts["refused_job_full"] == 1
+        b.close()
+        deadline = time.monotonic() + 5
+        while srv._jobs["m1"].connections != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert srv._jobs["m1"].connections == 1  # the refused one was never counted
+        job(srv, "m1").set("mt/m1/k", "2")  # room again
+    finally:
+        srv.close()
