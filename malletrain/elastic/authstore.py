@@ -23,6 +23,10 @@ from malletrain.elastic.wire import Op, Status
 DEFAULT_TIMEOUT_S = 300.0
 
 
+class AuthenticationRefused(dist.DistNetworkError):
+    """The coordinator refused the key at the handshake (wrong secret, realm or master)."""
+
+
 class StoreRefused(dist.DistStoreError):
     """The coordinator refused a request (not this job's key, history rewrite, a quota)."""
 
@@ -66,6 +70,9 @@ class AuthStore(dist.Store):
                 return session
             except (OSError, wire.WireError) as exc:
                 sock.close()
+                if isinstance(exc, wire.AuthRefused):
+                    raise AuthenticationRefused(
+                        f"coordinator at {self._addr[0]}:{self._addr[1]}: {exc}") from exc
                 if isinstance(exc, wire.WireError) or time.monotonic() > deadline:
                     raise dist.DistNetworkError(
                         f"coordinator at {self._addr[0]}:{self._addr[1]}: {exc}") from exc

@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -82,7 +83,7 @@ import torch.distributed as dist
 
 from malletrain.elastic import protocol as p
 from malletrain.elastic import wire
-from malletrain.elastic.authstore import AuthStore
+from malletrain.elastic.authstore import AuthenticationRefused, AuthStore
 from malletrain.elastic.jobstore import JobStore
 from malletrain.elastic.kvserver import KVServer, ServerLimits
 from malletrain.elastic.protocol import (
@@ -155,13 +156,10 @@ class Coordinator:
             server = KVServer(master, host, port, limits).start()
         except OSError as exc:
             raise RuntimeError(f"cannot listen on {host}:{port}: {exc}") from exc
-        advertised = host
-        if host in ("0.0.0.0", "::", ""):
-            import socket
-
-            advertised = socket.getfqdn()
+        wildcard = host in ("0.0.0.0", "::", "")
+        advertised = socket.getfqdn() if wildcard else host
         log.info("coordinator store listening on %s:%d", advertised, server.port)
-        local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+        local = "127.0.0.1" if wildcard else host
         coord = cls.attach(f"{local}:{server.port}", master, realm=realm)
         coord._server = server
         coord._host = advertised
@@ -189,10 +187,10 @@ class Coordinator:
                               timeout_s=timeout_s, connect_timeout_s=timeout_s)
             store.set_realm(realm)
             return store
+        except AuthenticationRefused as exc:
+            raise CoordinatorKeyMismatch(
+                f"the coordinator at {host}:{port} has another key") from exc
         except RuntimeError as exc:
-            if "refused: authentication failed" in str(exc):
-                raise CoordinatorKeyMismatch(
-                    f"the coordinator at {host}:{port} has another key") from exc
             raise RetryableError(f"cannot reach the coordinator at {host}:{port}: {exc}") from exc
 
     @property

@@ -81,6 +81,10 @@ class WireError(Exception):
     """The peer broke the protocol (bad MAC, size, encoding) or failed authentication."""
 
 
+class AuthRefused(WireError):
+    """The coordinator answered the handshake with a refusal: the key proven is not its."""
+
+
 # ---------------------------------------------------------------------- keys
 
 
@@ -171,7 +175,7 @@ def client_handshake(sock: socket.socket, job: str | None, key: bytes) -> Sessio
     _send_plain(sock, {"proof": _mac(key, b"c", t)})
     answer = _recv_plain(sock)
     if "error" in answer:
-        raise WireError(f"the coordinator refused: {str(answer['error'])[:200]}")
+        raise AuthRefused(f"the coordinator refused: {str(answer['error'])[:200]}")
     proof = _hex_field(answer, "proof", 32)
     if not hmac.compare_digest(proof, _mac(key, b"s", t)):
         raise WireError("the coordinator did not prove the key: not the real coordinator")

@@ -250,3 +250,13 @@ def test_a_job_over_its_connection_limit_is_refused_and_the_count_stays_right():
         job(srv, "m1").set("mt/m1/k", "2")  # room again
     finally:
         srv.close()
+
+
+def test_attaching_with_another_master_key_is_a_clear_error(server):
+    from malletrain.elastic.coordinator import Coordinator, CoordinatorKeyMismatch
+
+    with pytest.raises(CoordinatorKeyMismatch, match="has another key"):
+        Coordinator.attach(f"127.0.0.1:{server.port}", b"x" * 32, timeout_s=2)
+    coord = Coordinator.attach(f"127.0.0.1:{server.port}", MASTER, timeout_s=2, realm="db1")
+    assert wire.parse_secret(coord.job_secret("m1")) == wire.job_secret(MASTER, "m1", "db1")
+    assert server.realm == "db1"  # the daemon's session set it
