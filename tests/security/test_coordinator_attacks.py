@@ -122,7 +122,7 @@ def test_another_user_can_neither_read_nor_change_a_job(dev_cluster, tmp_path):
         out = json.loads(res.stdout.strip().splitlines()[-1])
         assert out["tcpstore_read"] != "ok" and out["tcpstore_read"][0] != "ok"
         for name in ("guessed_secret", "own_secret_as_victim", "own_secret_as_daemon"):
-            assert out[name] == "DistNetworkError", (name, out)
+            assert out[name] == "AuthenticationRefused", (name, out)  # at the handshake
         for name in ("read_progress", "probe_key", "write_finished", "write_epoch",
                      "join_group", "forget_victim"):
             assert out[name] == "StoreRefused", (name, out)
