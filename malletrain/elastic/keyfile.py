@@ -9,25 +9,19 @@ digits. Anything else is a clear error, never a silent fallback.
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 
 from malletrain.elastic import wire
+from malletrain.elastic.private import private_file_problem
 from malletrain.errors import ConfigError
 
 
 def read_key(path: Path) -> bytes:
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        raise ConfigError(f"key file {path}: does not exist") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"key file {path}: not a regular file (a link?)")
-    if st.st_uid != os.geteuid():
-        raise ConfigError(f"key file {path}: owned by uid {st.st_uid}, not by this user")
-    if st.st_mode & 0o077:
-        raise ConfigError(f"key file {path}: mode {stat.S_IMODE(st.st_mode):o} lets others "
-                          "read it; it must be 0600")
+    if not os.path.lexists(path):
+        raise ConfigError(f"key file {path}: does not exist")
+    problem = private_file_problem(path)
+    if problem is not None:
+        raise ConfigError(f"key file {path}: {problem}")
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(fd) as f:
         text = f.read(200)

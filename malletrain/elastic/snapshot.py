@@ -31,12 +31,13 @@ import logging
 import os
 import re
 import secrets
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from malletrain.elastic.private import private_file_problem
 
 log = logging.getLogger(__name__)
 
@@ -60,21 +61,6 @@ def snapshot_path(state_dir: Path, job_id: str, step: int) -> Path:
     return state_dir / f"{job_id}.step{step:012d}{_SUFFIX}"
 
 
-def _private_problem(path: str) -> str | None:
-    """Why ``path`` is not a private snapshot file of this user, or None."""
-    try:
-        st = os.lstat(path)
-    except OSError as exc:
-        return f"cannot stat it ({exc.strerror})"
-    if not stat.S_ISREG(st.st_mode):
-        return "not a regular file"
-    if st.st_uid != os.getuid():
-        return f"owned by uid {st.st_uid}, not by this job's user (uid {os.getuid()})"
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        return f"mode {stat.S_IMODE(st.st_mode):o}: readable or writable by others"
-    return None
-
-
 def find_latest(state_dir: Path | None, job_id: str) -> SnapshotRef | None:
     """The newest complete, private snapshot of ``job_id`` in ``state_dir`` (by step)."""
     if state_dir is None or not state_dir.is_dir():
@@ -85,7 +71,7 @@ def find_latest(state_dir: Path | None, job_id: str) -> SnapshotRef | None:
         m = pattern.match(entry.name)
         if not m:
             continue
-        problem = _private_problem(entry.path)
+        problem = private_file_problem(entry.path)
         if problem is not None:
             log.warning("refusing snapshot %s: %s", entry.path, problem)
             continue
@@ -129,7 +115,7 @@ def remove_older(state_dir: Path, job_id: str, keep_step: int | None) -> None:
     for entry in os.scandir(state_dir):
         m = pattern.match(entry.name)
         if (m and (keep_step is None or int(m.group(1)) != keep_step)
-                and _private_problem(entry.path) is None):  # never another user's file
+                and private_file_problem(entry.path) is None):  # never another user's file
             try:
                 os.unlink(entry.path)
             except OSError as exc:
@@ -138,8 +124,9 @@ def remove_older(state_dir: Path, job_id: str, keep_step: int | None) -> None:
 
 def _read_checked(ref: SnapshotRef, job_id: str, secret: bytes) -> bytes:
     """The file's torch body once its MAC holds; ValueError (the reason) otherwise."""
-    if _private_problem(str(ref.path)) is not None:  # swapped since it was found
-        raise ValueError(str(_private_problem(str(ref.path))))
+    problem = private_file_problem(ref.path)
+    if problem is not None:  # swapped since it was found
+        raise ValueError(problem)
     fd = os.open(ref.path, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb") as f:
         data = f.read()
