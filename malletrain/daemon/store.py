@@ -35,6 +35,9 @@ from malletrain.core.lifecycle import (
 from malletrain.daemon.spec import JobSpec
 
 SCHEMA_VERSION = 1
+#: the ended states, for queries (one ``?`` each)
+_TERMINAL = tuple(p.value for p in JobPhase if p.terminal)
+_TERMINAL_MARKS = ",".join("?" * len(_TERMINAL))
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -266,11 +269,10 @@ class Store:
         Without it the database, and every tick's read of it, grows with every job ever
         submitted (issue 15: bounded resources).
         """
-        terminal = ("completed", "cancelled", "failed")
         with self._lock:  # a read first: most ticks have nothing to delete
             old = [r[0] for r in self._db.execute(
-                "SELECT job_id FROM jobs WHERE state IN (?,?,?) ORDER BY seq DESC "
-                "LIMIT -1 OFFSET ?", (*terminal, keep))]
+                f"SELECT job_id FROM jobs WHERE state IN ({_TERMINAL_MARKS}) ORDER BY seq DESC "
+                "LIMIT -1 OFFSET ?", (*_TERMINAL, keep))]
         if not old:
             return 0
         with self._tx() as db:
@@ -283,12 +285,11 @@ class Store:
 
     def count_jobs(self, uid: int | None = None) -> int:
         """Jobs not yet in a terminal state (all users, or one)."""
-        terminal = ("completed", "cancelled", "failed")
-        q = "SELECT COUNT(*) FROM jobs WHERE state NOT IN (?,?,?)"
-        args: tuple[Any, ...] = terminal
+        q = f"SELECT COUNT(*) FROM jobs WHERE state NOT IN ({_TERMINAL_MARKS})"
+        args: tuple[Any, ...] = _TERMINAL
         if uid is not None:
             q += " AND uid=?"
-            args = (*terminal, uid)
+            args = (*_TERMINAL, uid)
         with self._lock:
             return int(self._db.execute(q, args).fetchone()[0])
 
