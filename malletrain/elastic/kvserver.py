@@ -44,6 +44,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["KVServer", "Refused", "ServerLimits"]
 
+#: fields each fixed-size request takes (CHECK and WAIT take any number)
+_ARITY = {Op.SET: 2, Op.GET: 2, Op.ADD: 2, Op.NUM_KEYS: 0, Op.DELETE: 1, Op.COMPARE_SET: 3,
+          Op.FORGET_JOB: 1, Op.JOBS: 0, Op.REALM: 1}
+
 
 class KVServer:
     """Serve authenticated store sessions on ``(host, port)`` in background threads."""
@@ -189,10 +193,8 @@ class KVServer:
 
     def handle(self, job: str | None, code: int, f: list[bytes]) -> tuple[Status, list[bytes]]:
         """One request of a session of ``job`` (None: admin) -> (status, answer fields)."""
-        arity = {Op.SET: 2, Op.GET: 2, Op.ADD: 2, Op.NUM_KEYS: 0, Op.DELETE: 1,
-                 Op.COMPARE_SET: 3, Op.FORGET_JOB: 1, Op.JOBS: 0, Op.REALM: 1}
-        if code in arity and len(f) != arity[Op(code)]:
-            raise Refused(f"request {code} takes {arity[Op(code)]} fields, got {len(f)}")
+        if code in _ARITY and len(f) != _ARITY[Op(code)]:
+            raise Refused(f"request {code} takes {_ARITY[Op(code)]} fields, got {len(f)}")
         if code in (Op.FORGET_JOB, Op.JOBS, Op.REALM) and job is not None:
             raise Refused("only the daemon may do that")
         if code == Op.REALM:
