@@ -17,22 +17,23 @@ import json
 import logging
 import os
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from malletrain.daemon.channel import call
 from malletrain.daemon.directives import (
-    Options,
     ScriptErrors,
     build_spec,
-    interpreter_problems,
     merge,
     parse_option_tokens,
     read_directives,
+    script_mode,
+    spec_warnings,
 )
 from malletrain.daemon.slots import node_command, render_slot, slot_extra_args
 from malletrain.daemon.spec import MAX_SCRIPT_BYTES, JobSpec, SpecError
+from malletrain.elastic.restart.script import ScriptPlan
 from malletrain.errors import PermanentError, UserError
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,17 @@ def read_script(path_text: str) -> tuple[Path, str]:
         raise PermanentError(f"{path_text}: not a UTF-8 text file") from None
 
 
-def _read_spec(args: argparse.Namespace) -> tuple[JobSpec, Options]:
+@dataclass(frozen=True)
+class ReadScript:
+    """A script as `malletrain submit` read it: the spec, and what rendering needs."""
+
+    spec: JobSpec
+    warnings: tuple[str, ...]
+    text: str
+    plan: ScriptPlan | None  # restart mode: the shell script's launch line
+
+
+def _read_spec(args: argparse.Namespace) -> ReadScript:
     path, text = read_script(args.script)
     tokens: list[str] = []
     for attr, opt in _FLAG_OPTS:
@@ -138,47 +149,72 @@ def _read_spec(args: argparse.Namespace) -> tuple[JobSpec, Options]:
         if value is not None:
             tokens.append(f"{opt}={value}")
     opts = merge(read_directives(text, str(path)), parse_option_tokens(tokens, "command line"))
-    opts = replace(opts, problems=opts.problems + interpreter_problems(text, str(path)))
+    plan, problems = script_mode(text, str(path))
+    opts = replace(opts, problems=opts.problems + problems)
     script_args = list(args.args)
     if script_args and script_args[0] == "--":
         script_args = script_args[1:]
     spec = build_spec(opts, script=str(path), args=script_args, cwd=os.getcwd(),
-                      python=str(Path(args.python).absolute()), default_name=path.name)
-    return spec, opts
+                      python=str(Path(args.python).absolute()), default_name=path.name,
+                      plan=plan)
+    return ReadScript(spec, opts.warnings + spec_warnings(opts, spec), text, plan)
 
 
 def cmd_test_only(args: argparse.Namespace) -> int:
     """What would run, offline: no daemon, no Slurm (``sbatch --test-only``'s role)."""
     try:
-        spec, opts = _read_spec(args)
+        read = _read_spec(args)
     except ScriptErrors as exc:
         for line in exc.problems:
             print(line, file=sys.stderr)
         if args.json:
             print(json.dumps({"accepted": False, "errors": list(exc.problems)}))
         return 1
+    spec = read.spec
     report = {
-        "accepted": True, "name": spec.name, "min_nodes": spec.min_nodes,
+        "accepted": True, "name": spec.name, "mode": spec.mode, "min_nodes": spec.min_nodes,
         "max_nodes": spec.max_nodes, "time_s": spec.time_limit_s,
         "gpus_per_node": spec.gpus_per_node, "gpu_type": spec.gpu_type,
         "workers_per_node": spec.nproc_per_node, "launcher": spec.launcher,
-        "slot_options": list(slot_extra_args(spec)), "warnings": list(opts.warnings),
+        "slot_options": list(slot_extra_args(spec)), "warnings": list(read.warnings),
         "per_node_command": node_command(spec),
     }
+    if read.plan is not None:
+        launch = read.plan.launch
+        report.update(launcher=launch.kind, launch_line=launch.lineno,
+                      launch_words=list(launch.words),
+                      stop_signal=spec.stop_signal, stop_grace_s=spec.stop_grace_s)
     if args.json:
         print(json.dumps(report))
         return 0
-    for w in opts.warnings:
+    for w in read.warnings:
         print(f"malletrain submit: warning: {w}", file=sys.stderr)
+    print(_describe(read))
+    return 0
+
+
+def _describe(read: ReadScript) -> str:
+    spec = read.spec
     time_text = "no limit" if spec.time_limit_s is None else f"{spec.time_limit_s} s"
     gpus = (f"{spec.gpus_per_node} {spec.gpu_type or 'any'} GPU(s)" if spec.gpus_per_node
             else "no GPU")
-    print(f"malleable job {spec.name!r} would run on {spec.min_nodes}-{spec.max_nodes} nodes "
-          f"({time_text}), {spec.nproc_per_node} worker(s) and {gpus} per node")
-    print("each node slot: sbatch " + " ".join(slot_extra_args(spec)))
-    shown = [*node_command(spec)[:4], "...", spec.script, *spec.args]
-    print("each node runs: " + " ".join(shown))
-    return 0
+    lines = [f"malleable job {spec.name!r} would run on {spec.min_nodes}-{spec.max_nodes} "
+             f"nodes ({time_text}), {spec.nproc_per_node} worker(s) and {gpus} per node",
+             "each node slot: sbatch " + (" ".join(slot_extra_args(spec)) or
+                                          "(no options beyond the pool's)")]
+    if read.plan is None:
+        shown = [*node_command(spec)[:4], "...", spec.script, *spec.args]
+        lines += ["mode: native (ElasticJob rescales in process, no checkpoint)",
+                  "each node runs: " + " ".join(shown)]
+        return "\n".join(lines)
+    launch = read.plan.launch
+    stop = (f"SIG{spec.stop_signal}, then up to {spec.stop_grace_s} s to exit"
+            if spec.stop_signal != "TERM" else "SIGTERM")
+    lines += [f"mode: restart (the script is restarted at every size change; stopped with "
+              f"{stop})",
+              f"launch line {launch.lineno} ({launch.kind}): " + " ".join(launch.words),
+              "each node runs the script as written, its launch line at the current size"]
+    return "\n".join(lines)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -186,11 +222,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     if args.test_only:
         return cmd_test_only(args)
-    spec, opts = _read_spec(args)
+    read = _read_spec(args)
+    spec = read.spec
     # "--export=VAR" means "pass my VAR": resolve it here, where the user's environment is
     env = {k: (v if v else os.environ.get(k, "")) for k, v in spec.environment.items()}
     spec = type(spec).from_dict({**spec.to_dict(), "environment": env})
-    for w in opts.warnings:
+    for w in read.warnings:
         print(f"malletrain submit: warning: {w}", file=sys.stderr)
     sock = socket_path(args)
     answer = call(sock, {"op": "submit", "spec": spec.to_dict()})
@@ -203,7 +240,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
                                secret=str(answer["job_secret"]),
                                state_dir=str(answer["state_dir"]),
                                partition=str(answer["partition"]), qos=answer.get("qos"),
-                               account=answer.get("account"))
+                               account=answer.get("account"),
+                               script_text=read.text if read.plan else None)
             slurm_ids.append(backend.submit(slot))
         call(sock, {"op": "attach", "job_id": job_id, "slots": slurm_ids})
     except (UserError, KeyboardInterrupt) as exc:

@@ -13,12 +13,15 @@ script is reported at once, each as ``FILE:LINE: message`` (:class:`ScriptErrors
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from malletrain.daemon.sbatch_options import Options, parse_option_tokens
 from malletrain.daemon.spec import (
     MAX_NODES_LIMIT,
+    MAX_STOP_GRACE_S,
+    STOP_SIGNALS,
     JobSpec,
     SpecError,
     parse_export,
@@ -26,11 +29,21 @@ from malletrain.daemon.spec import (
     parse_time_s,
     positive_int,
 )
+from malletrain.elastic.restart.script import (
+    ScriptPlan,
+    analyse,
+    declared_workers,
+    is_shell_script,
+)
 
 T = TypeVar("T")
 
-__all__ = ["Options", "ScriptErrors", "build_spec", "interpreter_problems", "merge",
-           "parse_option_tokens", "read_directives"]
+__all__ = ["Options", "ScriptErrors", "build_spec", "merge", "parse_option_tokens",
+           "read_directives", "script_mode", "spec_warnings"]
+
+#: a restart-mode script travels in its slots' environment (one variable, under Linux's
+#: 128 KiB limit for one)
+MAX_RESTART_SCRIPT_BYTES = 100_000
 
 
 class ScriptErrors(SpecError):
@@ -82,13 +95,28 @@ def read_directives(script_text: str, path: str) -> Options:
     return merged
 
 
-def interpreter_problems(script_text: str, path: str) -> tuple[str, ...]:
-    """A script whose ``#!`` line names no Python cannot run as a node's workers yet."""
+def script_mode(script_text: str, path: str) -> tuple[ScriptPlan | None, tuple[str, ...]]:
+    """A shell batch script's plan (restart mode, with the problems of its launch line);
+    None for a Python script (native mode); any other interpreter is refused."""
     first = script_text.split("\n", 1)[0].strip()
+    if is_shell_script(script_text):
+        plan, problems = analyse(script_text, path)
+        if len(script_text.encode()) > MAX_RESTART_SCRIPT_BYTES:
+            problems.append(f"{path}:1: a batch script of more than "
+                            f"{MAX_RESTART_SCRIPT_BYTES} bytes")
+        return plan, tuple(problems)
     if first.startswith("#!") and "python" not in first:
-        return (f"{path}:1: a {first[2:].strip()!r} script: malletrain runs Python training "
-                "scripts (each worker runs it, written with ElasticJob); shell batch "
-                "scripts are not supported yet",)
+        return None, (f"{path}:1: a {first[2:].strip()!r} script: malletrain runs shell "
+                      "batch scripts (restart mode) and Python scripts written with "
+                      "ElasticJob (native mode)",)
+    return None, ()
+
+
+def spec_warnings(opts: Options, spec: JobSpec) -> tuple[str, ...]:
+    """Warnings that depend on the mode: ``--signal`` matters only in restart mode."""
+    if spec.mode == "native" and "signal" in opts.values:
+        return (f"{opts.origin['signal']}: --signal ignored: an ElasticJob script leaves on "
+                "Slurm's SIGTERM at the next step boundary, with no checkpoint to write",)
     return ()
 
 
@@ -181,6 +209,27 @@ def _time(text: str, where: str) -> int | None:
     return None if text.strip().upper() in ("UNLIMITED", "INFINITE") else parse_time_s(text, where)
 
 
+def _stop_signal(text: str, where: str) -> tuple[str, int, bool]:
+    """``[{R|B}:]SIG[@seconds]`` -> (signal name, grace, to the batch shell only), as sbatch
+    reads it (60 s by default)."""
+    body = text.strip()
+    shell_only = body.startswith("B:")
+    if len(body) > 2 and body[1] == ":" and body[0] in "RB":
+        body = body[2:]
+    sig, at, grace = body.partition("@")
+    name = sig.upper().removeprefix("SIG")
+    if name.isdigit():
+        try:
+            name = signal.Signals(int(name)).name.removeprefix("SIG")
+        except ValueError:
+            name = sig
+    if name not in STOP_SIGNALS:
+        raise SpecError(f"{where}: {sig!r} is not a signal a job may ask for "
+                        f"({', '.join(STOP_SIGNALS)})")
+    seconds = positive_int(grace, where, MAX_STOP_GRACE_S) if at else 60
+    return name, seconds, shell_only
+
+
 def _nodes(c: _Collect) -> tuple[int, int]:
     lo, hi = c.get("nodes", parse_nodes) or (1, 1)
     lo = c.get("min-nodes", lambda t, w: positive_int(t, w, MAX_NODES_LIMIT)) or lo
@@ -216,8 +265,11 @@ def _gpus(c: _Collect, nodes: tuple[int, int], tasks: int | None) -> tuple[str |
 
 
 def build_spec(opts: Options, *, script: str, args: Sequence[str], cwd: str, python: str,
-               default_name: str) -> JobSpec:
-    """Merged options -> a validated spec, or :class:`ScriptErrors` with every problem."""
+               default_name: str, plan: ScriptPlan | None = None) -> JobSpec:
+    """Merged options -> a validated spec, or :class:`ScriptErrors` with every problem.
+
+    ``plan``: a shell batch script's (restart mode). Its launch line then says how many
+    workers a node runs when it states a number; ``--ntasks-per-node`` counts srun tasks."""
     c = _Collect(opts)
     v = opts.values
     nodes = _nodes(c)
@@ -233,17 +285,25 @@ def build_spec(opts: Options, *, script: str, args: Sequence[str], cwd: str, pyt
     if not chdir.startswith("/"):
         chdir = cwd.rstrip("/") + "/" + chdir
     slot = tuple(opts.slot) + ((f"--gres={v['gres']}",) if "gres" in v and gpus else ())
+    stop_signal, grace, shell_only = ((c.get("signal", _stop_signal) or ("TERM", 0, False))
+                                      if plan else ("TERM", 0, False))
+    workers = tasks or gpus or 1
+    if plan is not None:
+        workers = declared_workers(plan.launch) or gpus or (
+            tasks if plan.launch.kind == "srun-python" and tasks else 1)
     spec = None
     if not c.problems:
         try:
             spec = JobSpec(
                 script=script, args=tuple(args), name=v.get("job-name", default_name),
                 min_nodes=nodes[0], max_nodes=nodes[1], time_limit_s=time_s,
-                gpus_per_node=gpus, gpu_type=gpu_type, nproc_per_node=tasks or gpus or 1,
+                gpus_per_node=gpus, gpu_type=gpu_type, nproc_per_node=workers,
                 output=v.get("output"), error=v.get("error"), chdir=chdir, export=export,
                 environment=env, account=v.get("account"),
                 kind=v.get("kind", _kind_of(script)), python=python,
-                launcher=v.get("launcher", "srun"), slot_options=slot)
+                launcher=v.get("launcher", "srun"), slot_options=slot,
+                mode="restart" if plan else "native",
+                stop_signal=stop_signal, stop_grace_s=grace, stop_shell_only=shell_only)
         except SpecError as exc:
             c.problems.append(str(exc))
     if spec is None:

@@ -76,6 +76,7 @@ class JobMonitor:
                 live={k: Registration(v.node, v.registered_at_s) for k, v in live.items()},
                 departed={d.member_id: d.time_s for d in gone},
                 sigtermed=frozenset(d.member_id for d in gone if d.reason == "sigterm"),
+                crashed=frozenset(d.member_id for d in gone if d.reason == "crashed"),
                 samples_total=prog.samples_total if prog else None,
                 samples_per_s=prog.samples_per_s if prog else 0.0,
                 progress_at_s=prog.time_s if prog else None,

@@ -43,7 +43,7 @@ _TABLE: tuple[Rule, ...] = (
     Rule("--nproc-per-node", _USE), Rule("--ntasks", _USE, "-n"),
     Rule("--output", _USE, "-o"), Rule("--error", _USE, "-e"), Rule("--chdir", _USE, "-D"),
     Rule("--export", _USE), Rule("--account", _USE, "-A"), Rule("--kind", _USE),
-    Rule("--launcher", _USE),
+    Rule("--launcher", _USE), Rule("--signal", _USE),
     # -- honoured by Slurm on every node slot
     *(Rule(o, _SLOT, s) for o, s in (
         ("--cpus-per-task", "-c"), ("--mem", None), ("--mem-per-cpu", None),
@@ -58,8 +58,6 @@ _TABLE: tuple[Rule, ...] = (
     Rule("--qos", _IGNORE, "-q", why="the administrator sets the scavenger QOS"),
     Rule("--requeue", _IGNORE, value=False,
          why="node slots are always requeued by the daemon"),
-    Rule("--signal", _IGNORE,
-         why="malletrain's workers leave on Slurm's SIGTERM at the next step boundary"),
     *(Rule(o, _IGNORE, s, why=w) for o, s, w in (
         ("--mail-type", None, "malletrain sends no mail; watch `malletrain jobs`"),
         ("--mail-user", None, "malletrain sends no mail; watch `malletrain jobs`"),

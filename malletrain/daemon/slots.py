@@ -31,6 +31,7 @@ from enum import StrEnum
 
 from malletrain.core.cluster import Job, JobState
 from malletrain.daemon.spec import JobSpec
+from malletrain.elastic.restart.script import SCRIPT_ENV
 from malletrain.slurm.sbatch import SbatchSpec
 
 TAG_PREFIX = "malletrain"
@@ -108,6 +109,13 @@ os._exit(rc)
 
 def node_command(spec: JobSpec) -> list[str]:
     """The argument list a node slot runs (under ``srun``, so Slurm's SIGTERM reaches it)."""
+    if spec.mode == "restart":
+        # the node agent runs the user's script itself (malletrain.elastic.restart)
+        agent = [spec.python, "-m", "malletrain.elastic.restart.agent",
+                 f"--workers={spec.nproc_per_node}", f"--stop-signal={spec.stop_signal}",
+                 f"--stop-grace-s={spec.stop_grace_s}",
+                 *(["--stop-shell-only"] if spec.stop_shell_only else [])]
+        return ["srun", "--nodes=1", "--ntasks=1", "--kill-on-bad-exit=1", *agent]
     if spec.launcher == "srun":
         # srun starts the K workers itself; each maps its SLURM_LOCALID to LOCAL_RANK
         task = [spec.python, "-c", _SRUN_TASK, str(spec.nproc_per_node), spec.script,
@@ -120,7 +128,7 @@ def node_command(spec: JobSpec) -> list[str]:
 
 
 def render_launcher(spec: JobSpec, job_id: str, slot: int, coordinator: str,
-                    state_dir: str, secret: str) -> str:
+                    state_dir: str, secret: str, script_text: str | None = None) -> str:
     """The slot's batch script: a few lines of Python that ``exec`` an argument list.
 
     Python, not bash, so that no user argument is ever parsed by a shell: the command is
@@ -129,6 +137,8 @@ def render_launcher(spec: JobSpec, job_id: str, slot: int, coordinator: str,
     shell alone is only signalled at kill time, docs/slurm-backend.md). The job's secret
     rides in the script (sent on sbatch's stdin, kept by Slurm readable only by the user and
     its operators; on the node, the user's 0500 script file), never on a command line.
+    A restart-mode slot also carries the user's batch script, as submitted (``sbatch``
+    keeps a copy too: editing the file later does not change a submitted job).
     """
     srun = node_command(spec)
     env = {
@@ -137,6 +147,10 @@ def render_launcher(spec: JobSpec, job_id: str, slot: int, coordinator: str,
         "MALLETRAIN_STATE_DIR": state_dir,
     }
     env.update(spec.environment)
+    if spec.mode == "restart":
+        if script_text is None:
+            raise ValueError("a restart-mode slot needs the batch script's text")
+        env[SCRIPT_ENV] = script_text
     env["MALLETRAIN_JOB_SECRET"] = secret  # last: a user's --export cannot replace it
     return "\n".join([
         f"#!{spec.python}",
@@ -164,10 +178,12 @@ def render_slot(
     partition: str,
     qos: str | None = None,
     account: str | None = None,
+    script_text: str | None = None,
 ) -> SbatchSpec:
     """The held single-node scavenger job of one slot (the user's ``sbatch``)."""
     return SbatchSpec(
-        script=render_launcher(spec, job_id, slot, coordinator, state_dir, secret),
+        script=render_launcher(spec, job_id, slot, coordinator, state_dir, secret,
+                               script_text),
         job_name=slot_job_name(job_id, slot),
         partition=partition,
         nodes=1,

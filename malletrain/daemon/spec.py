@@ -29,6 +29,11 @@ MAX_ARG_BYTES = 4096
 MAX_PATH_BYTES = 4096
 MAX_SCRIPT_BYTES = 1 << 20
 LAUNCHERS = ("torchrun", "srun")
+#: how a job changes size: in process (``ElasticJob``) or by restarting an unmodified script
+MODES = ("native", "restart")
+#: signals a restart-mode job may ask for before it is stopped (``--signal=B:USR1@60``)
+STOP_SIGNALS = ("TERM", "INT", "USR1", "USR2", "HUP", "QUIT", "ALRM")
+MAX_STOP_GRACE_S = 3600
 
 
 class SpecError(PermanentError):
@@ -152,6 +157,17 @@ class JobSpec:
     #: sbatch options every node slot carries unchanged (``--mem=64G``, ``--constraint=...``,
     #: ``--gres=...``): Slurm honours them per node as for the original job.
     slot_options: tuple[str, ...] = ()
+    #: ``native``: a Python script written with ``ElasticJob`` rescales in process;
+    #: ``restart``: a shell batch script is stopped and restarted at every size change and
+    #: resumes from its own checkpoint (:mod:`malletrain.elastic.restart`).
+    mode: str = "native"
+    #: restart mode: the signal a generation gets before it is stopped (the script's
+    #: ``--signal``), and how long it may take to checkpoint and exit after it.
+    stop_signal: str = "TERM"
+    stop_grace_s: int = 0
+    #: ``--signal=B:...``: the signal goes to the batch shell only (the script traps it);
+    #: otherwise to every process of the launch but the shell, as Slurm sends it.
+    stop_shell_only: bool = False
 
     def __post_init__(self) -> None:
         _check_spec(self)
@@ -186,13 +202,17 @@ class JobSpec:
                     raise SpecError("spec.environment: expected an object of strings")
                 kw[key] = dict(value)
             elif key in ("min_nodes", "max_nodes", "gpus_per_node", "nproc_per_node",
-                         "time_limit_s"):
+                         "time_limit_s", "stop_grace_s"):
                 if value is None and key == "time_limit_s":
                     kw[key] = None
                 elif isinstance(value, bool) or not isinstance(value, int):
                     raise SpecError(f"spec.{key}: expected an integer, got {type(value).__name__}")
                 else:
                     kw[key] = value
+            elif key == "stop_shell_only":
+                if not isinstance(value, bool):
+                    raise SpecError("spec.stop_shell_only: expected true or false")
+                kw[key] = value
             elif key in ("output", "error", "account", "gpu_type"):
                 if value is not None and not isinstance(value, str):
                     raise SpecError(f"spec.{key}: expected a string or null")
@@ -260,6 +280,14 @@ def _check_spec(s: JobSpec) -> None:
 
 
 def _check_slot_fields(s: JobSpec) -> None:
+    if s.mode not in MODES:
+        raise SpecError(f"mode: {s.mode!r} must be one of {', '.join(MODES)}")
+    if s.stop_signal not in STOP_SIGNALS:
+        raise SpecError(f"--signal: {s.stop_signal!r} must be one of {', '.join(STOP_SIGNALS)}")
+    if (isinstance(s.stop_grace_s, bool) or not isinstance(s.stop_grace_s, int)
+            or not 0 <= s.stop_grace_s <= MAX_STOP_GRACE_S):
+        raise SpecError(f"--signal: a grace of {s.stop_grace_s!r} s must be 0 to "
+                        f"{MAX_STOP_GRACE_S} s")
     if s.gpu_type is not None and not _NAME_RE.match(s.gpu_type):
         raise SpecError(f"gpu_type: {s.gpu_type!r} is not a GPU type name")
     if len(s.slot_options) > 32:

@@ -91,7 +91,7 @@ class CoordinatorLink:
             time.sleep(1.0)
             return False
 
-    def call_with_retry(self, fn: Callable[[], None], what: str, deadline_s: float) -> bool:
+    def call_with_retry(self, fn: Callable[[], object], what: str, deadline_s: float) -> bool:
         deadline = time.monotonic() + deadline_s
         while True:
             try:

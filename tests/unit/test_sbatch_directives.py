@@ -12,6 +12,8 @@ from malletrain.daemon.directives import (
     merge,
     parse_option_tokens,
     read_directives,
+    script_mode,
+    spec_warnings,
 )
 from malletrain.daemon.spec import JobSpec, SpecError, parse_export, parse_nodes, parse_time_s
 
@@ -180,5 +182,33 @@ def test_sbatch_time_and_warning_forms():
            "#SBATCH --requeue\n#SBATCH --qos=high\nsrun x\n"
     spec, opts = spec_from(text)
     assert spec.time_limit_s is None
-    assert [w.split(": ", 2)[1] for w in opts.warnings] == [
-        "--signal ignored", "--requeue ignored", "--qos ignored"]
+    warnings = opts.warnings + spec_warnings(opts, spec)  # native: --signal means nothing
+    assert [w.split(": ", 2)[1] for w in warnings] == [
+        "--requeue ignored", "--qos ignored", "--signal ignored"]
+
+
+@pytest.mark.parametrize(("signal_opt", "expect"), [
+    ("B:USR1@60", ("USR1", 60)), ("SIGUSR2@300", ("USR2", 300)), ("10@5", ("USR1", 5)),
+    ("R:TERM", ("TERM", 60)), (None, ("TERM", 0)),
+])
+def test_restart_mode_reads_the_stop_signal(signal_opt, expect):
+    head = "#!/bin/bash\n#SBATCH -N 1-4\n"
+    if signal_opt:
+        head += f"#SBATCH --signal={signal_opt}\n"
+    text = head + "srun torchrun --nproc_per_node 2 train.py\n"
+    plan, problems = script_mode(text, "/h/job.sh")
+    assert problems == () and plan is not None
+    opts = read_directives(text, "/h/job.sh")
+    spec = build_spec(opts, script="/h/job.sh", args=[], cwd="/h", python="/usr/bin/python3",
+                      default_name="job.sh", plan=plan)
+    assert (spec.mode, spec.nproc_per_node) == ("restart", 2)
+    assert (spec.stop_signal, spec.stop_grace_s) == expect
+    assert spec_warnings(opts, spec) == ()
+
+
+def test_restart_mode_refuses_a_signal_it_cannot_send():
+    text = "#!/bin/bash\n#SBATCH --signal=KILL@10\ntorchrun t.py\n"
+    plan, _ = script_mode(text, "/h/j.sh")
+    with pytest.raises(ScriptErrors, match=r"/h/j.sh:2: --signal: 'KILL' is not a signal"):
+        build_spec(read_directives(text, "/h/j.sh"), script="/h/j.sh", args=[], cwd="/h",
+                   python="/usr/bin/python3", default_name="j", plan=plan)

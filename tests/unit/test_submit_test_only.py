@@ -60,7 +60,22 @@ def test_a_refused_script_lists_every_problem_and_exits_non_zero(tmp_path):
     assert len(json.loads(res.stdout)["errors"]) == 3
 
 
-def test_a_shell_batch_script_is_refused_with_the_reason(tmp_path):
-    res, script = submit(tmp_path, "#!/bin/bash\n#SBATCH -N 2\nsrun python train.py\n")
+def test_a_shell_batch_script_runs_in_restart_mode(tmp_path):
+    res, _ = submit(tmp_path, "#!/bin/bash\n#SBATCH -N 2\n#SBATCH --ntasks-per-node=4\n"
+                    "#SBATCH --signal=B:USR1@90\nmodule load x\nsrun python train.py\n",
+                    "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert (out["mode"], out["launcher"], out["launch_line"]) == ("restart", "srun-python", 6)
+    assert (out["workers_per_node"], out["stop_signal"], out["stop_grace_s"]) == (4, "USR1", 90)
+    assert out["per_node_command"][4:7] == [sys.executable, "-m",
+                                            "malletrain.elastic.restart.agent"]
+
+
+def test_a_script_without_a_launch_line_or_of_another_language_is_refused(tmp_path):
+    res, script = submit(tmp_path, "#!/bin/bash\n#SBATCH -N 2\nsrun hostname\n")
     assert res.returncode == 1
-    assert res.stderr.startswith(f"{script}:1: a '/bin/bash' script")
+    assert res.stderr.startswith(f"{script}:1: no launch line")
+    res, script = submit(tmp_path, "#!/usr/bin/perl\nprint 1;\n")
+    assert res.returncode == 1
+    assert res.stderr.startswith(f"{script}:1: a '/usr/bin/perl' script")

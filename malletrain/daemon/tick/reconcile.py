@@ -90,7 +90,9 @@ def _running(ctx: JobContext, v: SlotView, rec: SlotRecord, d: SlotDiff) -> None
         if extend is not None:
             d.actions.append(Extend(jid, v.slot, v.slurm_job_id, extend))
     elif rec.leaving_since_s is not None:
-        if ctx.now_s - rec.leaving_since_s > s.leave_timeout_s:
+        # a restart-mode script may take its --signal grace to checkpoint before it leaves
+        if ctx.now_s - rec.leaving_since_s > max(s.leave_timeout_s,
+                                                 ctx.job.spec.stop_grace_s + 10.0):
             d.actions.append(Park(jid, v.slot, v.slurm_job_id, "member did not leave in time",
                                   node=v.node))
         elif member is not None and member in cv.members:

@@ -79,6 +79,9 @@ def stop_condition(job: JobRecord, js: JobSlots, cv: CoordView, now_s: float,
         return Transit(jid, P.COMPLETING, f"stop condition reached: {cv.finished_samples} samples")
     if job.spec.time_limit_s is not None and now_s > job.created_s + job.spec.time_limit_s:
         return Transit(jid, P.CANCELLING, f"time limit of {job.spec.time_limit_s} s reached")
+    if len(cv.crashed) >= s.max_start_failures:
+        return Transit(jid, P.FAILED, f"the training code failed on its own in {len(cv.crashed)} "
+                       "node slots; see their output (--output)")
     if job.start_failures >= s.max_start_failures:
         return Transit(jid, P.FAILED, f"slot jobs failed {job.start_failures} times right after "
                        "starting; see their output (--output)")

@@ -69,6 +69,9 @@ class CoordView:
     departed: Mapping[str, float] = field(default_factory=dict)
     #: members whose latest departure was a SIGTERM (Slurm preempting or timing out the slot).
     sigtermed: frozenset[str] = frozenset()
+    #: members whose latest departure says the training code failed on its own (an
+    #: exception in an ElasticJob step, a restart-mode launch that exited non-zero)
+    crashed: frozenset[str] = frozenset()
     samples_total: int | None = None
     samples_per_s: float = 0.0
     progress_at_s: float | None = None

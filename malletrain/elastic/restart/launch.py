@@ -1,0 +1,104 @@
+"""The launcher the rendered launch line calls: ``python -m malletrain.elastic.restart.launch
+ARGV...``, with the shell's evaluated argument list.
+
+The generation it runs in comes from the node agent's environment (``MALLETRAIN_NNODES``,
+``MALLETRAIN_NODE_RANK``, ``MALLETRAIN_MASTER_ADDR``, ``MALLETRAIN_MASTER_PORT``,
+``MALLETRAIN_NODES``, ``MALLETRAIN_WORKERS_PER_NODE``). torchrun, accelerate and deepspeed
+replace this process (``exec``); ``srun python`` becomes one process per task, supervised
+here like srun's ``--kill-on-bad-exit``: the first task that fails ends the others.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+
+from malletrain.elastic.restart.launchers import Generation, Launch, LaunchError, plan_launch
+
+#: signals passed on to ``srun python`` tasks (the agent's stop signal among them)
+_FORWARD = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+
+
+def generation_from_env(env: Mapping[str, str]) -> Generation:
+    try:
+        nodes = tuple(n for n in env["MALLETRAIN_NODES"].split(",") if n)
+        return Generation(
+            nnodes=int(env["MALLETRAIN_NNODES"]), node_rank=int(env["MALLETRAIN_NODE_RANK"]),
+            master_addr=env["MALLETRAIN_MASTER_ADDR"],
+            master_port=int(env["MALLETRAIN_MASTER_PORT"]), nodes=nodes,
+            workers_per_node=int(env.get("MALLETRAIN_WORKERS_PER_NODE", "1")))
+    except (KeyError, ValueError) as exc:
+        raise LaunchError(f"not started by a malletrain node agent ({exc})") from None
+
+
+def task_gpus(visible: str | None, k: int, index: int, bind: bool) -> str | None:
+    """CUDA_VISIBLE_DEVICES of task ``index`` of ``k``: its own share when the line binds
+    GPUs to tasks (``--gpus-per-task``, ``--gpu-bind``), else the node's, as Slurm does."""
+    if visible is None or not bind:
+        return visible
+    devices = [d for d in visible.split(",") if d]
+    per = len(devices) // k
+    if per == 0:
+        return visible
+    return ",".join(devices[index * per:(index + 1) * per])
+
+
+def run_tasks(launch: Launch, base_env: Mapping[str, str]) -> int:
+    """Start every task, pass signals on, end all when one fails; the first failure's rc."""
+    env = {**base_env, **launch.env}
+    procs = []
+    for i, task in enumerate(launch.tasks):
+        task_env = {**env, **task}
+        gpus = task_gpus(base_env.get("CUDA_VISIBLE_DEVICES"), len(launch.tasks), i,
+                         launch.bind_gpus)
+        if gpus is not None:
+            task_env["CUDA_VISIBLE_DEVICES"] = gpus
+        procs.append(subprocess.Popen(list(launch.argv), env=task_env))
+
+    def forward(signum: int, _frame: object) -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    for s in _FORWARD:
+        signal.signal(s, forward)
+    rc = 0
+    while any(p.poll() is None for p in procs):
+        bad = [p.returncode for p in procs if p.returncode not in (None, 0)]
+        if bad and rc == 0:
+            rc = bad[0]
+            forward(signal.SIGTERM, None)
+        time.sleep(0.1)
+    return rc or next((p.returncode for p in procs if p.returncode), 0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "--":
+        args = args[1:]
+    try:
+        launch = plan_launch(args, generation_from_env(os.environ))
+    except LaunchError as exc:
+        print(f"malletrain launch: {exc}", file=sys.stderr)
+        return 2
+    if launch.tasks:
+        rc = run_tasks(launch, os.environ)
+        return 128 - rc if rc < 0 else rc
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        # an argument list, never a shell string: the shell already expanded the line
+        os.execvpe(launch.argv[0], list(launch.argv), {**os.environ, **launch.env})  # noqa: S606
+    except OSError as exc:
+        print(f"malletrain launch: cannot run {launch.argv[0]!r}: {exc.strerror}",
+              file=sys.stderr)
+        return 127
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Restart mode end to end: an unmodified torchrun batch script on the real dev cluster.
+
+``examples/restart/train.sbatch`` (a batch script as torchrun users write it: ``scontrol show
+hostnames``, ``srun torchrun --rdzv_endpoint $head_node:29500``, ``--signal=B:USR1@30``) and
+``examples/restart/train_ddp.py`` (plain DDP with its own checkpoint; no malletrain in it)
+are submitted as written by mt-alice. The job grows, a regular job of mt-bob takes nodes
+back (Slurm preempts the slots), the job shrinks, grows back when the regular job has ended,
+and reaches its last epoch from its checkpoints: it never starts over.
+"""
+
+from __future__ import annotations
+
+import json
+import pwd
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from malletrain.slurm.hostlist import expand_hostlist
+
+from .harness import Daemon, check_python_reachable, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slurm, pytest.mark.torch]
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "restart"
+EPOCHS = 10
+
+
+@pytest.fixture
+def daemon(clean_cluster, workdir):
+    check_python_reachable("mt-alice", clean_cluster.env)
+    d = Daemon(workdir, clean_cluster.conf_path, clean_cluster.env).start()
+    yield d
+    d.stop()
+    clean_cluster.scancel_all()
+    d.stop_coordinator()
+
+
+def _records(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_unmodified_torchrun_script_grows_is_preempted_regrows_and_finishes(daemon,
+                                                                          clean_cluster):
+    d = daemon
+    for name in ("train.sbatch", "train_ddp.py"):
+        shutil.copy(EXAMPLES / name, d.out / name)
+        (d.out / name).chmod(0o755)
+    # as a user whose environment has torch activated (conda activate, module load): torchrun
+    # is on the PATH the job is submitted with, and --export=ALL carries it to the nodes
+    path = f"{Path(sys.executable).parent}:/usr/bin:/bin"
+    res = d.submit("mt-alice", "--parsable", "-N", "1-3", "-o", str(d.out / "r-%j.out"),
+                   f"--export=ALL,EPOCHS={EPOCHS},STEP_SLEEP=0.05,PATH={path}",
+                   str(d.out / "train.sbatch"))
+    job = res.stdout.strip()
+    log = d.out / "train.jsonl"
+
+    def diagnostics() -> str:
+        outs = "".join(p.read_text()[-1500:] for p in sorted(d.out.glob("r-*.out"))[-3:])
+        return json.dumps(d.jobs().get(job), indent=1) + outs + d.log()[-2500:]
+
+    def trained_at(world: int) -> bool:
+        return any(r["event"] == "step" and r["world"] == world for r in _records(log))
+
+    wait_until(lambda: trained_at(3), 180, what="the job to train on 3 nodes",
+               on_timeout=diagnostics)
+    assert d.jobs()[job]["state"] == "running"
+
+    # mt-bob's regular job needs 7 of the 8 nodes: 5 are idle, 2 of the job's go back
+    batch = clean_cluster.sbatch("-p", "batch", "-N", "7", "-t", "3", wrap="srun sleep 20",
+                                 user="mt-bob")
+    submitted = time.monotonic()
+    wait_until(lambda: clean_cluster.job_state(batch) == "RUNNING", 60,
+               what="the batch job to start", on_timeout=diagnostics)
+    wait_s = time.monotonic() - submitted
+    batch_nodes = set(expand_hostlist(clean_cluster.scontrol_job(batch)["NodeList"]))
+    wait_until(lambda: trained_at(1) and not set(d.jobs()[job]["nodes"]) & batch_nodes, 90,
+               what="the job to go on on the node left", on_timeout=diagnostics)
+
+    wait_until(lambda: clean_cluster.job_state(batch) in ("COMPLETED", ""), 90,
+               what="the batch job to end")
+    steps_before_regrow = len(_records(log))
+    wait_until(lambda: any(r["event"] == "step" and r["world"] >= 2
+                           for r in _records(log)[steps_before_regrow:]), 120,
+               what="the job to grow back", on_timeout=diagnostics)
+    wait_until(lambda: d.jobs()[job]["state"] == "completed", 300, what="the job to finish",
+               on_timeout=diagnostics)
+
+    result = json.loads((d.out / "results.json").read_text())
+    assert result["epochs"] == EPOCHS and result["samples"] == EPOCHS * 4096
+    records = _records(log)
+    starts = [r for r in records if r["event"] == "start"]
+    assert len(starts) >= 3  # first start, and a restart at each size change at least
+    assert [s["samples"] for s in starts].count(0) == 1, starts  # never started over
+    assert all(b["samples"] >= a["samples"] for a, b in zip(starts, starts[1:], strict=False))
+    assert {s["world"] for s in starts} >= {1, 3}
+    assert records[-1]["event"] == "done"
+    assert d.jobs()[job]["preemptions"] + d.jobs()[job]["rescales_down"] >= 1
+    assert wait_s < 30, f"the batch job waited {wait_s:.1f} s for the scavenged nodes"
+    assert (d.out / "results.json").stat().st_uid == pwd.getpwnam("mt-alice").pw_uid
+    assert "Traceback" not in d.log()

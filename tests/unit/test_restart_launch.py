@@ -1,0 +1,186 @@
+"""Restart mode, the pure parts: finding a script's launch line, and the launch line rewritten
+for a generation (golden argument lists, torchx style)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from malletrain.elastic.restart.launch import task_gpus
+from malletrain.elastic.restart.launchers import Generation, LaunchError, plan_launch, split_srun
+from malletrain.elastic.restart.script import (
+    LAUNCH_PREFIX,
+    analyse,
+    declared_workers,
+    is_shell_script,
+    logical_lines,
+    render,
+)
+
+G = Generation(nnodes=3, node_rank=1, master_addr="n4", master_port=21234,
+               nodes=("n4", "n5", "n7"), workers_per_node=2)
+
+TORCHRUN_SCRIPT = """#!/bin/bash
+#SBATCH --nodes=2-4
+#SBATCH --signal=B:USR1@60
+module load cuda   # set-up line
+export OMP_NUM_THREADS=1
+head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+srun --ntasks-per-node=1 torchrun --nnodes $SLURM_NNODES --nproc_per_node 4 \\
+    --rdzv_id $RANDOM --rdzv_backend c10d --rdzv_endpoint $head_node:29500 \\
+    train.py --epochs 5
+echo done
+"""
+
+
+def test_finds_the_launch_line_across_continuations():
+    plan, problems = analyse(TORCHRUN_SCRIPT, "job.sh")
+    assert problems == []
+    assert plan is not None and plan.interpreter == ("/bin/bash",)
+    assert plan.launch.lineno == 7 and plan.launch.kind == "torchrun"
+    assert declared_workers(plan.launch) == 4
+    assert plan.launch.words[-3:] == ("train.py", "--epochs", "5")
+
+
+def test_render_changes_only_the_launch_command():
+    plan, _ = analyse(TORCHRUN_SCRIPT, "job.sh")
+    assert plan is not None
+    out = render(TORCHRUN_SCRIPT, plan).split("\n")
+    src = TORCHRUN_SCRIPT.split("\n")
+    assert [i for i, (a, b) in enumerate(zip(out, src, strict=True)) if a != b] == [6]
+    assert out[6] == LAUNCH_PREFIX + src[6]
+
+
+@pytest.mark.parametrize(("line", "rendered"), [
+    ("  exec srun python train.py", '  ' + LAUNCH_PREFIX + "srun python train.py"),
+    ('FOO="a b" BAR=1 torchrun x.py', 'FOO="a b" BAR=1 ' + LAUNCH_PREFIX + "torchrun x.py"),
+])
+def test_render_keeps_assignments_and_drops_exec(line, rendered):
+    text = f"#!/bin/bash\n{line}\n"
+    plan, problems = analyse(text, "j.sh")
+    assert problems == [] and plan is not None
+    assert render(text, plan).split("\n")[1] == rendered
+
+
+@pytest.mark.parametrize(("body", "expect"), [
+    ("srun hostname\necho hi\n", "j.sh:1: no launch line"),
+    ("torchrun a.py\ntorchrun b.py\n", "j.sh:3: a second launch line (the first is line 2)"),
+    ("mpirun -np 8 python train.py\n", "j.sh:2: mpirun: MPI launches cannot change size"),
+])
+def test_refusals_name_file_and_line(body, expect):
+    plan, problems = analyse("#!/bin/bash\n" + body, "j.sh")
+    assert plan is None
+    assert any(p.startswith(expect) for p in problems), problems
+
+
+def test_here_documents_and_comments_are_not_launch_lines():
+    text = ("#!/bin/bash\ncat > cfg.txt <<EOF\ntorchrun not-a-command.py\nEOF\n"
+            "# torchrun in a comment\nsrun python train.py\n")
+    plan, problems = analyse(text, "j.sh")
+    assert problems == [] and plan is not None
+    assert plan.launch.lineno == 6 and plan.launch.kind == "srun-python"
+    assert [n for n, _ in logical_lines(text)] == [1, 2, 5, 6, 7]
+
+
+def test_shell_and_python_scripts_are_told_apart():
+    assert is_shell_script("#!/bin/bash\n") and is_shell_script("#!/usr/bin/env bash\n")
+    assert is_shell_script("#!/bin/sh -l\n")
+    assert not is_shell_script("#!/usr/bin/env python3\n") and not is_shell_script("echo\n")
+
+
+# --------------------------------------------------------------------------- rewriting
+
+
+def test_torchrun_gets_the_generation_size_and_keeps_the_rest():
+    argv = ["srun", "--ntasks-per-node=1", "-N", "4", "torchrun", "--nnodes", "4",
+            "--nproc_per_node=4", "--rdzv_id", "77", "--rdzv_backend", "c10d",
+            "--rdzv_endpoint", "n1:29500", "--log-dir", "/tmp/l", "train.py", "--nnodes", "9"]
+    launch = plan_launch(argv, G)
+    assert launch.kind == "torchrun" and not launch.tasks
+    assert launch.argv == (
+        "torchrun", "--nnodes=3", "--node-rank=1", "--nproc-per-node=4", "--master-addr=n4",
+        "--master-port=21234", "--rdzv-backend=static", "--max-restarts=0",
+        "--log-dir", "/tmp/l", "train.py", "--nnodes", "9")  # the script's own flags kept
+    assert launch.env["SLURM_NNODES"] == "3" and launch.env["SLURM_NODEID"] == "1"
+    assert launch.env["SLURM_JOB_NODELIST"] == "n4,n5,n7"
+    assert launch.env["MASTER_ADDR"] == "n4" and launch.env["MASTER_PORT"] == "21234"
+
+
+def test_python_m_torch_distributed_run_and_default_workers():
+    launch = plan_launch(["python3", "-m", "torch.distributed.run", "--standalone",
+                          "-m", "pkg.train"], G)
+    assert launch.argv == ("python3", "-m", "torch.distributed.run", "--nnodes=3",
+                           "--node-rank=1", "--nproc-per-node=2", "--master-addr=n4",
+                           "--master-port=21234", "--rdzv-backend=static",
+                           "--max-restarts=0", "-m", "pkg.train")
+
+
+def test_srun_python_becomes_one_process_per_task_with_slurm_and_torch_env():
+    launch = plan_launch(["srun", "--ntasks-per-node", "2", "--gpus-per-task=1", "python",
+                          "train.py", "--lr", "0.1"], G)
+    assert launch.kind == "srun-python" and launch.argv == ("python", "train.py", "--lr", "0.1")
+    assert launch.bind_gpus
+    assert [t["RANK"] for t in launch.tasks] == ["2", "3"]
+    assert [t["SLURM_PROCID"] for t in launch.tasks] == ["2", "3"]
+    assert {t["WORLD_SIZE"] for t in launch.tasks} == {"6"}
+    assert [t["LOCAL_RANK"] for t in launch.tasks] == ["0", "1"]
+    assert launch.env["SLURM_NTASKS"] == "6" and launch.env["SLURM_TASKS_PER_NODE"] == "2(x3)"
+
+
+def test_accelerate_and_deepspeed_are_rewritten():
+    acc = plan_launch(["accelerate", "launch", "--multi_gpu", "--num_machines", "4",
+                       "--num_processes", "16", "--main_process_ip", "x", "--mixed_precision",
+                       "bf16", "train.py"], G)
+    assert acc.argv == ("accelerate", "launch", "--num_machines", "3", "--machine_rank", "1",
+                        "--num_processes", "6", "--main_process_ip", "n4",
+                        "--main_process_port", "21234", "--rdzv_backend", "static",
+                        "--same_network", "--multi_gpu", "--mixed_precision", "bf16",
+                        "train.py")
+    ds = plan_launch(["deepspeed", "--hostfile", "hf", "--num_gpus", "4", "train.py",
+                      "--deepspeed"], G)
+    assert ds.argv == ("deepspeed", "--no_ssh", "--num_nodes", "3", "--node_rank", "1",
+                       "--num_gpus", "2", "--master_addr", "n4", "--master_port", "21234",
+                       "train.py", "--deepspeed")
+
+
+def test_not_a_launch_line_is_a_clear_error():
+    with pytest.raises(LaunchError, match="not a launch line"):
+        plan_launch(["srun", "hostname"], G)
+    with pytest.raises(LaunchError, match="no training script"):
+        plan_launch(["torchrun", "--nnodes", "2"], G)
+
+
+def test_srun_options_with_and_without_values():
+    opts, cmd = split_srun(["srun", "-l", "-N2", "--cpu-bind", "none", "--exclusive",
+                            "--mpi=pmix", "python", "t.py"])
+    assert cmd == ["python", "t.py"]
+    assert opts == {"-l": "", "-N": "2", "--cpu-bind": "none", "--exclusive": "",
+                    "--mpi": "pmix"}
+
+
+@pytest.mark.parametrize(("visible", "bind", "expect"), [
+    ("0,1,2,3", True, ["0,1", "2,3"]), ("0,1,2,3", False, ["0,1,2,3"] * 2),
+    (None, True, [None, None]), ("5", True, ["5", "5"]),
+])
+def test_task_gpus_as_slurm_gives_them(visible, bind, expect):
+    assert [task_gpus(visible, 2, i, bind) for i in range(2)] == expect
+
+
+def test_srun_python_tasks_run_and_the_first_failure_ends_the_rest(tmp_path):
+    """The launcher itself, as a process: two tasks, one fails at once, the other (asleep)
+    is ended, and the launcher exits with the failure's code."""
+    script = tmp_path / "t.py"
+    script.write_text("import os, sys, time\n"
+                      "if os.environ['RANK'] == '0': sys.exit(3)\n"
+                      "time.sleep(60)\n")
+    env = {"MALLETRAIN_NNODES": "1", "MALLETRAIN_NODE_RANK": "0",
+           "MALLETRAIN_MASTER_ADDR": "localhost", "MALLETRAIN_MASTER_PORT": "1",
+           "MALLETRAIN_NODES": "localhost", "MALLETRAIN_WORKERS_PER_NODE": "2",
+           "PATH": "/usr/bin:/bin"}
+    res = subprocess.run([sys.executable, "-m", "malletrain.elastic.restart.launch", "--",
+                          "srun", "--ntasks-per-node=2", sys.executable, str(script)],
+                         env=env, timeout=30, capture_output=True, text=True)
+    # rc 3 within the timeout: the 60 s sleeper was ended, not waited for
+    assert res.returncode == 3, res.stderr
