@@ -32,8 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import rescale  # noqa: E402  (the native measurement and its helpers)
-from rescale import REPO, child_env, records, start_coordinator, wait_for  # noqa: E402
+import rescale
+from rescale import REPO, child_env, records, start_coordinator, wait_for
 
 TRAIN = REPO / "examples" / "restart" / "train_ddp.py"
 SCRIPT = """#!/bin/bash
@@ -97,6 +97,7 @@ def run_restart(tmp: Path, cycles: int, hidden: int) -> dict[str, list[float]]:
             launch("m2")  # the next node, pre-started and registered as the daemon does
     finally:
         coord.publish(job, [])
+        procs["m2"].terminate()  # pre-started for a next cycle, never a member: SIGTERM
         for p in procs.values():
             try:
                 p.wait(60)

@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
+from malletrain.elastic import watchdog
+
 log = logging.getLogger(__name__)
 
 
@@ -28,7 +30,9 @@ class SigtermWatch:
     which a blocked collective may not do for ``step_timeout_s``. The wakeup fd is written
     by the C-level handler at once, so a helper thread starts the deadline immediately.
     After ``deadline_s`` the process is forced out (``os._exit``) whatever it does, having
-    called ``last_word`` (the departure announcement) if the step loop had not ended.
+    called ``last_word`` (the departure announcement) if the step loop had not ended. And
+    if even that thread cannot run (C code holding the GIL), the watchdog process
+    (:mod:`.watchdog`) sends SIGKILL a second later.
     """
 
     def __init__(self, deadline_s: float, last_word: Callable[[], None]) -> None:
@@ -46,6 +50,15 @@ class SigtermWatch:
         read_fd, write_fd = os.pipe()
         os.set_blocking(write_fd, False)
         signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        # the watchdog process reads the wakeup pipe (it needs no GIL of ours) and passes
+        # the bytes on to the thread below through a second pipe
+        fwd_read, fwd_write = os.pipe()
+        if watchdog.start(read_fd, fwd_write, self.deadline_s):
+            os.close(read_fd)
+            read_fd = fwd_read
+        else:
+            os.close(fwd_read)
+        os.close(fwd_write)
 
         def _on_sigterm(_signum: int, _frame: FrameType | None) -> None:
             if self.at is None:

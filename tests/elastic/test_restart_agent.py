@@ -1,0 +1,143 @@
+"""The restart-mode node agent as real processes around a real coordinator (no Slurm).
+
+Each agent runs a real bash batch script whose launch line is ``srun python task.py``; the
+task records what it sees and how it is stopped. Checked: each generation runs at the
+published size with the Slurm/torch environment of that size, a size change stops the old
+launch with the script's --signal (and nothing of it survives, orphans included), a removed
+member leaves, progress written to $MALLETRAIN_PROGRESS_FILE reaches the coordinator, and a
+launch that exits 0 finishes the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from elastic_harness import REPO, attach, start_coordinator, wait_for
+
+TASK = """\
+import json, os, signal, subprocess, sys, time
+out = sys.argv[1]
+keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_NNODES", "SLURM_NODEID", "SLURM_PROCID",
+        "SLURM_NTASKS", "MASTER_PORT", "MALLETRAIN_EPOCH", "SETUP_RAN")
+me = {k: os.environ.get(k) for k in keys}
+tag = f"{out}/e{me['MALLETRAIN_EPOCH']}-r{me['RANK']}"
+def stop(signum, frame):
+    open(tag + ".stopped", "w").write(signal.Signals(signum).name)
+    sys.exit(0)
+signal.signal(signal.SIGUSR1, stop)
+orphan = subprocess.Popen(["sleep", "300"], start_new_session=True)  # escapes the group
+me["orphan"] = orphan.pid
+open(tag + ".json", "w").write(json.dumps(me))
+if os.path.exists(f"{out}/finish"):
+    sys.exit(0)
+n = 0
+while True:
+    n += 8
+    if me["RANK"] == "0":
+        open(os.environ["MALLETRAIN_PROGRESS_FILE"], "w").write(str(n))
+    time.sleep(0.05)
+"""
+
+SCRIPT = """#!/bin/bash
+#SBATCH --signal=USR1@20
+export SETUP_RAN=yes
+srun --ntasks-per-node=2 {python} {task} {out}
+"""
+
+
+@pytest.fixture
+def setup(tmp_path):
+    proc, address = start_coordinator(tmp_path)
+    coord = attach(tmp_path, address)
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "task.py").write_text(TASK)
+    text = SCRIPT.format(python=sys.executable, task=tmp_path / "task.py", out=out)
+    agents: dict[str, subprocess.Popen] = {}
+
+    def launch(member: str) -> subprocess.Popen:
+        env = dict(os.environ, PYTHONPATH=str(REPO), MALLETRAIN_COORDINATOR=address,
+                   MALLETRAIN_JOB_ID="rj", MALLETRAIN_JOB_SECRET=coord.job_secret("rj"),
+                   MALLETRAIN_MEMBER_ID=member, MALLETRAIN_SCRIPT_TEXT=text)
+        agents[member] = subprocess.Popen(
+            [sys.executable, "-m", "malletrain.elastic.restart.agent", "--workers=2",
+             "--stop-signal=USR1", "--stop-grace-s=20"],
+            env=env, stdout=open(tmp_path / f"{member}.log", "w"),  # noqa: SIM115
+            stderr=subprocess.STDOUT)
+        return agents[member]
+
+    yield coord, out, launch, agents
+    for p in agents.values():
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+    coord.close()
+    proc.terminate()
+    proc.wait(10)
+
+
+def seen(out: Path, epoch: int) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(out.glob(f"e{epoch}-r*.json"))]
+
+
+def test_generations_run_at_the_published_size_and_stop_cleanly(setup):
+    coord, out, launch, _ = setup
+    a, b = launch("a"), launch("b")
+    wait_for(lambda: {"a", "b"} <= set(coord.registered("rj")), 60, "registration")
+    e1 = coord.publish("rj", ["a", "b"])
+    wait_for(lambda: len(seen(out, e1)) == 4, 60, "4 tasks of generation 1")
+    first = seen(out, e1)
+    assert sorted(r["RANK"] for r in first) == ["0", "1", "2", "3"]
+    assert {(r["WORLD_SIZE"], r["SLURM_NNODES"], r["SLURM_NTASKS"], r["SETUP_RAN"])
+            for r in first} == {("4", "2", "4", "yes")}
+    assert sorted(r["SLURM_NODEID"] for r in first) == ["0", "0", "1", "1"]
+    wait_for(lambda: (p := coord.progress("rj")) is not None and p.samples_total > 0, 30,
+             "progress from $MALLETRAIN_PROGRESS_FILE")
+
+    e2 = coord.publish("rj", ["a"])  # b is removed; a restarts at one node
+    assert b.wait(60) == 0
+    wait_for(lambda: len(seen(out, e2)) == 2, 60, "2 tasks of generation 2")
+    assert {r["WORLD_SIZE"] for r in seen(out, e2)} == {"2"}
+    # every task of generation 1 was asked with the script's signal, and nothing survived
+    assert sorted(p.read_text() for p in out.glob(f"e{e1}-r*.stopped")) == ["SIGUSR1"] * 4
+    for r in first:
+        assert not psutil.pid_exists(r["orphan"]) or \
+            psutil.Process(r["orphan"]).status() == psutil.STATUS_ZOMBIE
+    assert coord.departures("rj")[-1].member_id == "b"
+    assert coord.departures("rj")[-1].reason == "removed"
+
+    (out / "finish").write_text("")  # the next generation's launch exits 0 at once
+    e3 = coord.publish("rj", [])
+    assert a.wait(60) == 0  # removed too (an empty membership)
+    assert coord.result("rj") is None and e3 > e2
+
+
+def test_a_launch_that_exits_0_finishes_the_job(setup):
+    coord, out, launch, _ = setup
+    (out / "finish").write_text("")
+    a = launch("a")
+    wait_for(lambda: "a" in coord.registered("rj"), 60, "registration")
+    coord.publish("rj", ["a"])
+    assert a.wait(60) == 0
+    assert coord.result("rj") is not None
+    assert coord.departures("rj")[-1].reason == "finished"
+
+
+def test_sigterm_leaves_at_once_and_announces_it(setup):
+    coord, out, launch, _ = setup
+    a = launch("a")
+    wait_for(lambda: "a" in coord.registered("rj"), 60, "registration")
+    e = coord.publish("rj", ["a"])
+    wait_for(lambda: len(seen(out, e)) == 2, 60, "the tasks")
+    t = time.monotonic()
+    a.terminate()  # Slurm preempting the slot
+    assert a.wait(30) == 143
+    assert time.monotonic() - t < 10  # SIGTERM skips the 20 s grace of --signal
+    assert coord.departures("rj")[-1].reason == "sigterm"
