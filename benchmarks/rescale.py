@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -56,6 +57,10 @@ from malletrain.elastic.keyfile import read_key  # noqa: E402
 EXAMPLE = REPO / "examples" / "elastic_train.py"
 BASELINE = REPO / "benchmarks" / "rescale_baseline_worker.py"
 MODEL_ARGS = ["--dim", "1024", "--hidden", "12288", "--batch", "8"]  # --hidden may override
+#: base learning rate of the malletrain run (x world size): 0.01 diverged to NaN within 5-7
+#: steps (the loss sums 1024 outputs per sample), so the replica check compared NaNs; 1e-5
+#: converges (checked: every loss of the run must be finite)
+LR = "1e-5"
 
 
 def records(path: Path) -> list[dict]:
@@ -111,7 +116,7 @@ def run_malletrain(tmp: Path, cycles: int) -> dict[str, list[float]]:
                         MALLETRAIN_MEMBER_ID=member, MALLETRAIN_STATE_DIR=str(state))
         with open(tmp / f"mt-{member}.err", "w") as err:
             procs[member] = subprocess.Popen(
-                [sys.executable, str(EXAMPLE), *MODEL_ARGS, "--dataset-size", "256",
+                [sys.executable, str(EXAMPLE), *MODEL_ARGS, "--lr", LR, "--dataset-size", "256",
                  "--jsonl", str(logs[member])],
                 env=env, stdout=subprocess.DEVNULL, stderr=err)
 
@@ -170,6 +175,7 @@ def run_malletrain(tmp: Path, cycles: int) -> dict[str, list[float]]:
         out["restore"].append(ep["reconfig"]["snapshot_load_s"])
         coord.publish(job, [])
         procs["m2"].wait(60)
+        assert_finite_losses([r for path in logs.values() for r in records(path)])
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -179,6 +185,14 @@ def run_malletrain(tmp: Path, cycles: int) -> dict[str, list[float]]:
         coord_proc.terminate()
         coord_proc.wait(10)
     return out
+
+
+def assert_finite_losses(recs: list[dict]) -> None:
+    """Identical replicas mean nothing if the losses are NaN (equal checksums of NaNs)."""
+    losses = [r["loss"] for r in recs if r["event"] == "step"]
+    bad = [x for x in losses if not math.isfinite(x)]
+    if not losses or bad:
+        raise SystemExit(f"rescale: {len(bad)} of {len(losses)} losses are not finite")
 
 
 # ------------------------------------------------------------------------------ baseline

@@ -59,6 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--jsonl", default=None,
                     help="JSON-lines log of this process (one record per step and event); "
                          "'{local_rank}' in the path is replaced (torchrun, K > 1)")
+    ap.add_argument("--stall-at-step", type=int, default=None,
+                    help="fault injection: stall once, inside step N, after its collectives")
+    ap.add_argument("--stall-s", type=float, default=0.0, help="how long the stall lasts")
     ap.add_argument("--log-indices", action="store_true",
                     help="also log the sample indices of every committed step")
     ap.add_argument("--results", type=Path, default=None,
@@ -138,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
                 loss = train_step(job, step, x, y, opt)
                 if args.step_sleep:
                     time.sleep(args.step_sleep)
+                if step.index == args.stall_at_step and args.stall_s > 0:
+                    time.sleep(args.stall_s)  # a hung step: the watcher aborts the group
+                    args.stall_s = 0.0
             if not step.failed:
                 record: dict[str, object] = dict(
                     event="step", step=step.index, epoch=step.epoch, rank=step.rank,

@@ -63,6 +63,10 @@ class ElasticConfig:
     poll_interval_s: float = 0.05
     #: after SIGTERM, the process is forced out (os._exit) after this long, whatever it does.
     sigterm_deadline_s: float = 4.0
+    #: abort the group when a step or boundary check overruns ``step_timeout_s``: needed for
+    #: NCCL (no host-side timeout); gloo bounds its collectives itself (MALLETRAIN_ABORT_HUNG
+    #: =1 turns it on for gloo too, which the CPU tests of the abort path use)
+    abort_hung: bool | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> ElasticConfig:
@@ -102,5 +106,7 @@ class ElasticConfig:
             sigterm_deadline_s=_env_float(
                 env, "MALLETRAIN_SIGTERM_DEADLINE_S", cls.sigterm_deadline_s
             ),
+            abort_hung=(env["MALLETRAIN_ABORT_HUNG"] == "1"
+                        if env.get("MALLETRAIN_ABORT_HUNG") else None),
         )
         return replace(cfg, **overrides)

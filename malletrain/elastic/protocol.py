@@ -266,17 +266,19 @@ def build_membership(
 def choose_source(table: list[list[int]]) -> tuple[int, int, bool]:
     """Pick the rank whose state everybody adopts: (rank, its step, from a snapshot?).
 
-    ``table[r] = [has_state, step, newest snapshot step or -1]`` of rank r. The freshest live
-    replica (highest step, lowest rank among equals) wins, unless a snapshot of this job is
-    newer than every live replica. With no state anywhere (a new job) rank 0's fresh
+    ``table[r] = [has_state, step, newest snapshot step or -1, dirty (optional)]`` of rank
+    r. The freshest live replica (highest step; among equals a clean one, i.e. one that holds
+    no update of an aborted step, then the lowest rank) wins, unless a snapshot of this job
+    is newer than every live replica. With no state anywhere (a new job) rank 0's fresh
     initialization is copied so that all replicas start equal (step -1 marks that case).
     """
-    live = [(s, -r) for r, (h, s, _) in enumerate(table) if h]
-    snaps = [(sn, -r) for r, (_, _, sn) in enumerate(table) if sn >= 0]
+    live = [(row[1], not (row[3] if len(row) > 3 else 0), -r)
+            for r, row in enumerate(table) if row[0]]
+    snaps = [(row[2], -r) for r, row in enumerate(table) if row[2] >= 0]
     best_live = max(live) if live else None
     best_snap = max(snaps) if snaps else None
     if best_snap is not None and (best_live is None or best_snap[0] > best_live[0]):
         return -best_snap[1], best_snap[0], True
     if best_live is not None:
-        return -best_live[1], best_live[0], False
+        return -best_live[2], best_live[0], False
     return 0, -1, False

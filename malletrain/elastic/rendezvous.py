@@ -30,7 +30,7 @@ class Rendezvous(WorkerState):
     def _rendezvous(self, failed_epoch: int | None, gone: set[str]) -> None:
         """Leave the current group and form the newest epoch that includes this member."""
         t0 = time.monotonic()
-        self._teardown()
+        self._teardown(broken=failed_epoch is not None)
         heal_deadline = 0.0
         if failed_epoch is not None:
             heal_deadline = self._mark_alive(failed_epoch)
@@ -229,7 +229,7 @@ class Rendezvous(WorkerState):
             if not is_peer_failure(exc):
                 raise
             log.warning("forming epoch %d failed: %s", e, exc)
-            self._teardown()
+            self._teardown(broken=True)
             return Outcome.FAILED
         lr = self.rule.learning_rate(cfg.world_size)
         for group_params in self.optimizer.param_groups:

@@ -81,7 +81,14 @@ class WorkerState(ABC):
     _ddp: DistributedDataParallel | None
     _formed_epoch: int
     _registered_seq: int
+    #: monotonic start of the collective work in flight (a step, or the boundary check);
+    #: the watcher aborts an NCCL group that overruns ``step_timeout_s``
     _step_started: float | None
+    #: groups aborted by the watcher so far (see :meth:`_abort_group`)
+    _aborts: int
+    #: this replica may hold the update of a step that was not committed (the group was
+    #: aborted under it): the next state sync makes every replica equal again
+    _dirty: bool
     _first_of_epoch: bool
     _snapshot_load_s: float
     exit_reason: ExitReason | None
@@ -91,18 +98,30 @@ class WorkerState(ABC):
     def member_id(self) -> str:
         return self.config.member_id
 
-    def _teardown(self) -> None:
+    def _abort_group(self) -> None:
+        """Abort every communicator (from the watcher thread) so that a hung NCCL collective
+        raises. Counted: the step in flight is then not committed, and the next boundary
+        re-forms instead of calling into a group that no longer exists (measured on an
+        H100: the boundary all-reduce then raised ValueError and the worker crashed)."""
+        self._aborts += 1
+        with contextlib.suppress(Exception):
+            dist.distributed_c10d._abort_process_group()
+
+    def _teardown(self, broken: bool = False) -> None:
+        """End this process's group. A ``broken`` NCCL group (a failure was seen) is aborted,
+        since destroying it may block on a hung communicator; a healthy one is destroyed,
+        which is faster (0.36-0.41 s vs about 0.9 s for an abort, measured on an H100)."""
         self._ddp = None
         self._step_started = None
-        if dist.is_initialized():
-            if self.backend == "nccl":
-                # a communicator may be hung or broken: abort it, destroy could block
-                with contextlib.suppress(Exception):
-                    dist.distributed_c10d._abort_process_group()
-            try:
-                dist.destroy_process_group()
-            except Exception as exc:  # a broken group may fail to shut down cleanly
-                log.debug("destroy_process_group: %s", exc)
+        if not dist.is_initialized():
+            return  # never formed, or aborted by the watcher already
+        if broken and self.backend == "nccl":
+            self._abort_group()
+            return
+        try:
+            dist.destroy_process_group()
+        except Exception as exc:  # a broken gloo group may fail to shut down cleanly
+            log.warning("destroy_process_group failed: %r", exc)
 
     def _announce(self, reason: p.DepartureReason) -> None:
         self.link.announce(reason, self.epoch or None, self.step)

@@ -46,7 +46,8 @@ class StateSync(WorkerState):
         """Send the freshest state (by step; a newer snapshot wins over live state) to laggards."""
         snap = snapshot.find_latest(self.config.state_dir, self.config.job_id)
         mine = torch.tensor(
-            [int(self.has_state), self.step, -1 if snap is None else snap.step],
+            [int(self.has_state), self.step, -1 if snap is None else snap.step,
+             int(self._dirty)],
             dtype=torch.int64,
             device=self.device,
         )
@@ -56,17 +57,19 @@ class StateSync(WorkerState):
         src, target_step, use_snapshot = p.choose_source(table)
         if target_step < 0:
             self._refuse_if_state_lost()
-        if use_snapshot:
+        if use_snapshot or any(row[3] for row in table):
+            # a replica may hold an uncommitted update: make every replica equal to src
             needy = [r for r in range(self.world_size) if r != src]
         else:
             needy = [
-                r for r, (h, s, _) in enumerate(table)
+                r for r, (h, s, _, _) in enumerate(table)
                 if r != src and (target_step < 0 or not h or s != target_step)
             ]
         if use_snapshot and self.rank == src:
             self._restore(snap)
         if needy:
             self._send_to(src, needy)
+        self._dirty = False
 
     def _restore(self, snap: snapshot.SnapshotRef | None) -> None:
         t_load = time.monotonic()

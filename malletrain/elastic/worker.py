@@ -31,8 +31,9 @@ import atexit
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from types import TracebackType
 
 import numpy as np
@@ -42,7 +43,7 @@ import torch.distributed as dist
 from malletrain.elastic import protocol as p
 from malletrain.elastic import snapshot
 from malletrain.elastic.config import ElasticConfig
-from malletrain.elastic.faults import is_peer_failure
+from malletrain.elastic.faults import gpu_problem, is_peer_failure
 from malletrain.elastic.jobstore import JobStore
 from malletrain.elastic.link import CoordinatorLink
 from malletrain.elastic.rendezvous import Rendezvous
@@ -76,6 +77,8 @@ class Step:
     failed: bool = False
     entered: bool = False
     error: BaseException | None = field(default=None, repr=False)
+    #: True once the group was aborted under this step (it overran step_timeout_s)
+    aborted: Callable[[], bool] = field(default=lambda: False, repr=False)
 
     def __enter__(self) -> Step:
         self.entered = True
@@ -92,6 +95,12 @@ class Step:
             self.failed = True
             self.error = exc
             return True  # absorbed: the runtime heals the group; the step is not committed
+        if exc is None and self.aborted():
+            # its collectives may have returned unreduced gradients: never commit it
+            log.warning("step %d (epoch %d): the group was aborted during it", self.index,
+                        self.epoch)
+            self.failed = True
+            self.error = RuntimeError("the group was aborted: the step overran its timeout")
         return False
 
 
@@ -103,6 +112,20 @@ def _nccl_errors_raise() -> None:
     os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = os.environ.get(
         "MALLETRAIN_NCCL_ASYNC_ERROR_HANDLING", "2"
     )
+
+
+def _backend_for(config: ElasticConfig, device: torch.device) -> str:
+    """The process group backend, after checking that this node's GPUs can carry it."""
+    backend = config.backend
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl":
+        _nccl_errors_raise()
+    if device.type == "cuda":
+        problem = gpu_problem(config.local_world_size, torch.cuda.device_count(), device.index)
+        if problem is not None:
+            raise ConfigError(problem)
+    return backend
 
 
 class ElasticJob(Rendezvous, StateSync):
@@ -132,12 +155,10 @@ class ElasticJob(Rendezvous, StateSync):
         self.extra_state = dict(extra_state or {})
         self.stream = DataStream(dataset_size, seed=seed, shuffle=shuffle)
         self.device = device if device is not None else torch.device("cpu")
-        self.backend = self.config.backend
-        if self.backend == "auto":
-            self.backend = "nccl" if self.device.type == "cuda" else "gloo"
-        if self.backend == "nccl":
-            _nccl_errors_raise()
+        self.backend = _backend_for(self.config, self.device)
         self._step_started: float | None = None  # monotonic start of the step in flight
+        self._aborts = 0
+        self._dirty = False
         # training position: identical on every replica, moved with the state
         self.step = 0
         self.samples_total = 0
@@ -187,9 +208,13 @@ class ElasticJob(Rendezvous, StateSync):
                     return
                 if not self._boundary():
                     continue  # re-formed: check again in the new group (newcomers do too)
+                aborts = self._aborts
                 step = self._make_step()
+                step.aborted = partial(self._aborted_since, aborts)
                 yield step
                 if step.failed:
+                    # an aborted step may have updated this replica: the heal resyncs it
+                    self._dirty = self._dirty or self._aborts != aborts
                     self._rendezvous(failed_epoch=step.epoch, gone=set())
                     continue
                 self._commit(step)
@@ -225,6 +250,9 @@ class ElasticJob(Rendezvous, StateSync):
             log.warning("re-published epoch %d into the restarted coordinator", m.epoch)
         if self.config.local_rank == 0:
             js.register(self.link.member_info())
+
+    def _aborted_since(self, aborts: int) -> bool:
+        return self._aborts != aborts
 
     def _finished(self) -> bool:
         return self.total_samples is not None and self.samples_total >= self.total_samples
@@ -293,15 +321,21 @@ class ElasticJob(Rendezvous, StateSync):
         flags[0] = self._watcher.latest_epoch
         if self.sigterm.at is not None:
             flags[1 + members.index(self.member_id)] = 1
+        aborts = self._aborts
+        self._step_started = time.monotonic()  # the watcher bounds this collective too
         try:
+            if not dist.is_initialized():  # the watcher aborted the group
+                raise RuntimeError("the group was aborted")
             flags = flags.to(self.device)
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         except Exception as exc:
-            if not is_peer_failure(exc):
+            if not (is_peer_failure(exc) or self._aborts != aborts):
                 raise
             log.warning("boundary all-reduce failed in epoch %d: %s", self.epoch, exc)
             self._rendezvous(failed_epoch=self.epoch, gone=set())
             return False
+        finally:
+            self._step_started = None
         values = flags.cpu().tolist()
         leaving = {m for i, m in enumerate(members) if values[1 + i]}
         if leaving:

@@ -315,3 +315,27 @@ def test_torchrun_member_with_two_local_ranks_next_to_a_single_rank_member(clust
     wait_for(lambda: cluster.coord.is_finished(cluster.job_id), 120, "finish", cluster)
     assert m1.proc.wait(30) == 0
     _assert_gapless_and_exact([m1, *m0], total, check_indices=False)
+
+
+def test_a_step_whose_group_is_aborted_is_not_committed_and_the_job_heals(cluster):
+    """Issue 17, items 1, 3 and 4, on CPU: the watcher aborts the group of a step that overran
+    ``step_timeout_s`` (as it does for a hung NCCL collective; gloo here, forced with
+    MALLETRAIN_ABORT_HUNG=1). The step's own collectives had completed, so nothing raised in
+    it: it must still not be committed (it may hold unreduced gradients), and the next
+    boundary must re-form instead of calling into the aborted group (on an H100 the worker
+    crashed there with ValueError). The replicas end equal and the samples exact."""
+    total = 400
+    cluster.env_extra.update(MALLETRAIN_ABORT_HUNG="1", MALLETRAIN_STEP_TIMEOUT_S="1.5")
+    args = _args(total, "--step-sleep", "0.01", "--stall-at-step", "6", "--stall-s", "3")
+    w = {m: cluster.launch(m, *args) for m in ("m0", "m1")}
+    cluster.wait_registered("m0", "m1")
+    cluster.coord.publish(cluster.job_id, ["m0", "m1"])
+    wait_for(lambda: cluster.coord.is_finished(cluster.job_id), 120, "the job to finish",
+             cluster)
+    for m in w.values():
+        assert m.proc.wait(30) == 0, cluster.stderr_tail()
+    failed = [r for m in w.values() for r in m.records() if r["event"] == "failed_step"]
+    assert {r["step"] for r in failed} == {6} and all("aborted" in r["error"] for r in failed)
+    _assert_gapless_and_exact(list(w.values()), total, check_indices=False)
+    ends = {m.exit_record()["checksum"] for m in w.values()}
+    assert len(ends) == 1, f"replicas differ at the end: {ends}"
