@@ -59,6 +59,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--jsonl", default=None,
                     help="JSON-lines log of this process (one record per step and event); "
                          "'{local_rank}' in the path is replaced (torchrun, K > 1)")
+    ap.add_argument("--device", default="cpu",
+                    help="cpu, or cuda (this process's GPU: cuda:LOCAL_RANK)")
     ap.add_argument("--stall-at-step", type=int, default=None,
                     help="fault injection: stall once, inside step N, after its collectives")
     ap.add_argument("--stall-s", type=float, default=0.0, help="how long the stall lasts")
@@ -96,7 +98,7 @@ class JsonLog:
 
 def train_step(job: ElasticJob, step: Step, x: torch.Tensor, y: torch.Tensor,
                opt: torch.optim.Optimizer) -> float:
-    idx = torch.from_numpy(step.indices)
+    idx = torch.from_numpy(step.indices).to(x.device)
     out = job.model(x[idx])
     # Sum over this rank's samples, divided by the mean share: DDP averages the gradients
     # over ranks, so the update is exactly the mean over the global batch even when the
@@ -115,14 +117,17 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
-    x, y = make_dataset(args.dataset_size, args.dim, args.data_seed)
+    device = torch.device(args.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    x, y = (t.to(device) for t in make_dataset(args.dataset_size, args.dim, args.data_seed))
     model = nn.Sequential(nn.Linear(args.dim, args.hidden), nn.ReLU(),
-                          nn.Linear(args.hidden, args.dim))
+                          nn.Linear(args.hidden, args.dim)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     try:
         job = ElasticJob(model, opt, dataset_size=args.dataset_size,
                          rule=LinearScaling(per_rank_batch=args.batch, base_lr=args.lr),
-                         seed=args.seed, total_samples=args.total_samples)
+                         seed=args.seed, total_samples=args.total_samples, device=device)
     except UserError as exc:  # e.g. a missing MALLETRAIN_* variable: one line, no traceback
         print(f"elastic_train: error: {exc}", file=sys.stderr)
         return exc.exit_code
