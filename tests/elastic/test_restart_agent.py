@@ -30,6 +30,8 @@ me = {k: os.environ.get(k) for k in keys}
 tag = f"{out}/e{me['MALLETRAIN_EPOCH']}-r{me['RANK']}"
 def stop(signum, frame):
     open(tag + ".stopped", "w").write(signal.Signals(signum).name)
+    if os.path.exists(f"{out}/slow-stop"):
+        time.sleep(60)  # a checkpoint that takes longer than the grace
     sys.exit(0)
 signal.signal(signal.SIGUSR1, stop)
 orphan = subprocess.Popen(["sleep", "300"], start_new_session=True)  # escapes the group
@@ -141,3 +143,22 @@ def test_sigterm_leaves_at_once_and_announces_it(setup):
     assert a.wait(30) == 143
     assert time.monotonic() - t < 10  # SIGTERM skips the 20 s grace of --signal
     assert coord.departures("rj")[-1].reason == "sigterm"
+
+
+def test_slurm_sigterm_cuts_a_graceful_stop_short(setup):
+    """A member asked to leave gets the script's --signal and its grace (20 s here); if Slurm
+    preempts the slot meanwhile, the agent must not sit out the grace: the regular job is
+    waiting for the node."""
+    coord, out, launch, _ = setup
+    (out / "slow-stop").write_text("")
+    launch("a")
+    b = launch("b")
+    wait_for(lambda: {"a", "b"} <= set(coord.registered("rj")), 60, "registration")
+    e = coord.publish("rj", ["a", "b"])
+    wait_for(lambda: len(seen(out, e)) == 4, 60, "the tasks")
+    coord.publish("rj", ["a"])  # b: USR1, then up to 20 s
+    wait_for(lambda: len(list(out.glob(f"e{e}-r*.stopped"))) == 4, 30, "the stop signal")
+    t = time.monotonic()
+    b.terminate()  # Slurm preempts b's slot during its graceful stop
+    assert b.wait(30) in (0, 143)
+    assert time.monotonic() - t < 8.0  # the SIGTERM stage (5 s), not the 20 s grace

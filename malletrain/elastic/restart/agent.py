@@ -221,7 +221,9 @@ class NodeAgent:
             procs = tree.descendants()
             tree.signal_all([x for x in procs if (x.pid == shell) == stop.shell_only],
                             stop.signum)
-            tree.wait_gone(stop.grace_s, keep=shell if c.proc.poll() is None else None)
+            # a graceful stop gives way to Slurm's SIGTERM (the regular job must not wait)
+            tree.wait_gone(stop.grace_s, keep=shell if c.proc.poll() is None else None,
+                           cut_short=lambda: self.sigterm_at is not None)
         for sig, wait_s in ((signal.SIGTERM, KILL_AFTER_S), (signal.SIGKILL, 5.0)):
             c.proc.poll()
             if not tree.descendants():

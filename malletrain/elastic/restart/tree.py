@@ -16,6 +16,7 @@ import ctypes
 import logging
 import os
 import time
+from collections.abc import Callable
 
 import psutil
 
@@ -67,13 +68,15 @@ def signal_all(procs: list[psutil.Process], sig: int) -> None:
             p.send_signal(sig)
 
 
-def wait_gone(deadline_s: float, keep: int | None) -> bool:
-    """Wait until no descendant is alive (reaping as it goes); True if none is left."""
+def wait_gone(deadline_s: float, keep: int | None,
+              cut_short: Callable[[], bool] = lambda: False) -> bool:
+    """Wait until no descendant is alive (reaping as it goes); True if none is left.
+    ``cut_short()`` ends the wait early (Slurm's SIGTERM during a graceful stop)."""
     end = time.monotonic() + deadline_s
     while True:
         reap_orphans(keep)
         if not descendants():
             return True
-        if time.monotonic() >= end:
+        if time.monotonic() >= end or cut_short():
             return False
         time.sleep(0.05)
