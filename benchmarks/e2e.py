@@ -40,6 +40,12 @@ the first's): the delay figure is a difference of two waits that each depend on 
 submission falls in Slurm's 1 s scheduling tick, so part of it is Slurm's noise, not
 malletrain's cost.
 
+``--restart-mode`` runs the two malleable jobs as examples/restart's unmodified batch script
+(restart mode) instead; ``lost_steps`` then does not apply and ``redone_samples`` counts the
+samples trained twice because a restart went back to an older checkpoint. Its
+``scavenged_fraction_after_startup`` counts a node as training once its agent is in the
+membership, before the restarted script's own start-up: it overstates restart mode.
+
 Prints one line per regular job, then the last line
 ``e2e yield_delay_s_max=<x> yield_delay_s_p50=<y> scavenged_fraction=<z> lost_steps=<n>``.
 
@@ -53,6 +59,7 @@ Run (root; ~10 min on 2 cores): ``.venv/bin/python benchmarks/e2e.py``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import shutil
@@ -71,6 +78,7 @@ import yield_trace  # benchmarks/ is not a package
 
 REPO = Path(__file__).resolve().parents[1]
 TRACE = REPO / "data" / "traces" / "alcf-theta-2022.swf"  # data/README.md
+RESTART_EXAMPLE = REPO / "examples" / "restart"
 NODES = 8
 THETA_NODES = 4360
 
@@ -213,10 +221,13 @@ class Bench:
                 self.run_stream(stream, "base2")
                 self.wait_regular_done()
             daemon = self.start_daemon()
-            mall = [daemon.submit_example("mt-alice", tag, "1-4", self.args.samples,
-                                          step_sleep_s=0.05, batch_per_rank=16,
-                                          launcher=self.args.launcher, step_log=True)
-                    for tag in ("ma", "mb")]
+            if self.args.restart_mode:
+                mall = [submit_restart(daemon, tag) for tag in ("ma", "mb")]
+            else:
+                mall = [daemon.submit_example("mt-alice", tag, "1-4", self.args.samples,
+                                              step_sleep_s=0.05, batch_per_rank=16,
+                                              launcher=self.args.launcher, step_log=True)
+                        for tag in ("ma", "mb")]
             # start-up: wait until both train on every node they can have (the first
             # workers on an empty cluster), then replay the same stream
             for _ in range(240):
@@ -272,7 +283,7 @@ class Bench:
         finally:
             self.stop()
         lost = 0
-        for tag in ("ma", "mb"):
+        for tag in ("ma", "mb") if not self.args.restart_mode else ():
             path = daemon.step_log(tag)
             failed = set()
             if path.exists():
@@ -333,10 +344,48 @@ class Bench:
                       f"{statistics.median(same):.2f} s, per job "
                       f"{[round(d, 2) for d in same]}")
                 aa = f" slurm_aa_delay_s_max={max(same):.2f}"
+        if self.args.restart_mode:
+            redone = {tag: restart_redone_samples(daemon.out / tag / "train.jsonl")
+                      for tag in ("ma", "mb")}
+            print(f"# restart mode: samples trained again after a restart {redone}")
+            aa += f" redone_samples={sum(redone.values())} mode=restart"
         print(f"e2e yield_delay_s_max={dmax:.2f} yield_delay_s_p50={dp50:.2f} "
               f"scavenged_fraction={frac:.3f} scavenged_fraction_after_startup="
               f"{frac_after:.3f} lost_steps={lost}{aa}", flush=True)
         return 0
+
+
+def submit_restart(daemon: LocalDaemon, tag: str) -> str:
+    """``--restart-mode``: the unmodified batch script of examples/restart, as mt-alice, its
+    checkpoint and log in ``out/TAG``; its malletrain job id."""
+    work = daemon.out / tag
+    work.mkdir(exist_ok=True)
+    work.chmod(0o777)
+    for name in ("train.sbatch", "train_ddp.py"):
+        shutil.copy(RESTART_EXAMPLE / name, work / name)
+        (work / name).chmod(0o755)
+    path = f"{Path(sys.executable).parent}:/usr/bin:/bin"  # torchrun, as an activated env has
+    res = daemon.submit("mt-alice", "--parsable", "-N", "1-4", "-J", tag,
+                        "-o", str(work / "slot-%j.out"),
+                        f"--export=ALL,EPOCHS=100000,STEP_SLEEP=0.05,CKPT_DIR={work},"
+                        f"TRAIN_PY={work / 'train_ddp.py'},PATH={path}",
+                        str(work / "train.sbatch"))
+    return res.stdout.strip()
+
+
+def restart_redone_samples(log: Path) -> int:
+    """Samples a restart-mode job trained twice: at each restart, how far behind the
+    furthest step so far its checkpoint put it back."""
+    furthest = redone = 0
+    if not log.exists():
+        return 0
+    for line in log.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            rec = json.loads(line)
+            if rec["event"] == "start":
+                redone += max(0, furthest - rec["samples"])
+            furthest = max(furthest, rec.get("samples", 0))
+    return redone
 
 
 def main() -> int:
@@ -357,6 +406,9 @@ def main() -> int:
     ap.add_argument("--aa", action="store_true",
                     help="replay the stream twice without scavenging first, and print Slurm's "
                     "own run-to-run wait difference (an A/A check of the delay figure)")
+    ap.add_argument("--restart-mode", action="store_true",
+                    help="the malleable jobs are examples/restart's unmodified batch script "
+                    "(restart mode) instead of examples/elastic_train.py (native mode)")
     ap.add_argument("--policy", default="malletrain",
                     help="allocator.policy for the daemon (equal-share for comparison)")
     return Bench(ap.parse_args()).main()
