@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -84,13 +85,14 @@ class NodeAgent:
         self.joined = False
         self.failed_at: float | None = None
         self.sigterm_at: float | None = None
+        self.woken = threading.Event()  # set by SIGTERM: the loop's wait ends at once
         self.nodes: dict[str, str] = {}
         self.last_beat = 0.0
 
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "sigterm_at", time.time()))
+        signal.signal(signal.SIGTERM, self._on_sigterm)
         self.link.connect(first=True)
         self.link.js.register(self.link.member_info())
         log.info("member %s registered; waiting for a membership", self.config.member_id)
@@ -109,7 +111,15 @@ class NodeAgent:
                 return self._leave("removed", self.stop, 0)
             if m is not None and mine:
                 self._heartbeat(m)
-            time.sleep(POLL_S)
+            self.woken.wait(POLL_S)
+
+    def _on_sigterm(self, _signum: int, _frame: object) -> None:
+        if self.sigterm_at is None:
+            self.sigterm_at = time.time()
+        self.woken.set()
+
+    def _preempted(self) -> bool:
+        return self.sigterm_at is not None
 
     def _membership(self) -> p.Membership | None:
         try:
@@ -227,17 +237,24 @@ class NodeAgent:
                             stop.signum)
             # a graceful stop gives way to Slurm's SIGTERM (the regular job must not wait)
             tree.wait_gone(stop.grace_s, keep=shell if c.proc.poll() is None else None,
-                           cut_short=lambda: self.sigterm_at is not None)
-        for sig, wait_s in ((signal.SIGTERM, stop.kill_after_s), (signal.SIGKILL, 5.0)):
+                           cut_short=self._preempted)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
             c.proc.poll()
             if not tree.descendants():
                 break
             tree.signal_all(tree.descendants(), sig)
-            tree.wait_gone(wait_s, keep=None)
+            self._wait_stage(stop.kill_after_s if sig == signal.SIGTERM else 5.0)
         c.proc.poll()
         tree.reap_orphans(keep=None)
         log.info("epoch %d: launch stopped in %.2f s", c.epoch, time.monotonic() - t0)
         self.child = None
+
+    def _wait_stage(self, wait_s: float) -> None:
+        """Wait for the launch to end; Slurm's SIGTERM (before or during the wait) cuts it
+        to :data:`PREEMPT_KILL_AFTER_S`: the regular job's wait comes before the script's."""
+        start = time.monotonic()
+        tree.wait_gone(wait_s, keep=None, cut_short=lambda: self._preempted() and
+                       time.monotonic() - start > PREEMPT_KILL_AFTER_S)
 
     # ------------------------------------------------------------------ progress
 
