@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from .harness import Daemon, check_python_reachable
+
 
 @pytest.fixture
 def workdir():
@@ -16,3 +18,17 @@ def workdir():
     yield base
     if not os.environ.get("MALLETRAIN_TEST_KEEP_DEVCLUSTER"):
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def daemon(clean_cluster, workdir):
+    """The daemon with its default policy, the learned `malletrain` (curves, costs and hole
+    lengths learned online): a test that kills it with -9 checks that this survives."""
+    check_python_reachable("mt-alice", clean_cluster.env)
+    d = Daemon(workdir, clean_cluster.conf_path, clean_cluster.env).start()
+    yield d
+    d.stop()
+    if d.proc is not None and d.proc.poll() is None:
+        d.kill9()
+    clean_cluster.scancel_all()
+    d.stop_coordinator()

@@ -17,25 +17,11 @@ import pytest
 
 from malletrain.slurm.hostlist import expand_hostlist
 
-from .harness import Daemon, check_python_reachable, wait_until
+from .harness import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm, pytest.mark.torch]
 
 SAMPLES = 60_000
-
-
-@pytest.fixture
-def daemon(clean_cluster, workdir):
-    check_python_reachable("mt-alice", clean_cluster.env)
-    # the daemon's default policy: the learned `malletrain` (curves, costs and hole lengths
-    # learned online), so the regrow below also checks that it survives a kill -9
-    d = Daemon(workdir, clean_cluster.conf_path, clean_cluster.env).start()
-    yield d
-    d.stop()
-    if d.proc is not None and d.proc.poll() is None:
-        d.kill9()
-    clean_cluster.scancel_all()
-    d.stop_coordinator()
 
 
 def _nodes(rows, *job_ids):

@@ -22,22 +22,12 @@ import pytest
 
 from malletrain.slurm.hostlist import expand_hostlist
 
-from .harness import Daemon, check_python_reachable, wait_until
+from .harness import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm, pytest.mark.torch]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "restart"
 EPOCHS = 10
-
-
-@pytest.fixture
-def daemon(clean_cluster, workdir):
-    check_python_reachable("mt-alice", clean_cluster.env)
-    d = Daemon(workdir, clean_cluster.conf_path, clean_cluster.env).start()
-    yield d
-    d.stop()
-    clean_cluster.scancel_all()
-    d.stop_coordinator()
 
 
 def _records(path: Path) -> list[dict]:
