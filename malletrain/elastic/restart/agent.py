@@ -75,7 +75,7 @@ class NodeAgent:
                  stop: StopRule) -> None:
         self.config = config
         self.plan = plan
-        self.text = text
+        self.rendered = render(text, plan)  # the node's copy: the same for every generation
         self.workers = workers
         self.stop = stop
         self.link = CoordinatorLink(config)
@@ -185,7 +185,7 @@ class NodeAgent:
     def _start(self, m: p.Membership) -> None:
         env = self._generation_env(m)
         script = self.run_dir / f"epoch-{m.epoch}.sh"
-        script.write_text(render(self.text, self.plan))
+        script.write_text(self.rendered)
         script.chmod(0o500)
         argv = [*self.plan.interpreter, str(script)]
         proc = subprocess.Popen(argv, env=env, start_new_session=True)
