@@ -88,7 +88,7 @@ def naive_windows(snap: ClusterSnapshot, now: float) -> dict[str, float | None]:
 
 
 def big_texts() -> SnapshotTexts:
-    sinfo = json.loads((GOLDEN / "sinfo.json").read_text())
+    sinfo = json.loads((GOLDEN / "nodes.json").read_text())
     squeue = json.loads((GOLDEN / "squeue.json").read_text())
     node_tpl = sinfo["nodes"][0]
     sinfo["nodes"] = []
@@ -105,7 +105,7 @@ def big_texts() -> SnapshotTexts:
     planned = "".join(f"{j} 2026-11-22T01:00:00 n[{j % 3000}-{j % 3000 + 15}]\n"
                       for j in range(1, JOBS + 1))
     return SnapshotTexts(
-        sinfo_json=json.dumps(sinfo), squeue_json=json.dumps(squeue),
+        nodes_json=json.dumps(sinfo), squeue_json=json.dumps(squeue),
         partitions=(GOLDEN / "partitions.txt").read_text(),
         reservations=(GOLDEN / "reservations.txt").read_text(), planned=planned,
         topology=(GOLDEN / "topology.txt").read_text(),
@@ -131,9 +131,9 @@ def main() -> None:
     parsed = build_snapshot(NOW, texts)
     assert len(parsed.nodes) == NODES and len(parsed.jobs) == 5000
     parse_s = median_s(lambda: build_snapshot(NOW, texts), args.repeat)
-    loads_s = median_s(lambda: (json.loads(texts.sinfo_json), json.loads(texts.squeue_json)),
+    loads_s = median_s(lambda: (json.loads(texts.nodes_json), json.loads(texts.squeue_json)),
                        args.repeat)
-    size = len(texts.sinfo_json) + len(texts.squeue_json)
+    size = len(texts.nodes_json) + len(texts.squeue_json)
     print(f"parse nodes={NODES} jobs=5000 json_bytes={size} "
           f"build_snapshot_ms={parse_s * 1e3:.1f} json_loads_only_ms={loads_s * 1e3:.1f} "
           f"ratio={parse_s / loads_s:.2f}")

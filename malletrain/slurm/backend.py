@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -45,20 +44,11 @@ from malletrain.slurm.parse_json import check_json_errors
 from malletrain.slurm.parse_text import parse_job_ids
 from malletrain.slurm.privacy import Privacy, read_privacy
 from malletrain.slurm.sbatch import SbatchSpec, parse_job_id
+from malletrain.slurm.versions import Release, snapshot_commands, support_note
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 20.0
-
-#: The batched calls of one tick, in order (``--json`` ignores filters in 22.05, so none).
-SNAPSHOT_COMMANDS: Mapping[str, tuple[str, ...]] = {
-    "sinfo_json": ("sinfo", "--json"),
-    "squeue_json": ("squeue", "--all", "--json"),
-    "partitions": ("scontrol", "show", "partition", "-o"),
-    "reservations": ("scontrol", "show", "reservation", "-o"),
-    "planned": ("squeue", "--all", "--noheader", "--states=PENDING", "--format=%A %S %Y"),
-    "topology": ("scontrol", "show", "topology"),
-}
 
 #: The arrival probe between ticks: the ids of pending jobs, one short text answer.
 PENDING_IDS_COMMAND = ("squeue", "--all", "--noheader", "--states=PENDING", "--format=%A")
@@ -134,8 +124,11 @@ class CliBackend:
         runner: Runner | None = None,
         clock: Callable[[], float] = time.time,
         parallel: bool = True,
+        release: Release | None = None,
     ) -> None:
         self._env = dict(env) if env is not None else None
+        #: The cluster's Slurm release; read once (``sinfo --version``) when not given.
+        self._release = release
         self.timeout_s = timeout_s
         self._runner: Runner = runner or subprocess.run
         self._clock = clock
@@ -175,32 +168,46 @@ class CliBackend:
         return res.stdout
 
     # -- observe ----------------------------------------------------------------------
+    def slurm_release(self) -> Release:
+        """The cluster's Slurm release, read once: it picks the commands of a tick."""
+        if self._release is None:
+            release = Release.parse(self._check(["sinfo", "--version"]))
+            snapshot_commands(release)  # refuses a release older than any we read
+            note = support_note(release)
+            if note:
+                log.warning("%s", note)
+            self._release = release
+        return self._release
+
+    def snapshot_commands(self) -> dict[str, tuple[str, ...]]:
+        """The batched calls of one tick on this cluster's release, in checking order."""
+        return snapshot_commands(self.slurm_release())
+
     def snapshot_texts(self) -> SnapshotTexts:
         """The raw outputs of one tick (what the golden files record).
 
         In parallel mode the six clients run at once, so a tick costs about one call's
-        latency; results are still checked in :data:`SNAPSHOT_COMMANDS` order, so the
+        latency; results are still checked in :meth:`snapshot_commands` order, so the
         first failure reported is the same as in sequential mode.  Sequentially, a JSON
         answer with errors stops the tick at once (each further call would wait seconds
         more for a dead slurmctld).
         """
+        commands = self.snapshot_commands()
         if not self.parallel:
             outputs: dict[str, str] = {}
-            for key, argv in SNAPSHOT_COMMANDS.items():
+            for key, argv in commands.items():
                 outputs[key] = self._check(argv)
                 if key.endswith("_json"):
                     check_json_errors(outputs[key], " ".join(argv))
             return SnapshotTexts(**outputs)
-        pool = ThreadPoolExecutor(max_workers=len(SNAPSHOT_COMMANDS),
-                                  thread_name_prefix="slurm-tick")
+        pool = ThreadPoolExecutor(max_workers=len(commands), thread_name_prefix="slurm-tick")
         try:
-            futures = {key: pool.submit(self._check, argv)
-                       for key, argv in SNAPSHOT_COMMANDS.items()}
+            futures = {key: pool.submit(self._check, argv) for key, argv in commands.items()}
             outputs = {}
             for key, future in futures.items():
                 outputs[key] = future.result()
                 if key.endswith("_json"):
-                    check_json_errors(outputs[key], " ".join(SNAPSHOT_COMMANDS[key]))
+                    check_json_errors(outputs[key], " ".join(commands[key]))
             return SnapshotTexts(**outputs)
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
@@ -217,11 +224,7 @@ class CliBackend:
 
     def slurm_version(self) -> str:
         """The client's Slurm version as ``"22.05"`` (``sinfo --version``, no slurmctld needed)."""
-        out = self._check(["sinfo", "--version"])
-        m = re.search(r"(\d+)\.(\d+)", out)
-        if not m:
-            raise SlurmParseError(f"sinfo --version: no version in {out.strip()[:80]!r}")
-        return f"{int(m.group(1))}.{int(m.group(2)):02d}"
+        return str(self.slurm_release())
 
     # -- act ---------------------------------------------------------------------------
     def submit(self, spec: SbatchSpec) -> int:

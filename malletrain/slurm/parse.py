@@ -1,19 +1,26 @@
-"""Pure parsers: raw Slurm 22.05 output text -> the domain model of :mod:`malletrain.core.cluster`.
+"""Pure parsers: raw Slurm output text (22.05 to 26.05) -> the domain model of
+:mod:`malletrain.core.cluster`.
 
 No process is run here; :mod:`malletrain.slurm.cli_backend` collects the texts and the
 golden-file tests (``tests/golden/slurm/``, recorded from the real dev cluster) feed these
-functions directly.  The policy, after submitit:
+functions directly (one set per tested release: ``tests/golden/slurm`` is 22.05,
+``tests/golden/slurm-24.11`` and ``-26.05`` the others).  The policy, after submitit:
 
 * The shape we rely on is missing (not JSON, no ``nodes`` list, no ``PartitionName``):
   :class:`SlurmParseError` naming the command and the field.  Waiting will not fix it.
 * Slurm answered but reported an error in the JSON (``errors`` non-empty: 22.05's
   ``sinfo --json`` and ``squeue --json`` exit 0 with an empty list and an error entry when
   slurmctld is down): :class:`SlurmUnavailableError`, retryable.
-* One odd record (an unknown state, a field of the wrong type, a job without an id): a
-  warning string in the snapshot and ``UNKNOWN``/a default/skip, never a crash, so one
-  strange node does not blind the daemon.
+* A field the schedule depends on (states, a job's nodes, counts, times) in a shape no
+  tested release writes: :class:`SlurmParseError` naming the release, data_parser and field
+  (:mod:`malletrain.slurm.shapes`); never a guess that could misplace work.
+* One odd record otherwise (an unknown state name, a cosmetic field of the wrong type, a
+  job without an id): a warning string in the snapshot and ``UNKNOWN``/a default/skip,
+  never a crash, so one strange node does not blind the daemon; an unknown node state
+  is never idle.
 
-Facts of 22.05 these parsers encode (see docs/slurm-backend.md):
+Facts these parsers encode (see docs/slurm-backend.md; release differences in
+:mod:`malletrain.slurm.versions`):
 ``--json`` ignores every filter (filter here); ``sinfo --json`` has no partitions
 (``scontrol show partition -o``) and ``squeue --json`` has no planned nodes of pending jobs
 (``squeue -h -t PENDING -o "%A %S %Y"``); leaf switches come from ``scontrol show topology``;
@@ -27,11 +34,13 @@ import dataclasses
 import json
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 from malletrain.core.cluster import (
     ClusterSnapshot,
 )
-from malletrain.slurm.parse_json import parse_sinfo_json, parse_squeue_json
+from malletrain.slurm import shapes
+from malletrain.slurm.parse_json import parse_nodes_json, parse_squeue_json
 from malletrain.slurm.parse_text import (
     parse_partitions,
     parse_planned,
@@ -46,7 +55,8 @@ log = logging.getLogger(__name__)
 class SnapshotTexts:
     """The raw outputs of one tick's batched calls (what the golden files hold)."""
 
-    sinfo_json: str
+    #: 22.05: ``sinfo --json``; 23.02+: ``scontrol show nodes --json`` (:mod:`.versions`).
+    nodes_json: str
     squeue_json: str
     partitions: str
     reservations: str
@@ -54,27 +64,37 @@ class SnapshotTexts:
     #: ``scontrol show topology`` (empty without a topology plugin).
     topology: str = ""
 
+    @classmethod
+    def read_dir(cls, directory: Path) -> SnapshotTexts:
+        """The texts of one recorded tick (slurm/record-golden's :data:`GOLDEN_FILES`)."""
+        return cls(**{field: (directory / name).read_text()
+                      for field, name in GOLDEN_FILES.items()})
+
+
+#: The file slurm/record-golden writes for each field of :class:`SnapshotTexts`.
+GOLDEN_FILES = {
+    "nodes_json": "nodes.json", "squeue_json": "squeue.json",
+    "partitions": "partitions.txt", "reservations": "reservations.txt",
+    "planned": "planned.txt", "topology": "topology.txt",
+}
+
 
 # ----------------------------------------------------------------------------- JSON helpers
 
 
 def slurm_version(text: str) -> str | None:
-    """``"22.05"`` from the ``meta`` of ``sinfo --json`` / ``squeue --json``, or ``None``."""
+    """``"22.05"`` from the ``meta`` of a JSON answer of any tested release, or ``None``."""
     try:
         data = json.loads(text)
-        version = data["meta"]["Slurm"]["version"]
-        return f"{int(version['major'])}.{int(version['minor']):02d}"
-    except (ValueError, KeyError, TypeError):
+    except ValueError:
         return None
-
-
-# ----------------------------------------------------------------------------- nodes
-
-
-# ----------------------------------------------------------------------------- jobs
-
-
-# ----------------------------------------------------------------------------- scontrol -o
+    if not isinstance(data, dict):
+        return None
+    release = shapes.source_of(data, "").release
+    parts = release.split(".")
+    if len(parts) < 2 or not (parts[0].isdigit() and parts[1].isdigit()):
+        return None
+    return f"{int(parts[0])}.{int(parts[1]):02d}"
 
 
 # ----------------------------------------------------------------------------- snapshot
@@ -83,7 +103,7 @@ def slurm_version(text: str) -> str | None:
 def build_snapshot(taken_at: float, texts: SnapshotTexts) -> ClusterSnapshot:
     """One :class:`ClusterSnapshot` from one tick's outputs (pure; golden-file tested)."""
     warns: list[str] = []
-    nodes = parse_sinfo_json(texts.sinfo_json, warns)
+    nodes = parse_nodes_json(texts.nodes_json, warns)
     planned = parse_planned(texts.planned, warns)
     jobs = parse_squeue_json(texts.squeue_json, planned, warns)
     partitions = parse_partitions(texts.partitions, warns)

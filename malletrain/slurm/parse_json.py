@@ -1,6 +1,8 @@
-"""Parsers of Slurm's JSON output (``sinfo --json``, ``squeue --json``): nodes and jobs.
+"""Parsers of Slurm's JSON output (nodes: ``sinfo --json`` on 22.05, ``scontrol show nodes
+--json`` on 23.02+; jobs: ``squeue --json``), every tested release into one model.
 
-The policy for odd output is :mod:`malletrain.slurm.parse`'s.
+The policy for odd output is :mod:`malletrain.slurm.parse`'s; the value shapes of each
+release are :mod:`malletrain.slurm.shapes`'.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from malletrain.core.cluster import Job, JobState, Node, NodeState
+from malletrain.slurm import shapes
 from malletrain.slurm.errors import SlurmParseError, SlurmUnavailableError
 from malletrain.slurm.hostlist import expand_hostlist
 from malletrain.slurm.parse_text import PlannedStart
@@ -51,7 +54,8 @@ _JOB_STATE_ALIASES: Mapping[str, JobState] = {
 }
 
 
-def _load_json(text: str, command: str, list_key: str) -> tuple[dict[str, Any], list[Any]]:
+def _load_object(text: str, command: str) -> dict[str, Any]:
+    """The answer as a JSON object, after the ``errors`` check (retryable when non-empty)."""
     try:
         data = json.loads(text)
     except ValueError as exc:
@@ -60,13 +64,27 @@ def _load_json(text: str, command: str, list_key: str) -> tuple[dict[str, Any], 
     if not isinstance(data, dict):
         raise SlurmParseError(f"{command}: expected a JSON object, got {type(data).__name__}")
     check_json_errors(data, command)
+    return data
+
+
+def _command(data: Mapping[str, Any], default: str) -> str:
+    """The command that wrote the answer (23.02+ put it in ``meta``), for messages."""
+    meta = data.get("meta")
+    argv = meta.get("command") if isinstance(meta, dict) else None
+    if isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv):
+        words = [a for a in argv[:4] if a != "--json"]
+        return " ".join([*words, "--json"])
+    return default
+
+
+def _records(data: Mapping[str, Any], source: shapes.Source, list_key: str) -> list[Any]:
     records = data.get(list_key)
     if not isinstance(records, list):
         raise SlurmParseError(
-            f"{command}: field {list_key!r} is missing or not a list "
+            f"{source}: field {list_key!r} is missing or not a list "
             f"(got {type(records).__name__})"
         )
-    return data, records
+    return records
 
 
 def check_json_errors(data: object, command: str) -> None:
@@ -153,49 +171,62 @@ def node_state(base: str, flags: frozenset[str]) -> NodeState:
     return state
 
 
-def parse_sinfo_json(text: str, warnings: list[str] | None = None) -> tuple[Node, ...]:
-    """Nodes from ``sinfo --json`` (22.05: openapi/v0.0.38; it lists nodes only)."""
+def parse_nodes_json(text: str, warnings: list[str] | None = None) -> tuple[Node, ...]:
+    """Nodes from 22.05's ``sinfo --json`` or 23.02+'s ``scontrol show nodes --json``.
+
+    Both list one object per node under ``nodes``; their value shapes differ
+    (:mod:`malletrain.slurm.shapes`). 23.02+'s ``sinfo --json`` lists groups of nodes
+    instead and is refused with a line saying which command to use.
+    """
     warns = warnings if warnings is not None else []
-    _, records = _load_json(text, "sinfo --json", "nodes")
+    data = _load_object(text, "sinfo --json")
+    source = shapes.source_of(data, _command(data, "sinfo --json"))
+    if "nodes" not in data and isinstance(data.get("sinfo"), list):
+        raise SlurmParseError(
+            f"{source}: lists groups of nodes ('sinfo'), not nodes; on Slurm 23.02 and "
+            "later malletrain reads nodes from `scontrol show nodes --json`"
+        )
+    records = _records(data, source, "nodes")
     nodes: list[Node] = []
     seen: set[str] = set()
     for i, rec in enumerate(records):
         if not isinstance(rec, dict):
-            warns.append(f"sinfo --json: nodes[{i}] is not an object; skipped")
+            warns.append(f"{source.command}: nodes[{i}] is not an object; skipped")
             continue
         name = rec.get("name")
         if not isinstance(name, str) or not name:
-            warns.append(f"sinfo --json: nodes[{i}] has no 'name'; skipped")
+            warns.append(f"{source.command}: nodes[{i}] has no 'name'; skipped")
             continue
         if name in seen:
-            warns.append(f"sinfo --json: node {name} listed twice; kept the first")
+            warns.append(f"{source.command}: node {name} listed twice; kept the first")
             continue
         seen.add(name)
-        where = f"sinfo --json: node {name}"
-        base = _field(rec, "state", str, "unknown", where, warns)
-        raw_flags = _field(rec, "state_flags", list, [], where, warns)
-        flags = frozenset(str(f).upper() for f in raw_flags)
-        state = node_state(base, flags)
-        if state is NodeState.UNKNOWN and base.lower() != "unknown":
-            warns.append(f"{where}: unknown state {base!r}; treated as unknown")
-        partitions = _field(rec, "partitions", list, [], where, warns)
-        features = _field(rec, "active_features", str, "", where, warns) or _field(
-            rec, "features", str, "", where, warns
-        )
-        nodes.append(
-            Node(
-                name=name,
-                state=state,
-                flags=flags,
-                partitions=tuple(str(p) for p in partitions),
-                cpus=_field(rec, "cpus", int, 0, where, warns),
-                features=tuple(f for f in features.split(",") if f),
-                gres=_field(rec, "gres", str, "", where, warns),
-                reason=_field(rec, "reason", str, "", where, warns),
-                last_busy_at=_epoch(_field(rec, "last_busy", int, 0, where, warns)),
-            )
-        )
+        nodes.append(_node(rec, name, source, warns))
     return tuple(nodes)
+
+
+def _node(rec: Mapping[str, Any], name: str, source: shapes.Source, warns: list[str]) -> Node:
+    """One node record; its state is either shape's (string + flags, or a list)."""
+    where = f"{source.command}: node {name}"
+    base, *rest = shapes.states(rec, "state", source, where)
+    flags = frozenset(rest) | frozenset(
+        f.upper() for f in shapes.names(rec, "state_flags", source, where))
+    state = node_state(base, flags)
+    if state is NodeState.UNKNOWN and base != "UNKNOWN":
+        warns.append(f"{where}: unknown state {base.lower()!r}; treated as unknown")
+    features = (shapes.names(rec, "active_features", source, where)
+                or shapes.names(rec, "features", source, where))
+    return Node(
+        name=name,
+        state=state,
+        flags=flags,
+        partitions=shapes.names(rec, "partitions", source, where),
+        cpus=_field(rec, "cpus", int, 0, where, warns),
+        features=features,
+        gres=_field(rec, "gres", str, "", where, warns),
+        reason=_field(rec, "reason", str, "", where, warns),
+        last_busy_at=_epoch(shapes.number(rec, "last_busy", source, where)),
+    )
 
 
 def job_state(raw: str) -> JobState | None:
@@ -205,6 +236,21 @@ def job_state(raw: str) -> JobState | None:
         return JobState(key)
     except ValueError:
         return _JOB_STATE_ALIASES.get(key)
+
+
+#: 22.05's ``job_state_string()`` names the first of these flags a job has instead of its
+#: base state; 23.02+ list base and flags, and :func:`job_state_of` applies the same order
+#: so that both releases read the same job the same way.
+_FLAG_ORDER = ("COMPLETING", "STAGE_OUT", "CONFIGURING", "RESIZING", "REQUEUED",
+               "REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT", "STOPPED", "REVOKED",
+               "RESV_DEL_HOLD", "SIGNALING", "POWER_UP_NODE")
+
+
+def job_state_of(names: tuple[str, ...]) -> tuple[JobState | None, str]:
+    """(state, the name it came from) for a ``job_state`` read by :func:`shapes.states`."""
+    base, flags = names[0], set(names[1:])
+    chosen = next((f for f in _FLAG_ORDER if f in flags), base)
+    return job_state(chosen), chosen
 
 
 def parse_squeue_json(
@@ -222,9 +268,10 @@ def parse_squeue_json(
     """
     warns = warnings if warnings is not None else []
     plan = planned or {}
-    _, records = _load_json(text, "squeue --json", "jobs")
+    data = _load_object(text, "squeue --json")
+    source = shapes.source_of(data, "squeue --json")
     jobs: list[Job] = []
-    for i, rec in enumerate(records):
+    for i, rec in enumerate(_records(data, source, "jobs")):
         if not isinstance(rec, dict):
             warns.append(f"squeue --json: jobs[{i}] is not an object; skipped")
             continue
@@ -232,29 +279,30 @@ def parse_squeue_json(
         if not isinstance(job_id, int) or isinstance(job_id, bool) or job_id <= 0:
             warns.append(f"squeue --json: jobs[{i}] has no valid 'job_id' ({job_id!r}); skipped")
             continue
-        jobs.append(_job(rec, job_id, plan, warns))
+        jobs.append(_job(rec, job_id, plan, source, warns))
     return tuple(jobs)
 
 
 def _job(rec: Mapping[str, Any], job_id: int, plan: Mapping[int, PlannedStart],
-         warns: list[str]) -> Job:
-    """One job record of ``squeue --json`` (odd fields: a warning and a default)."""
+         source: shapes.Source, warns: list[str]) -> Job:
+    """One job record: odd cosmetic fields give a warning; odd shapes of the fields the
+    schedule depends on (state, nodes, counts, times) refuse the answer."""
     where = f"squeue --json: job {job_id}"
-    raw_state = _field(rec, "job_state", str, "UNKNOWN", where, warns)
-    state = job_state(raw_state)
+    state, raw_state = job_state_of(shapes.states(rec, "job_state", source, where))
     if state is None:
         warns.append(f"{where}: unknown job state {raw_state!r}; treated as UNKNOWN")
         state = JobState.UNKNOWN
     nodes: tuple[str, ...] = ()
+    node_list = shapes.text(rec, "nodes", source, where)
     if state is not JobState.PENDING:
         try:
-            nodes = expand_hostlist(_field(rec, "nodes", str, "", where, warns))
+            nodes = expand_hostlist(node_list)
         except SlurmParseError as exc:
             warns.append(f"{where}: {exc}; no nodes")
-    limit_min = _field(rec, "time_limit", int, 0, where, warns)
+    limit_min = shapes.number(rec, "time_limit", source, where)
     time_limit_s = None if limit_min <= 0 or limit_min in _INFINITE_32 else limit_min * 60
-    start = _epoch(_field(rec, "start_time", int, 0, where, warns))
-    end = _epoch(_field(rec, "end_time", int, 0, where, warns))
+    start = _epoch(shapes.number(rec, "start_time", source, where))
+    end = _epoch(shapes.number(rec, "end_time", source, where))
     planned_nodes: tuple[str, ...] = ()
     entry = plan.get(job_id) if state is JobState.PENDING else None
     if entry is not None and entry.nodes:
@@ -268,11 +316,11 @@ def _job(rec: Mapping[str, Any], job_id: int, plan: Mapping[int, PlannedStart],
         partition=_field(rec, "partition", str, "", where, warns),
         state=state,
         state_reason=_field(rec, "state_reason", str, "", where, warns),
-        node_count=_field(rec, "node_count", int, 0, where, warns),
+        node_count=shapes.number(rec, "node_count", source, where),
         nodes=nodes,
         planned_nodes=planned_nodes,
         time_limit_s=time_limit_s,
-        submit_time=_epoch(_field(rec, "submit_time", int, 0, where, warns)),
+        submit_time=_epoch(shapes.number(rec, "submit_time", source, where)),
         start_time=start,
         end_time=end,
         comment=_field(rec, "comment", str, "", where, warns),

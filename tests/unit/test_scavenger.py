@@ -121,7 +121,7 @@ def test_partition_filter_and_min_window():
 def test_golden_busy_cluster_windows_match_the_backfill_plan():
     d = GOLDEN
     snap = build_snapshot(float((d / "taken_at.txt").read_text()), SnapshotTexts(
-        sinfo_json=(d / "sinfo.json").read_text(), squeue_json=(d / "squeue.json").read_text(),
+        nodes_json=(d / "nodes.json").read_text(), squeue_json=(d / "squeue.json").read_text(),
         partitions=(d / "partitions.txt").read_text(),
         reservations=(d / "reservations.txt").read_text(), planned=(d / "planned.txt").read_text(),
         topology=(d / "topology.txt").read_text()))

@@ -17,7 +17,7 @@ import pytest
 from malletrain.core.cluster import ClusterSnapshot, NodeState
 from malletrain.errors import RetryableError
 from malletrain.slurm import select as select_mod
-from malletrain.slurm.backend import SNAPSHOT_COMMANDS, CliBackend, SlurmBackend, SnapshotCache
+from malletrain.slurm.backend import CliBackend, SlurmBackend, SnapshotCache
 from malletrain.slurm.commands import classify_failure, render_signal, render_update
 from malletrain.slurm.errors import (
     SlurmCommandError,
@@ -25,8 +25,10 @@ from malletrain.slurm.errors import (
     SlurmParseError,
     SlurmUnavailableError,
 )
+from malletrain.slurm.parse import GOLDEN_FILES
 from malletrain.slurm.sbatch import SbatchSpec
 from malletrain.slurm.select import choose_backend_kind, select_backend
+from malletrain.slurm.versions import Release, snapshot_commands
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "slurm"
 
@@ -51,13 +53,16 @@ class Recorder:
         return subprocess.CompletedProcess(argv, rc, out, err)
 
 
+SLURM_22_05 = Release(22, 5)
+SNAPSHOT_COMMANDS = snapshot_commands(SLURM_22_05)
+
+
 def golden_answers(scenario: str):
     d = GOLDEN / scenario
-    files = {"sinfo_json": "sinfo.json", "squeue_json": "squeue.json",
-             "partitions": "partitions.txt", "reservations": "reservations.txt",
-             "planned": "planned.txt", "topology": "topology.txt"}
-    return {tuple(argv): (0, (d / files[key]).read_text(), "")
-            for key, argv in SNAPSHOT_COMMANDS.items()}
+    answers = {tuple(argv): (0, (d / GOLDEN_FILES[key]).read_text(), "")
+               for key, argv in SNAPSHOT_COMMANDS.items()}
+    answers[("sinfo", "--version")] = (0, "slurm-wlm 22.05.8\n", "")
+    return answers
 
 
 def test_cli_backend_satisfies_the_protocol():
@@ -70,10 +75,11 @@ def test_snapshot_is_one_batch_of_six_calls(parallel):
     snap = CliBackend(runner=rec, clock=lambda: 123.0, env={"SLURM_CONF": "/x"},
                       parallel=parallel).snapshot()
     expected = [list(a) for a in SNAPSHOT_COMMANDS.values()]
+    assert rec.calls[0] == ["sinfo", "--version"]  # the release, read once: it picks commands
     if parallel:
-        assert sorted(rec.calls) == sorted(expected)  # all six, in whatever order they ran
+        assert sorted(rec.calls[1:]) == sorted(expected)  # all six, in whatever order
     else:
-        assert rec.calls == expected
+        assert rec.calls[1:] == expected
     assert all(e["SLURM_CONF"] == "/x" for e in rec.envs)
     assert snap.taken_at == 123.0
     assert len(snap.nodes) == 8 and len(snap.jobs) == 6
@@ -81,22 +87,22 @@ def test_snapshot_is_one_batch_of_six_calls(parallel):
 
 
 def test_snapshot_fails_fast_when_sinfo_json_reports_errors():
-    down = (GOLDEN / "down" / "sinfo.json").read_text()
+    down = (GOLDEN / "down" / "nodes.json").read_text()
     rec = Recorder(lambda argv: (0, down, ""))
     with pytest.raises(SlurmUnavailableError, match="is slurmctld running"):
-        CliBackend(runner=rec, parallel=False).snapshot()
+        CliBackend(runner=rec, parallel=False, release=SLURM_22_05).snapshot()
     assert len(rec.calls) == 1  # did not wait on the other five
 
 
 def test_parallel_snapshot_reports_the_first_failure_in_command_order():
-    down = (GOLDEN / "down" / "sinfo.json").read_text()
+    down = (GOLDEN / "down" / "nodes.json").read_text()
     stderr = (GOLDEN / "down" / "partitions.stderr").read_text()
 
     def answer(argv):
         return (0, down, "") if argv[0] == "sinfo" else (1, "", stderr)
 
     with pytest.raises(SlurmUnavailableError, match="sinfo --json"):
-        CliBackend(runner=Recorder(answer)).snapshot()
+        CliBackend(runner=Recorder(answer), release=SLURM_22_05).snapshot()
 
 
 def test_timeout_is_retryable_and_missing_command_is_permanent():

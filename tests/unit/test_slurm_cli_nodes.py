@@ -14,7 +14,7 @@ GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "slurm"
 def snapshot(scenario):
     d = GOLDEN / scenario
     return build_snapshot(float((d / "taken_at.txt").read_text()), SnapshotTexts(
-        sinfo_json=(d / "sinfo.json").read_text(), squeue_json=(d / "squeue.json").read_text(),
+        nodes_json=(d / "nodes.json").read_text(), squeue_json=(d / "squeue.json").read_text(),
         partitions=(d / "partitions.txt").read_text(),
         reservations=(d / "reservations.txt").read_text(),
         planned=(d / "planned.txt").read_text(), topology=(d / "topology.txt").read_text()))
