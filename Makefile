@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := slurmctld slurmd slurm-client munge slurmdbd mariadb-server prometheus systemd
 
-.PHONY: setup system-deps venv user-access lint test test-unit demo clean
+.PHONY: setup system-deps venv user-access lint test test-unit test-slurm-versions demo clean
 
 setup: system-deps venv user-access
 
@@ -55,6 +55,13 @@ test-unit: venv
 
 test: setup lint
 	$(VENV)/bin/pytest -q
+
+# The Slurm tests against the other tested releases (22.05 runs in `make test`); a release
+# runs this. The first run of each makes its Debian root (slurm/slurm_roots.py, minutes).
+SLURM_VERSIONS ?= 24.11 26.05
+test-slurm-versions: setup
+	for v in $(SLURM_VERSIONS); do \
+	  MALLETRAIN_TEST_SLURM_VERSION=$$v $(VENV)/bin/pytest -q tests/slurm || exit 1; done
 
 demo: setup
 	$(PY) -m malletrain.demo

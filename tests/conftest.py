@@ -21,8 +21,10 @@ reservation deleted, nodes resumed and slurmctld made sure to run: tests do not 
 other's jobs.  Finished jobs stay visible in ``squeue --json`` for ``MinJobAge`` (300 s), so
 filter by state or job id.
 
-Environment knobs: ``MALLETRAIN_TEST_DEVCLUSTER_PORT`` (port base; default: a free one) and
-``MALLETRAIN_TEST_KEEP_DEVCLUSTER=1`` (keep the directory with its logs after the run).
+Environment knobs: ``MALLETRAIN_TEST_DEVCLUSTER_PORT`` (port base; default: a free one),
+``MALLETRAIN_TEST_KEEP_DEVCLUSTER=1`` (keep the directory with its logs after the run) and
+``MALLETRAIN_TEST_SLURM_VERSION`` (22.05, this machine's, by default; 24.11 or 26.05 run
+from a Debian root, slurm/slurm_roots.py: ``make test-slurm-versions``).
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ REPO = Path(__file__).resolve().parents[1]
 DEV_CLUSTER = REPO / "slurm" / "dev-cluster"
 TEST_NODES = 8
 TEST_USERS = ("mt-alice", "mt-bob")
+#: The Slurm release of the test cluster (``make test-slurm-versions`` sets it).
+SLURM_VERSION = os.environ.get("MALLETRAIN_TEST_SLURM_VERSION", "22.05")
 
 
 def _ports_free(base: int, count: int) -> bool:
@@ -245,7 +249,7 @@ def _stop_orphaned_test_clusters() -> None:
 
 @pytest.fixture(scope="session")
 def dev_cluster() -> Iterator[DevCluster]:
-    """One real 8-node Slurm 22.05 cluster (with accounting) for the whole test run."""
+    """One real 8-node Slurm cluster (with accounting) for the whole test run."""
     if os.geteuid() != 0:
         pytest.fail("the Slurm dev cluster needs root (run the tests as root, as CI does)")
     _stop_orphaned_test_clusters()
@@ -259,6 +263,8 @@ def dev_cluster() -> Iterator[DevCluster]:
         MALLETRAIN_DEVCLUSTER_PORT=str(port),
         SLURM_CONF=str(base / "etc" / "slurm.conf"),
     )
+    if SLURM_VERSION != "22.05":  # that release's clients first (slurm/slurm_roots.py)
+        env["PATH"] = f"{base / 'bin'}:{env.get('PATH', os.defpath)}"
     cluster = DevCluster(
         dir=base,
         conf_path=base / "etc" / "slurm.conf",
@@ -267,11 +273,11 @@ def dev_cluster() -> Iterator[DevCluster]:
         env=env,
     )
     saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "MALLETRAIN_DEVCLUSTER_DIR",
-                                            "MALLETRAIN_DEVCLUSTER_PORT")}
+                                            "MALLETRAIN_DEVCLUSTER_PORT", "PATH")}
     try:
         cluster.dev_cluster(
             "up", "--nodes", str(TEST_NODES), "--accounting", "--users", ",".join(TEST_USERS),
-            timeout_s=300,
+            "--slurm-version", SLURM_VERSION, timeout_s=600,
         )
         for key in saved:
             os.environ[key] = env[key]
