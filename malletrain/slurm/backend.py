@@ -44,7 +44,13 @@ from malletrain.slurm.parse_json import check_json_errors
 from malletrain.slurm.parse_text import parse_job_ids
 from malletrain.slurm.privacy import Privacy, read_privacy
 from malletrain.slurm.sbatch import SbatchSpec, parse_job_id
-from malletrain.slurm.versions import Release, snapshot_commands, support_note
+from malletrain.slurm.versions import (
+    PERIODIC,
+    PERIODIC_S,
+    Release,
+    snapshot_commands,
+    support_note,
+)
 
 log = logging.getLogger(__name__)
 
@@ -125,10 +131,15 @@ class CliBackend:
         clock: Callable[[], float] = time.time,
         parallel: bool = True,
         release: Release | None = None,
+        scavenger_partition: str | None = None,
     ) -> None:
         self._env = dict(env) if env is not None else None
         #: The cluster's Slurm release; read once (``sinfo --version``) when not given.
         self._release = release
+        #: Whose jobs need full (JSON) records on 23.02+: the daemon's slot jobs.
+        self.scavenger_partition = scavenger_partition
+        #: The last answer of each periodic call: (read at, text).
+        self._periodic: dict[str, tuple[float, str]] = {}
         self.timeout_s = timeout_s
         self._runner: Runner = runner or subprocess.run
         self._clock = clock
@@ -180,26 +191,45 @@ class CliBackend:
         return self._release
 
     def snapshot_commands(self) -> dict[str, tuple[str, ...]]:
-        """The batched calls of one tick on this cluster's release, in checking order."""
-        return snapshot_commands(self.slurm_release())
+        """Every call of a full snapshot on this cluster's release, in checking order."""
+        return snapshot_commands(self.slurm_release(), self.scavenger_partition)
+
+    def due_commands(self) -> dict[str, tuple[str, ...]]:
+        """This tick's calls: the every-tick ones, and periodic ones older than their period."""
+        now = self._clock()
+        return {key: argv for key, argv in self.snapshot_commands().items()
+                if key not in PERIODIC or key not in self._periodic
+                or now - self._periodic[key][0] >= PERIODIC_S[key]}
 
     def snapshot_texts(self) -> SnapshotTexts:
         """The raw outputs of one tick (what the golden files record).
 
-        In parallel mode the six clients run at once, so a tick costs about one call's
+        At most three calls a tick in steady state (:func:`~.versions.every_tick`), plus a
+        periodic one when its answer is older than :data:`~.versions.PERIODIC_S`.
+        In parallel mode the clients run at once, so a tick costs about one call's
         latency; results are still checked in :meth:`snapshot_commands` order, so the
         first failure reported is the same as in sequential mode.  Sequentially, a JSON
         answer with errors stops the tick at once (each further call would wait seconds
         more for a dead slurmctld).
         """
-        commands = self.snapshot_commands()
+        commands = self.due_commands()
+        outputs = self._run_batch(commands)
+        taken_at = self._clock()
+        for key in PERIODIC:
+            if key in outputs:
+                self._periodic[key] = (taken_at, outputs[key])
+            else:
+                outputs[key] = self._periodic[key][1]
+        return SnapshotTexts(**outputs)
+
+    def _run_batch(self, commands: Mapping[str, Sequence[str]]) -> dict[str, str]:
         if not self.parallel:
             outputs: dict[str, str] = {}
             for key, argv in commands.items():
                 outputs[key] = self._check(argv)
                 if key.endswith("_json"):
                     check_json_errors(outputs[key], " ".join(argv))
-            return SnapshotTexts(**outputs)
+            return outputs
         pool = ThreadPoolExecutor(max_workers=len(commands), thread_name_prefix="slurm-tick")
         try:
             futures = {key: pool.submit(self._check, argv) for key, argv in commands.items()}
@@ -208,7 +238,7 @@ class CliBackend:
                 outputs[key] = future.result()
                 if key.endswith("_json"):
                     check_json_errors(outputs[key], " ".join(commands[key]))
-            return SnapshotTexts(**outputs)
+            return outputs
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
 

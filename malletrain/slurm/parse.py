@@ -41,6 +41,7 @@ from malletrain.core.cluster import (
 )
 from malletrain.slurm import shapes
 from malletrain.slurm.parse_json import parse_nodes_json, parse_squeue_json
+from malletrain.slurm.parse_plain_jobs import parse_jobs_plain
 from malletrain.slurm.parse_text import (
     parse_partitions,
     parse_planned,
@@ -57,26 +58,41 @@ class SnapshotTexts:
 
     #: 22.05: ``sinfo --json``; 23.02+: ``scontrol show nodes --json`` (:mod:`.versions`).
     nodes_json: str
+    #: 22.05: every job; 23.02+: the scavenger partition's (or every job's without one).
     squeue_json: str
     partitions: str
     reservations: str
-    planned: str
+    #: 22.05's backfill plan (``squeue -t PENDING -o "%A %S %Y"``); empty on 23.02+.
+    planned: str = ""
     #: ``scontrol show topology`` (empty without a topology plugin).
     topology: str = ""
+    #: 23.02+: every job's scheduling fields, plans included (:mod:`.parse_plain_jobs`).
+    jobs_plain: str = ""
 
     @classmethod
-    def read_dir(cls, directory: Path) -> SnapshotTexts:
-        """The texts of one recorded tick (slurm/record-golden's :data:`GOLDEN_FILES`)."""
+    def read_dir(cls, directory: Path, daemon: bool = False) -> SnapshotTexts:
+        """The texts of one recorded tick (slurm/record-golden's :data:`GOLDEN_FILES`).
+
+        ``daemon``: the daemon's form where the release has one (23.02+: the scavenger
+        partition's jobs in JSON, everyone's in the plain list); else ``malletrain nodes``'.
+        """
+        files = dict(GOLDEN_FILES)
+        if daemon and (directory / GOLDEN_FILES["jobs_plain"]).exists():
+            files["squeue_json"] = SCAVENGER_JSON
+        else:
+            del files["jobs_plain"]
         return cls(**{field: (directory / name).read_text()
-                      for field, name in GOLDEN_FILES.items()})
+                      for field, name in files.items() if (directory / name).exists()})
 
 
 #: The file slurm/record-golden writes for each field of :class:`SnapshotTexts`.
 GOLDEN_FILES = {
     "nodes_json": "nodes.json", "squeue_json": "squeue.json",
     "partitions": "partitions.txt", "reservations": "reservations.txt",
-    "planned": "planned.txt", "topology": "topology.txt",
+    "planned": "planned.txt", "topology": "topology.txt", "jobs_plain": "jobs.txt",
 }
+#: The daemon's JSON job list on 23.02+ (partition ``scavenger`` only).
+SCAVENGER_JSON = "squeue-scavenger.json"
 
 
 # ----------------------------------------------------------------------------- JSON helpers
@@ -106,6 +122,10 @@ def build_snapshot(taken_at: float, texts: SnapshotTexts) -> ClusterSnapshot:
     nodes = parse_nodes_json(texts.nodes_json, warns)
     planned = parse_planned(texts.planned, warns)
     jobs = parse_squeue_json(texts.squeue_json, planned, warns)
+    if texts.jobs_plain:
+        detailed = {j.job_id for j in jobs}
+        jobs += tuple(j for j in parse_jobs_plain(texts.jobs_plain, warns)
+                      if j.job_id not in detailed)
     partitions = parse_partitions(texts.partitions, warns)
     reservations = parse_reservations(texts.reservations, warns)
     switches = parse_topology(texts.topology, warns)

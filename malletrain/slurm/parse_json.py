@@ -283,6 +283,19 @@ def parse_squeue_json(
     return tuple(jobs)
 
 
+def _scheduled(rec: Mapping[str, Any], start: float | None, source: shapes.Source, where: str,
+               warns: list[str]) -> PlannedStart | None:
+    """The plan 23.02+ write into a pending job's record (``scheduled_nodes``)."""
+    text = shapes.text(rec, "scheduled_nodes", source, where)
+    if not text or text == "(null)":
+        return None
+    try:
+        return PlannedStart(start_time=start, nodes=expand_hostlist(text))
+    except SlurmParseError as exc:
+        warns.append(f"{where}: scheduled_nodes: {exc}; no plan")
+        return None
+
+
 def _job(rec: Mapping[str, Any], job_id: int, plan: Mapping[int, PlannedStart],
          source: shapes.Source, warns: list[str]) -> Job:
     """One job record: odd cosmetic fields give a warning; odd shapes of the fields the
@@ -302,9 +315,14 @@ def _job(rec: Mapping[str, Any], job_id: int, plan: Mapping[int, PlannedStart],
     limit_min = shapes.number(rec, "time_limit", source, where)
     time_limit_s = None if limit_min <= 0 or limit_min in _INFINITE_32 else limit_min * 60
     start = _epoch(shapes.number(rec, "start_time", source, where))
+    # An unlimited job's end is "never": 23.02+ write a date centuries ahead, squeue NONE.
     end = _epoch(shapes.number(rec, "end_time", source, where))
+    if time_limit_s is None:
+        end = None
     planned_nodes: tuple[str, ...] = ()
     entry = plan.get(job_id) if state is JobState.PENDING else None
+    if entry is None and state is JobState.PENDING:
+        entry = _scheduled(rec, start, source, where, warns)  # 23.02+: plan in the record
     if entry is not None and entry.nodes:
         planned_nodes = entry.nodes
         start = entry.start_time

@@ -62,10 +62,15 @@ def choose_backend_kind(pyslurm_version: str | None, slurm_version: str | None) 
 
 
 def select_backend(
-    *, env: Mapping[str, str] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
+    *, env: Mapping[str, str] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+    scavenger_partition: str | None = None,
 ) -> SlurmBackend:
-    """The best backend for this cluster; says once (log) why it picked the CLI."""
-    cli = CliBackend(env=env, timeout_s=timeout_s)
+    """The best backend for this cluster; says once (log) why it picked the CLI.
+
+    ``scavenger_partition``: the jobs of which the daemon needs full records (its slots);
+    on Slurm 23.02+ the rest of the queue is read in a far cheaper form (:mod:`.versions`).
+    """
+    cli = CliBackend(env=env, timeout_s=timeout_s, scavenger_partition=scavenger_partition)
     try:
         import pyslurm
     except Exception:  # a broken build raises more than ImportError

@@ -48,30 +48,65 @@ OLDEST = TESTED[0]
 #: From this release on, ``scontrol show nodes --json`` exists and ``sinfo --json`` groups.
 NODES_FROM_SCONTROL = Release(23, 2)
 
-_COMMON: Mapping[str, tuple[str, ...]] = {
-    # --states=all: 23.02+ honour squeue's default filter in JSON too, which hides ended
-    # jobs (an ended slot job would look gone instead of ended); 22.05 ignores it.
-    "squeue_json": ("squeue", "--all", "--states=all", "--json"),
+#: Fields of the plain job list (23.02+), ``|``-separated: only what Slurm or the site
+#: writes. Never a job's name or comment: users may put newlines and separators in them
+#: (measured on 24.11: ``--comment=$'a\\n99999 RUNNING ...'`` prints as two lines), which
+#: would let one user forge job lines in a text format. Those come from JSON only.
+JOB_FIELDS = ("%A", "%T", "%D", "%l", "%S", "%e", "%V", "%u", "%P", "%N", "%Y")
+JOBS_PLAIN = ("squeue", "--all", "--states=all", "--noheader",
+              "--format=" + "|".join(JOB_FIELDS))
+#: What a tick needs that changes only when an operator acts: read every ``PERIODIC_S``.
+PERIODIC: Mapping[str, tuple[str, ...]] = {
     "partitions": ("scontrol", "show", "partition", "-o"),
     "reservations": ("scontrol", "show", "reservation", "-o"),
-    "planned": ("squeue", "--all", "--noheader", "--states=PENDING", "--format=%A %S %Y"),
     "topology": ("scontrol", "show", "topology"),
 }
+#: How old a periodic answer may be: partitions and the topology change with a
+#: reconfiguration; a reservation made for now shows at once in the nodes' RESERVED flag,
+#: so only the windows before a future one may lag this much.
+PERIODIC_S: Mapping[str, float] = {"partitions": 60.0, "reservations": 15.0,
+                                   "topology": 300.0}
 
 
-def snapshot_commands(release: Release) -> dict[str, tuple[str, ...]]:
-    """The batched calls of one tick on ``release``, in the order results are checked.
+def snapshot_commands(release: Release, scavenger_partition: str | None = None
+                      ) -> dict[str, tuple[str, ...]]:
+    """Every call of a full snapshot on ``release``, in the order results are checked.
 
-    ``--json`` ignores filters in 22.05 and honours them from 23.02: only ``--states=all``
-    is given (the daemon needs ended jobs), no partition or node filter.
+    Each tick runs the first ones (:func:`every_tick`); :data:`PERIODIC` ones are kept
+    for :data:`PERIODIC_S`. The job list, by release:
+
+    * 22.05 ignores every filter with ``--json``: the whole ``squeue --json``, and the
+      backfill plan from ``squeue -t PENDING -o "%A %S %Y"`` (start and nodes of one pass).
+    * 23.02+ honour filters, and a JSON job record is ~7.7 KB (24.11): at 50,000 jobs
+      ``squeue --json`` is hundreds of MB. So the JSON covers the scavenger partition
+      only (malletrain's slot jobs, with their tags), and every job's scheduling fields
+      (state, size, limit, start and planned start, end, user, partition, nodes, planned
+      nodes) come from one plain ``squeue --format`` call of Slurm-written fields only.
+      Without a scavenger partition (``malletrain nodes``), the whole JSON.
     """
     if release < OLDEST:
         raise SlurmParseError(
             f"Slurm {release} is older than the oldest release malletrain reads ({OLDEST})"
         )
-    nodes = (("scontrol", "show", "nodes", "--json") if release >= NODES_FROM_SCONTROL
-             else ("sinfo", "--json"))
-    return {"nodes_json": nodes, **_COMMON}
+    return {**every_tick(release, scavenger_partition), **PERIODIC}
+
+
+def every_tick(release: Release, scavenger_partition: str | None = None
+               ) -> dict[str, tuple[str, ...]]:
+    """The calls of every tick (at most three: one RPC each)."""
+    # --states=all: 23.02+ honour squeue's default filter in JSON too, which hides ended
+    # jobs (an ended slot job would look gone instead of ended); 22.05 ignores it.
+    squeue_json = ("squeue", "--all", "--states=all", "--json")
+    if release < NODES_FROM_SCONTROL:
+        return {"nodes_json": ("sinfo", "--json"), "squeue_json": squeue_json,
+                "planned": ("squeue", "--all", "--noheader", "--states=PENDING",
+                            "--format=%A %S %Y")}
+    nodes = ("scontrol", "show", "nodes", "--json")
+    if scavenger_partition is None:
+        return {"nodes_json": nodes, "squeue_json": squeue_json}
+    return {"nodes_json": nodes,
+            "squeue_json": (*squeue_json[:-1], f"--partition={scavenger_partition}", "--json"),
+            "jobs_plain": JOBS_PLAIN}
 
 
 def support_note(release: Release) -> str | None:

@@ -139,7 +139,9 @@ def test_busy_reservation_is_parsed_in_epoch_seconds(release):
     assert abs(resv.start_time - (taken_at(release, "busy") + 3 * 3600)) < 30
 
 
-def test_planned_lines_skip_null_plans(release):
+def test_planned_lines_skip_null_plans():
+    """22.05's plan call (23.02+ carry plans in the job list: the test below)."""
+    release = "22.05"
     plans = parse_planned((RELEASES[release] / "busy" / "planned.txt").read_text())
     assert list(plans) == [6]
     assert plans[6].nodes == ("n1", "n2", "n3", "n4", "n5", "n7", "n8")
@@ -297,3 +299,29 @@ def test_slurm_time_unset_values():
 )
 def test_node_state_combines_base_and_flags(base, flags, state):
     assert node_state(base, frozenset(flags)) is state
+
+
+# ----------------------------------------------------------------------------- the daemon's form
+
+
+@pytest.mark.parametrize("scenario", ["idle", "busy"])
+def test_plain_job_list_reads_every_job_as_the_json_does(release, scenario):
+    """23.02+: the daemon reads the queue from a plain list of Slurm-written fields (and its
+    own partition in JSON); every scheduling field must read as in the full JSON."""
+    d = RELEASES[release] / scenario
+    full = build_snapshot(taken_at(release, scenario), SnapshotTexts.read_dir(d))
+    daemon = build_snapshot(taken_at(release, scenario), SnapshotTexts.read_dir(d, daemon=True))
+    if release == "22.05":
+        assert daemon == full  # 22.05 ignores filters with --json: one form only
+        return
+    assert daemon.warnings == ()
+
+    def fields(job):
+        return (job.state, job.user, job.partition, job.node_count, job.nodes, job.planned_nodes,
+                job.time_limit_s, job.submit_time, job.start_time, job.end_time)
+
+    assert {j.job_id: fields(j) for j in daemon.jobs} == {j.job_id: fields(j) for j in full.jobs}
+    scavenging = {j.job_id: j for j in daemon.jobs if j.partition == "scavenger"}
+    assert all(j == full.job(i) for i, j in scavenging.items())  # names, tags: whole records
+    if scenario == "busy":
+        assert [j.name for j in scavenging.values()] == ["scav"]

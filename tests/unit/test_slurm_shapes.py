@@ -16,7 +16,13 @@ from malletrain.core.cluster import JobState, NodeState
 from malletrain.slurm.errors import SlurmParseError
 from malletrain.slurm.parse_json import job_state_of, parse_nodes_json, parse_squeue_json
 from malletrain.slurm.shapes import INFINITE_32, Source, number, source_of, states
-from malletrain.slurm.versions import Release, snapshot_commands, support_note
+from malletrain.slurm.versions import (
+    PERIODIC,
+    Release,
+    every_tick,
+    snapshot_commands,
+    support_note,
+)
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 META_24_11 = {"plugin": {"data_parser": "data_parser/v0.0.42"},
@@ -156,7 +162,12 @@ def test_commands_per_release():
     assert new["nodes_json"] == ("scontrol", "show", "nodes", "--json")
     assert old["squeue_json"] == new["squeue_json"] == (
         "squeue", "--all", "--states=all", "--json")
-    assert len(new) == 6
+    assert set(old) - set(PERIODIC) == {"nodes_json", "squeue_json", "planned"}
+    assert set(new) - set(PERIODIC) == {"nodes_json", "squeue_json"}
+    daemon = every_tick(Release(26, 5), "scavenger")
+    assert list(daemon) == ["nodes_json", "squeue_json", "jobs_plain"]
+    assert "--partition=scavenger" in daemon["squeue_json"]
+    assert every_tick(Release(22, 5), "scavenger") == every_tick(Release(22, 5))  # no filter
     with pytest.raises(SlurmParseError, match="older than"):
         snapshot_commands(Release(21, 8))
     assert Release.parse("slurm-wlm 24.11.5\n") == Release(24, 11)
