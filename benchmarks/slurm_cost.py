@@ -7,9 +7,10 @@ first run of 24.11/26.05 makes its Debian root), fills the queue with ``--jobs``
 submitted in bulk (``sbatch --hold``, 8 at a time), plus a running regular job, a pending
 one with a backfill plan and a running scavenger job, then measures:
 
-* ``tick_wall_ms``: the median wall time of a steady-state tick of the daemon's backend
-  (``CliBackend(scavenger_partition="scavenger").snapshot()``: its calls, run at once, and
-  the parsing), over ``--repeat`` ticks;
+* ``tick_wall_ms``: the median wall time of the Slurm calls of a steady-state tick of the
+  daemon's backend (``CliBackend(scavenger_partition="scavenger").snapshot_texts()``: its
+  calls, run at once), over ``--repeat`` ticks; ``parse_ms`` beside it: turning those
+  answers into a snapshot (``build_snapshot``);
 * ``tick_calls``: the client calls of that tick, and ``tick_rpcs``: the RPCs slurmctld
   counted for it (``sdiag``'s counts by message type, before and after, less sdiag's own);
 * ``json_vs_plain``: the wall time of ``squeue --all --states=all --json`` over the same
@@ -18,7 +19,7 @@ one with a backfill plan and a running scavenger job, then measures:
 
 Stops the cluster at the end (``--keep`` leaves it up for a rerun with the same queue).
 Last line: ``slurm_cost version=V jobs=J tick_calls=C tick_rpcs=R tick_wall_ms=W
-json_vs_plain=X``.
+parse_ms=P json_vs_plain=X``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from malletrain.slurm.backend import CliBackend
+from malletrain.slurm.parse import build_snapshot
 from malletrain.slurm.versions import JOBS_PLAIN
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,13 +119,15 @@ def measure(env: dict[str, str], repeat: int) -> dict[str, float]:
     tick_calls = len(calls)
     print(f"tick calls: {[' '.join(c[:4]) for c in calls]}; RPCs: "
           f"{ {k: v for k, v in rpcs.items() if v} }", file=sys.stderr)
-    tick_s = timed_s(backend.snapshot, repeat)
+    tick_s = timed_s(backend.snapshot_texts, repeat)
+    texts = backend.snapshot_texts()
+    parse_s = timed_s(lambda: build_snapshot(0.0, texts), repeat)
     plain_s = timed_s(lambda: run(env, *JOBS_PLAIN), repeat)
     json_s = timed_s(lambda: run(env, "squeue", "--all", "--states=all", "--json"),
                      max(1, min(repeat, 2)))
     return {"tick_calls": tick_calls, "tick_rpcs": sum(rpcs.values()),
-            "tick_wall_ms": tick_s * 1e3, "plain_ms": plain_s * 1e3, "json_ms": json_s * 1e3,
-            "jobs": len(snap.jobs)}
+            "tick_wall_ms": tick_s * 1e3, "parse_ms": parse_s * 1e3,
+            "plain_ms": plain_s * 1e3, "json_ms": json_s * 1e3, "jobs": len(snap.jobs)}
 
 
 def main() -> int:
@@ -148,7 +152,8 @@ def main() -> int:
           f"list {m['plain_ms']:.0f} ms")
     print(f"slurm_cost version={args.slurm_version} jobs={m['jobs']} "
           f"tick_calls={m['tick_calls']} tick_rpcs={m['tick_rpcs']} "
-          f"tick_wall_ms={m['tick_wall_ms']:.0f} json_vs_plain={m['json_ms'] / m['plain_ms']:.1f}")
+          f"tick_wall_ms={m['tick_wall_ms']:.0f} parse_ms={m['parse_ms']:.0f} "
+          f"json_vs_plain={m['json_ms'] / m['plain_ms']:.1f}")
     return 0
 
 

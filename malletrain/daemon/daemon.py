@@ -101,6 +101,8 @@ class Daemon:
         #: whether any node is held (only then can a new job's start wait for the daemon)
         self.seen_job_ids: frozenset[int] = frozenset()
         self.holds_nodes = False
+        #: Wall seconds of the last tick's Slurm snapshot (calls and parsing).
+        self.observe_s = 0.0
         self.instance = self._instance_id()
         self.state_dir = settings.state.snapshot_dir / self.instance
         self._prepare_state_dir()
@@ -161,7 +163,9 @@ class Daemon:
         t0 = time.monotonic()
         try:
             snap = self.cache.refresh()
+            self.observe_s = time.monotonic() - t0  # the loop backs off when Slurm is slow
         except Exception as exc:
+            self.observe_s = time.monotonic() - t0
             log.warning("no Slurm snapshot this tick (and none recent to fall back on): %s", exc)
             self._publish_metrics(None, slurm_up=False)
             return None

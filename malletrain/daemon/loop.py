@@ -2,7 +2,8 @@
 
 Signals: SIGTERM/SIGINT stop the loop after the tick in progress (its Slurm actions finish
 and are recorded); SIGHUP reloads the config between ticks. Between ticks the loop sleeps
-``tick_interval_s`` (shorter while nodes are being given back: ``TickPlan.follow_up``), and
+``tick_interval_s`` (shorter while nodes are being given back: ``TickPlan.follow_up``;
+longer while slurmctld answers slowly: :func:`next_sleep_s`), and
 wakes early on a submission, a cancellation or a new pending job at Slurm (the arrival
 probe, :mod:`malletrain.daemon.arrivals`).
 """
@@ -25,6 +26,21 @@ log = logging.getLogger(__name__)
 #: (``TickPlan.follow_up``): its backfill plan moves each pass and may name more of our
 #: nodes; e2e runs saw a second give-back wait one whole 1 s tick, which the job waited too.
 FOLLOW_UP_TICK_S = 0.25
+#: When reading Slurm takes longer than ``SLOW_OBSERVE_S``, the loop waits at least
+#: ``BACKOFF_FACTOR`` times as long before the next tick: slurmctld is shared by every
+#: user of the machine, and a slow answer means it is busy (docs/slurm-backend.md §10).
+SLOW_OBSERVE_S = 1.0
+BACKOFF_FACTOR = 3.0
+
+
+def next_sleep_s(interval_s: float, follow_up: bool, observe_s: float) -> float:
+    """Seconds to the next tick: the interval, shorter while yielding, longer when the
+    last snapshot took over ``SLOW_OBSERVE_S`` (then at most a quarter of the loop's time
+    waits on slurmctld)."""
+    sleep_s = min(interval_s, FOLLOW_UP_TICK_S) if follow_up else interval_s
+    if observe_s > SLOW_OBSERVE_S:
+        sleep_s = max(sleep_s, BACKOFF_FACTOR * observe_s)
+    return sleep_s
 
 
 def run_daemon(settings: Settings, config_path: str | None, backend: SlurmBackend,
@@ -64,9 +80,11 @@ def run_daemon(settings: Settings, config_path: str | None, backend: SlurmBacken
                 log.exception("tick failed; the next tick starts from a fresh snapshot")
             probe.expect(daemon.seen_job_ids, armed=daemon.holds_nodes)
             notifier.watchdog()
-            sleep_s = settings.allocator.tick_interval_s
-            if plan is not None and plan.follow_up:
-                sleep_s = min(sleep_s, FOLLOW_UP_TICK_S)
+            sleep_s = next_sleep_s(settings.allocator.tick_interval_s,
+                                   plan is not None and plan.follow_up, daemon.observe_s)
+            if sleep_s > settings.allocator.tick_interval_s:
+                log.warning("Slurm answered in %.1f s: next tick in %.1f s", daemon.observe_s,
+                            sleep_s)
             signals.wait(notifier.max_sleep_s(sleep_s))
     finally:
         notifier.stopping("stopping: the tick in progress has finished")

@@ -7,6 +7,7 @@ release are :mod:`malletrain.slurm.shapes`'.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Mapping
@@ -229,6 +230,7 @@ def _node(rec: Mapping[str, Any], name: str, source: shapes.Source, warns: list[
     )
 
 
+@functools.lru_cache(maxsize=256)
 def job_state(raw: str) -> JobState | None:
     """A :class:`JobState` for 22.05's ``job_state`` string, or ``None`` if unknown."""
     key = raw.strip().upper()

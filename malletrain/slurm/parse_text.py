@@ -6,6 +6,7 @@ The policy for odd output is :mod:`malletrain.slurm.parse`'s.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import time
@@ -78,6 +79,7 @@ def parse_key_values(line: str) -> dict[str, str]:
     return out
 
 
+@functools.lru_cache(maxsize=1024)  # a queue has few distinct limits and many jobs
 def duration_s(text: str) -> int | None:
     """Slurm durations (``UNLIMITED``, ``30``, ``05:00``, ``1:00:00``, ``2-00:00:00``) -> s."""
     value = text.strip()
@@ -100,11 +102,31 @@ def duration_s(text: str) -> int | None:
 
 
 def slurm_time(text: str) -> float | None:
-    """scontrol's local time ``2026-11-22T03:12:14`` -> epoch seconds; unset -> ``None``."""
+    """scontrol's local time ``2026-11-22T03:12:14`` -> epoch seconds; unset -> ``None``.
+
+    Fast, because a centre's job list has three per job (50,000 jobs: 0.77 s with
+    ``strptime``): the hour's start is converted once (``mktime``, so DST is the system's)
+    and minutes and seconds added; a time inside a DST change's hour, which local time
+    cannot name unambiguously anyway, may be off by that change.
+    """
     value = text.strip()
     if value in ("", "None", "Unknown", "N/A", "(null)", "NONE"):
         return None
-    return time.mktime(time.strptime(value, "%Y-%m-%dT%H:%M:%S"))
+    if not _TIME_RE.fullmatch(value):
+        raise ValueError(f"time data {value!r} does not match format '%Y-%m-%dT%H:%M:%S'")
+    minute, second = int(value[14:16]), int(value[17:19])
+    if minute > 59 or second > 61:
+        raise ValueError(f"time data {value!r}: minute or second out of range")
+    return _hour_start(value[:13]) + minute * 60 + second
+
+
+_TIME_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}")
+
+
+@functools.lru_cache(maxsize=4096)
+def _hour_start(hour: str) -> float:
+    """Epoch seconds of local ``YYYY-MM-DDTHH``:00:00 (validated by ``strptime``)."""
+    return time.mktime(time.strptime(hour, "%Y-%m-%dT%H"))
 
 
 def _records(text: str, what: str, name_key: str) -> Iterator[tuple[str, dict[str, str]]]:

@@ -254,3 +254,25 @@ def test_privacy_follows_the_clusters_private_data(backend, clean_cluster):
         conf.write_text(text)
         clean_cluster.run("scontrol", "reconfigure")
         _wait_privacy(backend, False)
+
+
+def test_a_user_cannot_forge_job_lines_with_newlines_in_names_or_comments(clean_cluster):
+    """The attack on a text job list: Slurm takes newlines in ``--job-name``/``--comment``
+    and squeue prints them raw (measured on 24.11), so a line such as the one below would
+    read as a job of mt-alice running on every node. The daemon's backend reads names and
+    comments from JSON only (on 23.02+ the rest from Slurm-written fields), so mt-bob's job
+    reads as what it is and no other job appears."""
+    forged = "424242|RUNNING|8|UNLIMITED|2026-01-01T00:00:00|NONE|2026-01-01T00:00:00|" \
+             "mt-alice|scavenger|n[1-8]|(null)"
+    bob = clean_cluster.sbatch("--hold", "-t", "5", f"--job-name=x\n{forged}",
+                               f"--comment=y\n{forged}\n424243 RUNNING 8 n[1-8]",
+                               wrap="true", user="mt-bob")
+    daemon_backend = select_backend(timeout_s=20, scavenger_partition="scavenger")
+    snap = daemon_backend.snapshot()
+    assert snap.job(424242) is None and snap.job(424243) is None
+    job = snap.job(bob)
+    assert job is not None and job.user == "mt-bob" and job.state is JobState.PENDING
+    assert job.nodes == () and job.planned_nodes == ()
+    assert snap.warnings == ()
+    full = select_backend(timeout_s=20).snapshot().job(bob)  # `malletrain nodes`: all in JSON
+    assert full is not None and full.comment.startswith("y\n424242|RUNNING")
