@@ -321,3 +321,49 @@ def test_pyslurm_adapter_maps_objects_like_the_cli_parser():
     (job,) = snap.jobs
     assert job.planned_nodes == ("n1", "n2") and job.time_limit_s == 600
     assert snap.partitions[0].priority_tier == 10 and snap.partitions[0].default
+
+
+def test_periodic_calls_are_read_again_only_when_their_answer_is_old():
+    """At most three calls a tick in steady state; partitions, reservations and topology
+    again after 60, 15 and 300 s (their answers are reused meanwhile)."""
+    now = [1000.0]
+    rec = Recorder(golden_answers("busy"))
+    backend = CliBackend(runner=rec, clock=lambda: now[0], release=SLURM_22_05)
+    first = backend.snapshot()
+    assert len(rec.calls) == 6
+    for dt, extra in [(5, set()), (16, {"reservation"}), (61, {"partition", "reservation"}),
+                      (301, {"partition", "reservation", "topology"})]:
+        rec.calls.clear()
+        now[0] = 1000.0 + dt
+        snap = backend.snapshot()
+        periodic = {c[2] for c in rec.calls if c[0] == "scontrol"}
+        assert periodic == extra and len(rec.calls) == 3 + len(extra), (dt, rec.calls)
+        assert snap.partitions == first.partitions and snap.reservations == first.reservations
+        assert snap.node("n1").switch == "s1"  # the topology answer is kept in between
+        backend._periodic = {k: (1000.0, v) for k, (_, v) in backend._periodic.items()}
+
+
+def test_the_daemons_backend_on_24_11_reads_its_partition_in_json_and_the_rest_plain():
+    d = GOLDEN.with_name("slurm-24.11") / "busy"
+    files = {"scontrol show nodes --json": "nodes.json",
+             "squeue --all --states=all --partition=scavenger --json": "squeue-scavenger.json",
+             "scontrol show partition -o": "partitions.txt",
+             "scontrol show reservation -o": "reservations.txt",
+             "scontrol show topology": "topology.txt"}
+
+    def answer(argv):
+        key = " ".join(argv)
+        if key == "sinfo --version":
+            return 0, "slurm-wlm 24.11.5\n", ""
+        if argv[:2] == ["squeue", "--all"] and "--noheader" in argv:
+            return 0, (d / "jobs.txt").read_text(), ""
+        return 0, (d / files[key]).read_text(), ""
+
+    rec = Recorder(answer)
+    snap = CliBackend(runner=rec, scavenger_partition="scavenger").snapshot()
+    assert len(rec.calls) == 1 + 6 and snap.warnings == ()
+    by_id = {j.job_id: j for j in snap.jobs}
+    assert by_id[4].name == "scav" and by_id[4].user == "mt-alice"  # whole, from JSON
+    assert by_id[2].name == "" and by_id[2].nodes == ("n1", "n2", "n3", "n4")  # plain
+    assert by_id[6].planned_nodes == ("n1", "n2", "n3", "n4", "n5", "n7", "n8")
+    assert by_id[6].start_time == by_id[2].end_time
