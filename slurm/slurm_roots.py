@@ -8,9 +8,10 @@ output has other shapes (docs/slurm-backend.md), so ``slurm/dev-cluster up --slu
   minutes) under ``$MALLETRAIN_SLURM_ROOTS`` (default ``/var/cache/malletrain/slurm-roots``)
   and reused; a ``.malletrain-ready`` file holds the Slurm version found inside.
 * The daemons run with ``chroot ROOT`` inside the cluster's PID and mount namespace, where
-  ``/proc``, ``/dev``, ``/sys``, ``/tmp``, ``/home``, the cluster's directory and this
-  repository are bind-mounted at their own paths: the paths of slurm.conf, the munge socket,
-  job scripts and their output are the same inside and outside.
+  ``/proc``, ``/dev``, ``/sys``, ``/tmp``, ``/home``, the cluster's directory, this
+  repository and the Python its ``.venv`` links to are bind-mounted at their own paths: the
+  paths of slurm.conf, the munge socket, job scripts, their output and their interpreter
+  are the same inside and outside.
 * Clients (``sinfo``, ``sbatch``, ...) run on the host, as any user, through the root's own
   dynamic loader (``ROOT/lib64/ld-linux-x86-64.so.2 --library-path ...``): small wrappers in
   ``CLUSTER_DIR/bin`` that ``dev-cluster env`` puts first on ``PATH``. A chroot would need
@@ -138,8 +139,13 @@ def plugin_dir(root: Path) -> str:
 
 
 def mount_points(cluster_dir: Path) -> list[Path]:
-    """Host directories bind-mounted into the root at the same path."""
+    """Host directories bind-mounted into the root at the same path: where jobs write,
+    the repository, and the Python installation its virtualenv links to (so that jobs
+    running malletrain's workers find the same interpreter and packages inside)."""
     points = [Path("/tmp"), Path("/home"), cluster_dir, REPO]
+    venv_python = REPO / ".venv" / "bin" / "python"
+    if venv_python.exists():
+        points.append(venv_python.resolve().parents[1])
     out: list[Path] = []
     for p in points:
         if p.is_dir() and not any(p == q or q in p.parents for q in out):

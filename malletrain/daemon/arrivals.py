@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 
 from malletrain.errors import UserError
@@ -31,6 +32,9 @@ class ArrivalProbe:
 
     #: how often an idle (interval 0) probe thread looks whether it was turned back on
     OFF_RECHECK_S = 1.0
+    #: a probe waits at least this many times its last query's duration: on a centre's
+    #: queue (50,000 jobs: ~0.3 s a query) it must not keep slurmctld busy
+    BACKOFF_FACTOR = 4.0
 
     def __init__(self, query: Callable[[], frozenset[int]], wake: Callable[[], None],
                  interval_s: float) -> None:
@@ -42,6 +46,8 @@ class ArrivalProbe:
         self._armed = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: wall seconds of the last query (its pace follows slurmctld's: :meth:`wait_s`)
+        self.last_query_s = 0.0
 
     def expect(self, known_job_ids: Iterable[int], *, armed: bool) -> None:
         """After each tick: the job ids its snapshot saw, and whether probing is worth it
@@ -56,11 +62,14 @@ class ArrivalProbe:
             if not self._armed or self.interval_s <= 0:
                 return False
             known = self._known
+        t0 = time.monotonic()
         try:
             pending = self._query()
         except UserError as exc:  # the next tick reports Slurm's state; wait for it
             log.debug("arrival probe failed: %s", exc)
             return False
+        finally:
+            self.last_query_s = time.monotonic() - t0
         new = pending - known
         if not new:
             return False
@@ -70,9 +79,14 @@ class ArrivalProbe:
         self._wake()
         return True
 
+    def wait_s(self) -> float:
+        """Seconds until the next probe: the interval, or more while Slurm answers slowly."""
+        if self.interval_s <= 0:
+            return self.OFF_RECHECK_S
+        return max(self.interval_s, self.BACKOFF_FACTOR * self.last_query_s)
+
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s if self.interval_s > 0
-                                  else self.OFF_RECHECK_S):
+        while not self._stop.wait(self.wait_s()):
             try:
                 self.probe_once()
             except Exception:  # never let the probe thread die silently mid-service

@@ -85,3 +85,25 @@ def test_the_thread_probes_until_stopped():
 def test_parse_job_ids_keeps_job_ids_and_skips_the_rest():
     assert parse_job_ids("40\n 41 \n\n42_3\nJOBID\n") == {40, 41}
     assert parse_job_ids("") == frozenset()
+
+
+def test_a_slow_answer_slows_the_probe_down():
+    """At a centre's queue size the query itself takes time: the probe waits a multiple of
+    it, so it never keeps slurmctld busy more than a fraction of the time."""
+    import time
+
+    slurm, wakes = Slurm(), []
+
+    def slow_query() -> frozenset[int]:
+        time.sleep(0.2)
+        return slurm()
+
+    p = ArrivalProbe(slow_query, lambda: wakes.append(1), 0.25)
+    assert p.wait_s() == 0.25
+    p.expect([], armed=True)
+    p.probe_once()
+    assert 0.2 <= p.last_query_s < 0.5
+    assert p.wait_s() == p.BACKOFF_FACTOR * p.last_query_s
+    slurm.pending = frozenset()
+    p.interval_s = 0
+    assert p.wait_s() == p.OFF_RECHECK_S
