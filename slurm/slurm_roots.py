@@ -40,6 +40,10 @@ HOST_VERSION = "22.05"
 SUITES = {"24.11": "trixie", "26.05": "sid"}
 VERSIONS = (HOST_VERSION, *SUITES)
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge")
+#: What jobs running the host's Python (the repository's .venv, torch) load from the system:
+#: the root is a minimal Debian, and jobs run inside it.
+JOB_PACKAGES = ("libffi8", "libssl3t64", "libsqlite3-0", "libbz2-1.0", "liblzma5",
+                "libgomp1", "libstdc++6", "libncursesw6", "libreadline8t64", "procps")
 MIRROR = "http://deb.debian.org/debian"
 READY = ".malletrain-ready"
 #: Client commands given a wrapper (everything the project and its tests run).
@@ -73,7 +77,10 @@ def root_for(version: str) -> Path | None:
 def ensure_root(version: str, log: object = print) -> Path | None:
     """Make the root of ``version`` if it is missing (once; minutes), and return it."""
     root = root_for(version)
-    if root is None or (root / READY).exists():
+    if root is None:
+        return None
+    if (root / READY).exists():
+        ensure_job_packages(root)
         return root
     if shutil.which("debootstrap") is None:
         subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends",
@@ -94,7 +101,29 @@ def ensure_root(version: str, log: object = print) -> Path | None:
     shutil.rmtree(root, ignore_errors=True)
     tmp.rename(root)
     (root / READY).write_text(f"{found}\n")
+    ensure_job_packages(root)
     return root
+
+
+def ensure_job_packages(root: Path) -> None:
+    """Install :data:`JOB_PACKAGES` missing from ``root`` (a root made before they were
+    listed gets them on its next use)."""
+    res = subprocess.run(["chroot", str(root), "dpkg-query", "-W", "-f=${Package} ${Status}\n",
+                          *JOB_PACKAGES], capture_output=True, text=True, check=False)
+    have = {line.split()[0] for line in res.stdout.splitlines()
+            if line.endswith("install ok installed")}
+    missing = [p for p in JOB_PACKAGES if p not in have]
+    if not missing:
+        return
+    print(f"dev-cluster: installing into {root}: {' '.join(missing)}", file=sys.stderr,
+          flush=True)
+    shutil.copyfile("/etc/resolv.conf", root / "etc" / "resolv.conf")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run(["chroot", str(root), "apt-get", "update", "-q"], env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    subprocess.run(["chroot", str(root), "apt-get", "install", "-y", "-q",
+                    "--no-install-recommends", *missing], env=env, check=True,
+                   stdout=subprocess.DEVNULL)
 
 
 def installed_version(root: Path) -> str:
@@ -112,7 +141,12 @@ def prepare(root: Path, cluster_dir: Path) -> None:
     if not link.is_symlink():
         link.symlink_to("/")
     for mount_point in mount_points(cluster_dir):
-        (root / str(mount_point).lstrip("/")).mkdir(parents=True, exist_ok=True)
+        for host_dir in [*reversed(mount_point.parents[:-1]), mount_point]:
+            inside = root / str(host_dir).lstrip("/")
+            inside.mkdir(exist_ok=True)
+            # the same permissions as on the host (the root's own /root is 0700): jobs of the
+            # test users must reach the repository and the venv's Python here too
+            os.chmod(inside, host_dir.stat().st_mode & 0o7777)
     write_wrappers(root, cluster_dir / "bin")
 
 
