@@ -56,12 +56,14 @@ test-unit: venv
 test: setup lint
 	$(VENV)/bin/pytest -q
 
-# The Slurm tests against the other tested releases (22.05 runs in `make test`); a release
-# runs this. The first run of each makes its Debian root (slurm/slurm_roots.py, minutes).
+# The Slurm contract tests and the daemon's end-to-end tests against the other tested
+# releases (22.05 runs in `make test`); a release runs this (about 8 min per release).
+# The first run of each makes its Debian root (slurm/slurm_roots.py, minutes).
 SLURM_VERSIONS ?= 24.11 26.05
 test-slurm-versions: setup
 	for v in $(SLURM_VERSIONS); do \
-	  MALLETRAIN_TEST_SLURM_VERSION=$$v $(VENV)/bin/pytest -q tests/slurm || exit 1; done
+	  MALLETRAIN_TEST_SLURM_VERSION=$$v $(VENV)/bin/pytest -q tests/slurm tests/e2e || exit 1; \
+	done
 
 demo: setup
 	$(PY) -m malletrain.demo
