@@ -8,14 +8,13 @@ submitted in bulk (``sbatch --hold``, 8 at a time), plus a running regular job, 
 one with a backfill plan and a running scavenger job, then measures:
 
 * ``tick_wall_ms``: the median wall time of the Slurm calls of a steady-state tick of the
-  daemon's backend (``CliBackend(scavenger_partition="scavenger").snapshot_texts()``: its
-  calls, run at once), over ``--repeat`` ticks; ``parse_ms`` beside it: turning those
+  daemon's backend (``CliBackend(daemon=True).snapshot_texts()``: its calls, run at once),
+  over ``--repeat`` ticks; ``parse_ms`` beside it: turning those
   answers into a snapshot (``build_snapshot``);
 * ``tick_calls``: the client calls of that tick, and ``tick_rpcs``: the RPCs slurmctld
   counted for it (``sdiag``'s counts by message type, before and after, less sdiag's own);
 * ``json_vs_plain``: the wall time of ``squeue --all --states=all --json`` over the same
-  queue against the plain job list the daemon reads on 23.02+ (the baseline: what every
-  tick cost before; on 22.05 the daemon still reads the JSON, which ignores filters there).
+  queue (the baseline: what every tick read before) against the daemon's job list.
 
 Stops the cluster at the end (``--keep`` leaves it up for a rerun with the same queue).
 Last line: ``slurm_cost version=V jobs=J tick_calls=C tick_rpcs=R tick_wall_ms=W
@@ -27,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import secrets
 import statistics
 import subprocess
 import sys
@@ -36,7 +36,7 @@ from pathlib import Path
 
 from malletrain.slurm.backend import CliBackend
 from malletrain.slurm.parse import build_snapshot
-from malletrain.slurm.versions import JOBS_PLAIN
+from malletrain.slurm.versions import FORMAT_ENV, JOBS_PLAIN, jobs_format
 
 REPO = Path(__file__).resolve().parents[1]
 DEV = REPO / "slurm" / "dev-cluster"
@@ -107,7 +107,7 @@ def measure(env: dict[str, str], repeat: int) -> dict[str, float]:
         calls.append(argv)
         return subprocess.run(argv, **kw)  # type: ignore[call-overload, no-any-return]
 
-    backend = CliBackend(env=env, runner=runner, scavenger_partition="scavenger", timeout_s=120)
+    backend = CliBackend(env=env, runner=runner, daemon=True, timeout_s=120)
     snap = backend.snapshot()  # reads the release and the periodic answers
     assert len(snap.jobs) >= 3 and snap.warnings == (), snap.warnings[:3]
     calls.clear()
@@ -122,7 +122,8 @@ def measure(env: dict[str, str], repeat: int) -> dict[str, float]:
     tick_s = timed_s(backend.snapshot_texts, repeat)
     texts = backend.snapshot_texts()
     parse_s = timed_s(lambda: build_snapshot(0.0, texts), repeat)
-    plain_s = timed_s(lambda: run(env, *JOBS_PLAIN), repeat)
+    plain_env = {**env, FORMAT_ENV: jobs_format(secrets.token_hex(12))}
+    plain_s = timed_s(lambda: run(plain_env, *JOBS_PLAIN), repeat)
     json_s = timed_s(lambda: run(env, "squeue", "--all", "--states=all", "--json"),
                      max(1, min(repeat, 2)))
     return {"tick_calls": tick_calls, "tick_rpcs": sum(rpcs.values()),

@@ -91,7 +91,8 @@ def ensure_root(version: str, log: object = print) -> Path | None:
     tmp.parent.mkdir(parents=True, exist_ok=True)
     print(f"dev-cluster: making a Slurm {version} root ({SUITES[version]}) in {root}; "
           "a few minutes, once", file=sys.stderr, flush=True)
-    subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}",
+    subprocess.run(["debootstrap", "--variant=minbase",
+                    f"--include={','.join(PACKAGES + JOB_PACKAGES)}",
                     SUITES[version], str(tmp), MIRROR], check=True,
                    stdout=subprocess.DEVNULL)
     found = installed_version(tmp)
@@ -119,11 +120,11 @@ def ensure_job_packages(root: Path) -> None:
           flush=True)
     shutil.copyfile("/etc/resolv.conf", root / "etc" / "resolv.conf")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    subprocess.run(["chroot", str(root), "apt-get", "update", "-q"], env=env, check=True,
-                   stdout=subprocess.DEVNULL)
-    subprocess.run(["chroot", str(root), "apt-get", "install", "-y", "-q",
-                    "--no-install-recommends", *missing], env=env, check=True,
-                   stdout=subprocess.DEVNULL)
+    # the mirror's sid Release file may be past its Valid-Until (seen: "expired 19 d")
+    apt = ["chroot", str(root), "apt-get", "-q", "-o", "Acquire::Check-Valid-Until=false"]
+    subprocess.run([*apt, "update"], env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([*apt, "install", "-y", "--no-install-recommends", *missing], env=env,
+                   check=True, stdout=subprocess.DEVNULL)
 
 
 def installed_version(root: Path) -> str:

@@ -40,7 +40,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     if settings.slurm.slurm_conf is not None:
         env["SLURM_CONF"] = str(settings.slurm.slurm_conf)
     backend = select_backend(env=env, timeout_s=settings.slurm.command_timeout_s,
-                             scavenger_partition=settings.slurm.scavenger_partition)
+                             daemon=True)
     overrides = {}
     if args.place_timeout is not None:
         overrides["place_timeout_s"] = args.place_timeout

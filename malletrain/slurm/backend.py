@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import secrets
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -45,9 +46,11 @@ from malletrain.slurm.parse_text import parse_job_ids
 from malletrain.slurm.privacy import Privacy, read_privacy
 from malletrain.slurm.sbatch import SbatchSpec, parse_job_id
 from malletrain.slurm.versions import (
+    FORMAT_ENV,
     PERIODIC,
     PERIODIC_S,
     Release,
+    jobs_format,
     snapshot_commands,
     support_note,
 )
@@ -131,13 +134,13 @@ class CliBackend:
         clock: Callable[[], float] = time.time,
         parallel: bool = True,
         release: Release | None = None,
-        scavenger_partition: str | None = None,
+        daemon: bool = False,
     ) -> None:
         self._env = dict(env) if env is not None else None
         #: The cluster's Slurm release; read once (``sinfo --version``) when not given.
         self._release = release
-        #: Whose jobs need full (JSON) records on 23.02+: the daemon's slot jobs.
-        self.scavenger_partition = scavenger_partition
+        #: The daemon's form of a tick: the job list instead of whole JSON records.
+        self.daemon = daemon
         #: The last answer of each periodic call: (read at, text).
         self._periodic: dict[str, tuple[float, str]] = {}
         self.timeout_s = timeout_s
@@ -157,9 +160,10 @@ class CliBackend:
         if extra_env:
             env.update(extra_env)
         try:
+            # errors="replace": a job name in another encoding must not fail a whole tick
             return self._runner(
                 list(argv), input=input_text, capture_output=True, text=True,
-                timeout=self.timeout_s, env=env, check=False,
+                errors="replace", timeout=self.timeout_s, env=env, check=False,
             )
         except FileNotFoundError as exc:
             raise SlurmCommandNotFoundError(
@@ -192,7 +196,7 @@ class CliBackend:
 
     def snapshot_commands(self) -> dict[str, tuple[str, ...]]:
         """Every call of a full snapshot on this cluster's release, in checking order."""
-        return snapshot_commands(self.slurm_release(), self.scavenger_partition)
+        return snapshot_commands(self.slurm_release(), self.daemon)
 
     def due_commands(self) -> dict[str, tuple[str, ...]]:
         """This tick's calls: the every-tick ones, and periodic ones older than their period."""
@@ -213,7 +217,10 @@ class CliBackend:
         more for a dead slurmctld).
         """
         commands = self.due_commands()
-        outputs = self._run_batch(commands)
+        token = secrets.token_hex(12)  # the job list's record marker, new for every call
+        outputs = self._run_batch(commands, {"jobs_plain": {FORMAT_ENV: jobs_format(token)}})
+        if "jobs_plain" in outputs:
+            outputs["jobs_token"] = token
         taken_at = self._clock()
         for key in PERIODIC:
             if key in outputs:
@@ -222,17 +229,19 @@ class CliBackend:
                 outputs[key] = self._periodic[key][1]
         return SnapshotTexts(**outputs)
 
-    def _run_batch(self, commands: Mapping[str, Sequence[str]]) -> dict[str, str]:
+    def _run_batch(self, commands: Mapping[str, Sequence[str]],
+                   envs: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
         if not self.parallel:
             outputs: dict[str, str] = {}
             for key, argv in commands.items():
-                outputs[key] = self._check(argv)
+                outputs[key] = self._check(argv, extra_env=envs.get(key))
                 if key.endswith("_json"):
                     check_json_errors(outputs[key], " ".join(argv))
             return outputs
         pool = ThreadPoolExecutor(max_workers=len(commands), thread_name_prefix="slurm-tick")
         try:
-            futures = {key: pool.submit(self._check, argv) for key, argv in commands.items()}
+            futures = {key: pool.submit(self._check, argv, extra_env=envs.get(key))
+                       for key, argv in commands.items()}
             outputs = {}
             for key, future in futures.items():
                 outputs[key] = future.result()

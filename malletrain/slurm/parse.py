@@ -58,29 +58,25 @@ class SnapshotTexts:
 
     #: 22.05: ``sinfo --json``; 23.02+: ``scontrol show nodes --json`` (:mod:`.versions`).
     nodes_json: str
-    #: 22.05: every job; 23.02+: the scavenger partition's (or every job's without one).
-    squeue_json: str
     partitions: str
     reservations: str
-    #: 22.05's backfill plan (``squeue -t PENDING -o "%A %S %Y"``); empty on 23.02+.
+    #: Whole JSON job records (``malletrain nodes``; the daemon reads ``jobs_plain``).
+    squeue_json: str = ""
+    #: 22.05's backfill plan beside ``squeue_json`` (``squeue -t PENDING -o "%A %S %Y"``).
     planned: str = ""
     #: ``scontrol show topology`` (empty without a topology plugin).
     topology: str = ""
-    #: 23.02+: every job's scheduling fields, plans included (:mod:`.parse_plain_jobs`).
+    #: The daemon's job list and the token of its call (:mod:`.parse_plain_jobs`).
     jobs_plain: str = ""
+    jobs_token: str = ""
 
     @classmethod
     def read_dir(cls, directory: Path, daemon: bool = False) -> SnapshotTexts:
-        """The texts of one recorded tick (slurm/record-golden's :data:`GOLDEN_FILES`).
-
-        ``daemon``: the daemon's form where the release has one (23.02+: the scavenger
-        partition's jobs in JSON, everyone's in the plain list); else ``malletrain nodes``'.
-        """
-        files = dict(GOLDEN_FILES)
-        if daemon and (directory / GOLDEN_FILES["jobs_plain"]).exists():
-            files["squeue_json"] = SCAVENGER_JSON
-        else:
-            del files["jobs_plain"]
+        """The texts of one recorded tick (slurm/record-golden's :data:`GOLDEN_FILES`):
+        the daemon's form (the job list) or ``malletrain nodes``' (JSON job records)."""
+        jobs = ("jobs_plain", "jobs_token") if daemon else ("squeue_json", "planned")
+        files = {k: v for k, v in GOLDEN_FILES.items()
+                 if k not in ("jobs_plain", "jobs_token", "squeue_json", "planned") or k in jobs}
         return cls(**{field: (directory / name).read_text()
                       for field, name in files.items() if (directory / name).exists()})
 
@@ -90,9 +86,8 @@ GOLDEN_FILES = {
     "nodes_json": "nodes.json", "squeue_json": "squeue.json",
     "partitions": "partitions.txt", "reservations": "reservations.txt",
     "planned": "planned.txt", "topology": "topology.txt", "jobs_plain": "jobs.txt",
+    "jobs_token": "jobs.token",
 }
-#: The daemon's JSON job list on 23.02+ (partition ``scavenger`` only).
-SCAVENGER_JSON = "squeue-scavenger.json"
 
 
 # ----------------------------------------------------------------------------- JSON helpers
@@ -120,12 +115,10 @@ def build_snapshot(taken_at: float, texts: SnapshotTexts) -> ClusterSnapshot:
     """One :class:`ClusterSnapshot` from one tick's outputs (pure; golden-file tested)."""
     warns: list[str] = []
     nodes = parse_nodes_json(texts.nodes_json, warns)
-    planned = parse_planned(texts.planned, warns)
-    jobs = parse_squeue_json(texts.squeue_json, planned, warns)
-    if texts.jobs_plain:
-        detailed = {j.job_id for j in jobs}
-        jobs += tuple(j for j in parse_jobs_plain(texts.jobs_plain, warns)
-                      if j.job_id not in detailed)
+    if texts.squeue_json:
+        jobs = parse_squeue_json(texts.squeue_json, parse_planned(texts.planned, warns), warns)
+    else:
+        jobs = parse_jobs_plain(texts.jobs_plain, texts.jobs_token, warns)
     partitions = parse_partitions(texts.partitions, warns)
     reservations = parse_reservations(texts.reservations, warns)
     switches = parse_topology(texts.topology, warns)

@@ -335,7 +335,9 @@ def _job(rec: Mapping[str, Any], job_id: int, plan: Mapping[int, PlannedStart],
         user=_field(rec, "user_name", str, "", where, warns),
         partition=_field(rec, "partition", str, "", where, warns),
         state=state,
-        state_reason=_field(rec, "state_reason", str, "", where, warns),
+        # squeue's text (%r) says the description when Slurm wrote one: so does this
+        state_reason=(_field(rec, "state_description", str, "", where, warns)
+                      or _field(rec, "state_reason", str, "", where, warns)),
         node_count=shapes.number(rec, "node_count", source, where),
         nodes=nodes,
         planned_nodes=planned_nodes,

@@ -63,14 +63,14 @@ def choose_backend_kind(pyslurm_version: str | None, slurm_version: str | None) 
 
 def select_backend(
     *, env: Mapping[str, str] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-    scavenger_partition: str | None = None,
+    daemon: bool = False,
 ) -> SlurmBackend:
     """The best backend for this cluster; says once (log) why it picked the CLI.
 
-    ``scavenger_partition``: the jobs of which the daemon needs full records (its slots);
-    on Slurm 23.02+ the rest of the queue is read in a far cheaper form (:mod:`.versions`).
+    ``daemon``: read the queue in the daemon's form, a job list far cheaper than whole
+    JSON records on a centre's queue (:func:`~malletrain.slurm.versions.every_tick`).
     """
-    cli = CliBackend(env=env, timeout_s=timeout_s, scavenger_partition=scavenger_partition)
+    cli = CliBackend(env=env, timeout_s=timeout_s, daemon=daemon)
     try:
         import pyslurm
     except Exception:  # a broken build raises more than ImportError

@@ -48,13 +48,24 @@ OLDEST = TESTED[0]
 #: From this release on, ``scontrol show nodes --json`` exists and ``sinfo --json`` groups.
 NODES_FROM_SCONTROL = Release(23, 2)
 
-#: Fields of the plain job list (23.02+), ``|``-separated: only what Slurm or the site
-#: writes. Never a job's name or comment: users may put newlines and separators in them
-#: (measured on 24.11: ``--comment=$'a\\n99999 RUNNING ...'`` prints as two lines), which
-#: would let one user forge job lines in a text format. Those come from JSON only.
-JOB_FIELDS = ("%A", "%T", "%D", "%l", "%S", "%e", "%V", "%u", "%P", "%N", "%Y")
-JOBS_PLAIN = ("squeue", "--all", "--states=all", "--noheader",
-              "--format=" + "|".join(JOB_FIELDS))
+#: The daemon's job list (every release): per job, the fields Slurm or the site writes,
+#: ``|``-separated, then the two a user writes (name, comment), each behind a token drawn
+#: afresh for every call. Users may put newlines and separators in a name or a comment
+#: (measured: ``--comment=$'a\\n99999|RUNNING|...'`` prints as two lines), which in a plain
+#: text format would let one user forge the records of others; they cannot guess the
+#: token, and every record starts with it (:mod:`malletrain.slurm.parse_plain_jobs`).
+JOB_FIELDS = ("%A", "%T", "%D", "%l", "%S", "%e", "%V", "%u", "%P", "%N", "%Y", "%r")
+JOBS_PLAIN = ("squeue", "--all", "--states=all", "--noheader")
+#: The format travels in squeue's environment, not its argv: another user on the login
+#: node can read a process's command line, not its environment.
+FORMAT_ENV = "SQUEUE_FORMAT"
+
+
+def jobs_format(token: str) -> str:
+    """The ``SQUEUE_FORMAT`` of the job list for one call's ``token``."""
+    return f"{token}{'|'.join(JOB_FIELDS)}{token}%j{token}%k"
+
+
 #: What a tick needs that changes only when an operator acts: read every ``PERIODIC_S``.
 PERIODIC: Mapping[str, tuple[str, ...]] = {
     "partitions": ("scontrol", "show", "partition", "-o"),
@@ -68,45 +79,41 @@ PERIODIC_S: Mapping[str, float] = {"partitions": 60.0, "reservations": 15.0,
                                    "topology": 300.0}
 
 
-def snapshot_commands(release: Release, scavenger_partition: str | None = None
-                      ) -> dict[str, tuple[str, ...]]:
+def snapshot_commands(release: Release, daemon: bool = False) -> dict[str, tuple[str, ...]]:
     """Every call of a full snapshot on ``release``, in the order results are checked.
 
     Each tick runs the first ones (:func:`every_tick`); :data:`PERIODIC` ones are kept
-    for :data:`PERIODIC_S`. The job list, by release:
-
-    * 22.05 ignores every filter with ``--json``: the whole ``squeue --json``, and the
-      backfill plan from ``squeue -t PENDING -o "%A %S %Y"`` (start and nodes of one pass).
-    * 23.02+ honour filters, and a JSON job record is ~7.7 KB (24.11): at 50,000 jobs
-      ``squeue --json`` is hundreds of MB. So the JSON covers the scavenger partition
-      only (malletrain's slot jobs, with their tags), and every job's scheduling fields
-      (state, size, limit, start and planned start, end, user, partition, nodes, planned
-      nodes) come from one plain ``squeue --format`` call of Slurm-written fields only.
-      Without a scavenger partition (``malletrain nodes``), the whole JSON.
+    for :data:`PERIODIC_S`.
     """
     if release < OLDEST:
         raise SlurmParseError(
             f"Slurm {release} is older than the oldest release malletrain reads ({OLDEST})"
         )
-    return {**every_tick(release, scavenger_partition), **PERIODIC}
+    return {**every_tick(release, daemon), **PERIODIC}
 
 
-def every_tick(release: Release, scavenger_partition: str | None = None
-               ) -> dict[str, tuple[str, ...]]:
-    """The calls of every tick (at most three: one RPC each)."""
+def every_tick(release: Release, daemon: bool = False) -> dict[str, tuple[str, ...]]:
+    """The calls of every tick: two for the daemon, three at most otherwise.
+
+    The daemon (``daemon=True``) reads the nodes and the job list of :data:`JOB_FIELDS`:
+    a JSON job record is ~7.7 KB on 24.11, so at 50,000 queued jobs ``squeue --json`` is
+    hundreds of MB and took 37-55 s here (10.5 s on 22.05, which ignores every filter
+    with ``--json``), the job list 0.4 s. ``malletrain nodes`` reads whole JSON records:
+    on 22.05 with the backfill plan from ``squeue -t PENDING -o "%A %S %Y"`` (start and
+    nodes of one pass), on 23.02+ with the plan in the record (``scheduled_nodes``).
+    """
+    nodes = (("sinfo", "--json") if release < NODES_FROM_SCONTROL
+             else ("scontrol", "show", "nodes", "--json"))
+    if daemon:
+        return {"nodes_json": nodes, "jobs_plain": JOBS_PLAIN}
     # --states=all: 23.02+ honour squeue's default filter in JSON too, which hides ended
     # jobs (an ended slot job would look gone instead of ended); 22.05 ignores it.
     squeue_json = ("squeue", "--all", "--states=all", "--json")
     if release < NODES_FROM_SCONTROL:
-        return {"nodes_json": ("sinfo", "--json"), "squeue_json": squeue_json,
+        return {"nodes_json": nodes, "squeue_json": squeue_json,
                 "planned": ("squeue", "--all", "--noheader", "--states=PENDING",
                             "--format=%A %S %Y")}
-    nodes = ("scontrol", "show", "nodes", "--json")
-    if scavenger_partition is None:
-        return {"nodes_json": nodes, "squeue_json": squeue_json}
-    return {"nodes_json": nodes,
-            "squeue_json": (*squeue_json[:-1], f"--partition={scavenger_partition}", "--json"),
-            "jobs_plain": JOBS_PLAIN}
+    return {"nodes_json": nodes, "squeue_json": squeue_json}
 
 
 def support_note(release: Release) -> str | None:

@@ -12,6 +12,7 @@ import pytest
 
 from malletrain.core.cluster import JobState, NodeState
 from malletrain.core.scavenger import idle_nodes
+from malletrain.daemon.slots import is_held
 from malletrain.slurm.backend import SlurmBackend
 from malletrain.slurm.errors import SlurmCommandError
 from malletrain.slurm.sbatch import SbatchSpec
@@ -148,7 +149,7 @@ def test_requeue_hold_puts_a_running_job_back_held(backend, clean_cluster):
     clean_cluster.wait_step_running(job_id)
     backend.requeue_hold(job_id)
     job = wait_job(backend, job_id, lambda j: j.state is JobState.PENDING)
-    assert job.state_reason.startswith("JobHeld")
+    assert is_held(job), job.state_reason  # Slurm says "job requeued in held state"
     assert job.nodes == ()
 
 
@@ -259,20 +260,21 @@ def test_privacy_follows_the_clusters_private_data(backend, clean_cluster):
 def test_a_user_cannot_forge_job_lines_with_newlines_in_names_or_comments(clean_cluster):
     """The attack on a text job list: Slurm takes newlines in ``--job-name``/``--comment``
     and squeue prints them raw (measured on 24.11), so a line such as the one below would
-    read as a job of mt-alice running on every node. The daemon's backend reads names and
-    comments from JSON only (on 23.02+ the rest from Slurm-written fields), so mt-bob's job
-    reads as what it is and no other job appears."""
+    read as a job of mt-alice running on every node. The daemon's job list puts a fresh
+    random token before every record and before the name and the comment, so mt-bob's job
+    reads as what it is, whole, and no other job appears."""
     forged = "424242|RUNNING|8|UNLIMITED|2026-01-01T00:00:00|NONE|2026-01-01T00:00:00|" \
              "mt-alice|scavenger|n[1-8]|(null)"
     bob = clean_cluster.sbatch("--hold", "-t", "5", f"--job-name=x\n{forged}",
                                f"--comment=y\n{forged}\n424243 RUNNING 8 n[1-8]",
                                wrap="true", user="mt-bob")
-    daemon_backend = select_backend(timeout_s=20, scavenger_partition="scavenger")
+    daemon_backend = select_backend(timeout_s=20, daemon=True)
     snap = daemon_backend.snapshot()
     assert snap.job(424242) is None and snap.job(424243) is None
     job = snap.job(bob)
     assert job is not None and job.user == "mt-bob" and job.state is JobState.PENDING
     assert job.nodes == () and job.planned_nodes == ()
+    assert job.name == f"x\n{forged}" and job.comment == f"y\n{forged}\n424243 RUNNING 8 n[1-8]"
     assert snap.warnings == ()
-    full = select_backend(timeout_s=20).snapshot().job(bob)  # `malletrain nodes`: all in JSON
-    assert full is not None and full.comment.startswith("y\n424242|RUNNING")
+    full = select_backend(timeout_s=20).snapshot().job(bob)  # `malletrain nodes`: JSON
+    assert full == job

@@ -42,7 +42,8 @@ class Recorder:
         self.inputs: list[str | None] = []
         self.envs: list[dict] = []
 
-    def __call__(self, argv, *, input=None, capture_output, text, timeout, env, check):
+    def __call__(self, argv, *, input=None, capture_output, text, timeout, env, check,
+                 errors="strict"):
         self.calls.append(argv)
         self.inputs.append(input)
         self.envs.append(env)
@@ -343,27 +344,34 @@ def test_periodic_calls_are_read_again_only_when_their_answer_is_old():
         backend._periodic = {k: (1000.0, v) for k, (_, v) in backend._periodic.items()}
 
 
-def test_the_daemons_backend_on_24_11_reads_its_partition_in_json_and_the_rest_plain():
-    d = GOLDEN.with_name("slurm-24.11") / "busy"
-    files = {"scontrol show nodes --json": "nodes.json",
-             "squeue --all --states=all --partition=scavenger --json": "squeue-scavenger.json",
-             "scontrol show partition -o": "partitions.txt",
-             "scontrol show reservation -o": "reservations.txt",
-             "scontrol show topology": "topology.txt"}
+@pytest.mark.parametrize("release", ["slurm", "slurm-24.11", "slurm-26.05"])
+def test_the_daemons_backend_reads_the_job_list_with_a_fresh_token(release):
+    d = GOLDEN.with_name(release) / "busy"
+    golden_token = (d / "jobs.token").read_text()
+    by_file = {tuple(c.split(": ", 1)[1].split()): c.split(": ", 1)[0]
+               for c in (d / "commands.txt").read_text().splitlines() if ": " in c}
+    version = "22.05.8" if release == "slurm" else release.split("-")[1] + ".5"
+    rec = Recorder(lambda argv: (0, f"slurm-wlm {version}\n", ""))
 
     def answer(argv):
-        key = " ".join(argv)
-        if key == "sinfo --version":
-            return 0, "slurm-wlm 24.11.5\n", ""
-        if argv[:2] == ["squeue", "--all"] and "--noheader" in argv:
-            return 0, (d / "jobs.txt").read_text(), ""
-        return 0, (d / files[key]).read_text(), ""
+        if argv == ["sinfo", "--version"]:
+            return 0, f"slurm-wlm {version}\n", ""
+        text = (d / by_file[tuple(argv)]).read_text()
+        token = rec.envs[-1].get("SQUEUE_FORMAT", "")[:24]  # sequential: the call's own env
+        return 0, text.replace(golden_token, token) if token else text, ""
 
-    rec = Recorder(answer)
-    snap = CliBackend(runner=rec, scavenger_partition="scavenger").snapshot()
-    assert len(rec.calls) == 1 + 6 and snap.warnings == ()
+    rec.answers = answer
+    backend = CliBackend(runner=rec, daemon=True, parallel=False)
+    snap = backend.snapshot()
+    jobs_calls = [e["SQUEUE_FORMAT"] for e in rec.envs if "SQUEUE_FORMAT" in e]
+    assert len(jobs_calls) == 1 and len(rec.calls) == 1 + 5 and snap.warnings == ()
+    assert all(c[0] != "squeue" or "--json" not in c for c in rec.calls)  # no JSON records
     by_id = {j.job_id: j for j in snap.jobs}
-    assert by_id[4].name == "scav" and by_id[4].user == "mt-alice"  # whole, from JSON
-    assert by_id[2].name == "" and by_id[2].nodes == ("n1", "n2", "n3", "n4")  # plain
+    assert by_id[4].name == "scav" and by_id[4].user == "mt-alice"
+    assert by_id[2].comment == "regular work" and by_id[2].nodes == ("n1", "n2", "n3", "n4")
     assert by_id[6].planned_nodes == ("n1", "n2", "n3", "n4", "n5", "n7", "n8")
     assert by_id[6].start_time == by_id[2].end_time
+    backend.snapshot()
+    second = [e["SQUEUE_FORMAT"] for e in rec.envs if "SQUEUE_FORMAT" in e][1]
+    assert second != jobs_calls[0]  # a new token for every call: none to guess
+    assert all("SQUEUE_FORMAT" not in " ".join(c) for c in rec.calls)  # never in argv

@@ -305,23 +305,13 @@ def test_node_state_combines_base_and_flags(base, flags, state):
 
 
 @pytest.mark.parametrize("scenario", ["idle", "busy"])
-def test_plain_job_list_reads_every_job_as_the_json_does(release, scenario):
-    """23.02+: the daemon reads the queue from a plain list of Slurm-written fields (and its
-    own partition in JSON); every scheduling field must read as in the full JSON."""
+def test_the_daemons_job_list_reads_every_job_as_the_json_does(release, scenario):
+    """The daemon reads the queue from the job list (Slurm's fields, then name and comment
+    behind a token); every field of every job must read as in the whole JSON records."""
     d = RELEASES[release] / scenario
     full = build_snapshot(taken_at(release, scenario), SnapshotTexts.read_dir(d))
     daemon = build_snapshot(taken_at(release, scenario), SnapshotTexts.read_dir(d, daemon=True))
-    if release == "22.05":
-        assert daemon == full  # 22.05 ignores filters with --json: one form only
-        return
     assert daemon.warnings == ()
-
-    def fields(job):
-        return (job.state, job.user, job.partition, job.node_count, job.nodes, job.planned_nodes,
-                job.time_limit_s, job.submit_time, job.start_time, job.end_time)
-
-    assert {j.job_id: fields(j) for j in daemon.jobs} == {j.job_id: fields(j) for j in full.jobs}
-    scavenging = {j.job_id: j for j in daemon.jobs if j.partition == "scavenger"}
-    assert all(j == full.job(i) for i, j in scavenging.items())  # names, tags: whole records
-    if scenario == "busy":
-        assert [j.name for j in scavenging.values()] == ["scav"]
+    assert sorted(daemon.jobs, key=lambda j: j.job_id) == sorted(full.jobs,
+                                                                 key=lambda j: j.job_id)
+    assert daemon.nodes == full.nodes

@@ -18,6 +18,7 @@ from malletrain.slurm.parse_json import job_state_of, parse_nodes_json, parse_sq
 from malletrain.slurm.shapes import INFINITE_32, Source, number, source_of, states
 from malletrain.slurm.versions import (
     PERIODIC,
+    TESTED,
     Release,
     every_tick,
     snapshot_commands,
@@ -164,10 +165,10 @@ def test_commands_per_release():
         "squeue", "--all", "--states=all", "--json")
     assert set(old) - set(PERIODIC) == {"nodes_json", "squeue_json", "planned"}
     assert set(new) - set(PERIODIC) == {"nodes_json", "squeue_json"}
-    daemon = every_tick(Release(26, 5), "scavenger")
-    assert list(daemon) == ["nodes_json", "squeue_json", "jobs_plain"]
-    assert "--partition=scavenger" in daemon["squeue_json"]
-    assert every_tick(Release(22, 5), "scavenger") == every_tick(Release(22, 5))  # no filter
+    for release in TESTED:  # the daemon: the nodes and the job list, two calls
+        daemon = every_tick(release, daemon=True)
+        assert list(daemon) == ["nodes_json", "jobs_plain"]
+        assert daemon["nodes_json"] == (old if release < Release(23, 2) else new)["nodes_json"]
     with pytest.raises(SlurmParseError, match="older than"):
         snapshot_commands(Release(21, 8))
     assert Release.parse("slurm-wlm 24.11.5\n") == Release(24, 11)
