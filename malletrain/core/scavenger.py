@@ -86,7 +86,10 @@ def earliest_claims(
     for job in snapshot.jobs:
         if job.job_id in skip:
             continue
-        if job.state is JobState.PENDING and job.start_time is not None and job.planned_nodes:
+        # UNKNOWN too: a state name a newer Slurm added must not hide a plan (a planned
+        # start is the scheduler's promise of those nodes, whatever the job's state reads)
+        if (job.state in (JobState.PENDING, JobState.UNKNOWN) and job.start_time is not None
+                and job.planned_nodes):
             claims.append((Claim(job.start_time, f"job {job.job_id}", job.submit_time),
                            job.planned_nodes))
     for resv in snapshot.reservations:

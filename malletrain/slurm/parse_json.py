@@ -322,8 +322,9 @@ def _job(rec: Mapping[str, Any], job_id: int, plan: Mapping[int, PlannedStart],
     if time_limit_s is None:
         end = None
     planned_nodes: tuple[str, ...] = ()
-    entry = plan.get(job_id) if state is JobState.PENDING else None
-    if entry is None and state is JobState.PENDING:
+    claims = state in (JobState.PENDING, JobState.UNKNOWN)  # see core.scavenger
+    entry = plan.get(job_id) if claims else None
+    if entry is None and claims:
         entry = _scheduled(rec, start, source, where, warns)  # 23.02+: plan in the record
     if entry is not None and entry.nodes:
         planned_nodes = entry.nodes

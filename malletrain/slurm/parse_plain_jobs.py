@@ -46,7 +46,7 @@ def parse_jobs_plain(text: str, token: str, warnings: list[str] | None = None
     for i in range(0, len(parts), 3):
         safe, name, comment = parts[i], parts[i + 1], parts[i + 2].removesuffix("\n")
         try:
-            jobs.append(_job(safe, name, "" if comment == "(null)" else comment))
+            jobs.append(_job(safe, name, "" if comment == "(null)" else comment, warns))
         except (ValueError, SlurmParseError) as exc:
             odd += 1
             warns.append(f"squeue job list: {exc}; record {safe[:80]!r} skipped")
@@ -58,7 +58,7 @@ def parse_jobs_plain(text: str, token: str, warnings: list[str] | None = None
     return tuple(jobs)
 
 
-def _job(safe: str, name: str, comment: str) -> Job:
+def _job(safe: str, name: str, comment: str, warns: list[str]) -> Job:
     parts = safe.split("|")
     if len(parts) != len(JOB_FIELDS) or "\n" in safe:
         raise ValueError(f"{len(parts)} fields, not {len(JOB_FIELDS)}")
@@ -67,9 +67,12 @@ def _job(safe: str, name: str, comment: str) -> Job:
     if not job_id.isdigit() or int(job_id) <= 0:
         raise ValueError(f"job id {job_id!r} is not a number")
     state = job_state(state_name)
-    if state is None:
-        raise ValueError(f"job {job_id}: unknown state {state_name!r}")
-    planned = () if state is not JobState.PENDING or plan in _NULL else expand_hostlist(plan)
+    if state is None:  # a newer Slurm's state: kept, never dropped (its plan still claims)
+        warns.append(f"squeue job list: job {job_id}: unknown state {state_name!r}; "
+                     "treated as UNKNOWN")
+        state = JobState.UNKNOWN
+    planned = (() if state not in (JobState.PENDING, JobState.UNKNOWN) or plan in _NULL
+               else expand_hostlist(plan))
     time_limit_s = duration_s(limit) if limit not in ("INVALID", "NOT_SET") else None
     return Job(
         job_id=int(job_id),

@@ -63,6 +63,13 @@ def test_only_pending_jobs_with_a_start_claim_nodes():
     assert windows(snap)["n1"].window_s is None
 
 
+def test_a_plan_of_a_job_in_a_state_this_release_does_not_know_still_claims():
+    """A newer Slurm's job state reads UNKNOWN: its plan must still bound the window."""
+    snap = ClusterSnapshot(taken_at=NOW, nodes=(node("n1"),),
+                           jobs=(pending(1, NOW + 90, ["n1"], state=JobState.UNKNOWN),))
+    assert windows(snap)["n1"].window_s == 90
+
+
 def test_excluded_jobs_claim_nothing():
     # the daemon's own released slot: a pending job planned onto the node it is to take
     snap = ClusterSnapshot(taken_at=NOW, nodes=(node("n1"), node("n2")),

@@ -187,3 +187,23 @@ def test_down_controller_on_new_releases_is_retryable(release):
     err = classify_failure(["scontrol", "show", "nodes", "--json"], 1,
                            (down / "nodes.json.stderr").read_text())
     assert isinstance(err, SlurmUnavailableError)
+
+
+def test_the_job_list_keeps_a_job_of_an_unknown_state_with_its_plan():
+    from malletrain.slurm.parse_plain_jobs import parse_jobs_plain
+
+    t = "t" * 24
+    text = (f"{t}7|TELEPORTING|2|10:00|2026-11-25T18:00:00|N/A|2026-11-25T17:00:00|bob|batch"
+            f"||n[1-2]|Resources{t}x{t}(null)\n")
+    warns: list[str] = []
+    (job,) = parse_jobs_plain(text, t, warns)
+    assert job.state is JobState.UNKNOWN and job.planned_nodes == ("n1", "n2")
+    assert "unknown state 'TELEPORTING'" in warns[0]
+
+
+@pytest.mark.parametrize("text", ["7|RUNNING|...\n", "tttttttttttttttttttttttt7|x\n"])
+def test_a_job_list_without_this_calls_token_is_refused(text):
+    from malletrain.slurm.parse_plain_jobs import parse_jobs_plain
+
+    with pytest.raises(SlurmParseError, match=r"token|multiple of 3"):
+        parse_jobs_plain(text, "u" * 24)
