@@ -263,6 +263,9 @@ def dev_cluster() -> Iterator[DevCluster]:
         MALLETRAIN_DEVCLUSTER_PORT=str(port),
         SLURM_CONF=str(base / "etc" / "slurm.conf"),
     )
+    # every `dev-cluster` call of the tests keeps this release (an `up` without it would
+    # restart the cluster as 22.05: seen in the first 26.05 run)
+    env["MALLETRAIN_DEVCLUSTER_SLURM_VERSION"] = SLURM_VERSION
     if SLURM_VERSION != "22.05":  # that release's clients first (slurm/slurm_roots.py)
         env["PATH"] = f"{base / 'bin'}:{env.get('PATH', os.defpath)}"
     cluster = DevCluster(
@@ -273,7 +276,8 @@ def dev_cluster() -> Iterator[DevCluster]:
         env=env,
     )
     saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "MALLETRAIN_DEVCLUSTER_DIR",
-                                            "MALLETRAIN_DEVCLUSTER_PORT", "PATH")}
+                                            "MALLETRAIN_DEVCLUSTER_PORT", "PATH",
+                                            "MALLETRAIN_DEVCLUSTER_SLURM_VERSION")}
     try:
         cluster.dev_cluster(
             "up", "--nodes", str(TEST_NODES), "--accounting", "--users", ",".join(TEST_USERS),

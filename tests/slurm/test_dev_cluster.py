@@ -53,6 +53,8 @@ def test_up_again_with_same_config_returns_at_once(dev_cluster):
     dev_cluster.dev_cluster("up", "--nodes", "8", "--accounting", "--users", "mt-alice,mt-bob")
     assert time.monotonic() - t0 < 3.0
     assert dev_cluster.ctld_up()
+    version = dev_cluster.run("sinfo", "--version").stdout  # still the release under test
+    assert f" {os.environ.get('MALLETRAIN_TEST_SLURM_VERSION', '22.05')}." in version, version
 
 
 def test_down_leaves_no_process_even_with_a_running_job(free_port_base):
