@@ -8,7 +8,7 @@
    against ``json.loads`` of the same texts alone (the floor any parser pays).
 
 3. With ``--live`` (needs ``SLURM_CONF`` of a running dev cluster): one real tick
-   (``CliBackend.snapshot()``: six client calls + parsing) with the calls run at once
+   (``CliBackend.snapshot()``: a full snapshot's client calls + parsing) with the calls run at once
    (the default) against the same calls one after the other, and one ``sinfo --json``.
 
 Usage: ``.venv/bin/python benchmarks/slurm_scavenger.py [--repeat 5] [--live]``.  Prints the
