@@ -53,7 +53,8 @@ def classify_failure(argv: Sequence[str], returncode: int, stderr: str) -> Excep
     command = " ".join(argv[:3])
     lowered = stderr.lower()
     if any(marker in lowered for marker in _RETRYABLE_MARKERS):
-        return SlurmUnavailableError(f"Slurm is not answering ({command}): {words}")
+        hint = " (is slurmctld running?)" if "unable to contact slurm controller" in lowered else ""
+        return SlurmUnavailableError(f"Slurm is not answering ({command}): {words}{hint}")
     if "could not establish a configuration source" in lowered:
         return SlurmCommandError(
             f"{command}: no Slurm configuration found (set SLURM_CONF, e.g. from "

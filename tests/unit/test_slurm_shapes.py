@@ -186,7 +186,7 @@ def test_down_controller_on_new_releases_is_retryable(release):
     assert (down / "nodes.json.rc").read_text().strip() == "1"
     err = classify_failure(["scontrol", "show", "nodes", "--json"], 1,
                            (down / "nodes.json.stderr").read_text())
-    assert isinstance(err, SlurmUnavailableError)
+    assert isinstance(err, SlurmUnavailableError) and "is slurmctld running?" in str(err)
 
 
 def test_the_job_list_keeps_a_job_of_an_unknown_state_with_its_plan():
