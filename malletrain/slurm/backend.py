@@ -50,6 +50,7 @@ from malletrain.slurm.versions import (
     PERIODIC,
     PERIODIC_S,
     Release,
+    check_readable,
     jobs_format,
     snapshot_commands,
     support_note,
@@ -187,7 +188,7 @@ class CliBackend:
         """The cluster's Slurm release, read once: it picks the commands of a tick."""
         if self._release is None:
             release = Release.parse(self._check(["sinfo", "--version"]))
-            snapshot_commands(release)  # refuses a release older than any we read
+            check_readable(release)
             note = support_note(release)
             if note:
                 log.warning("%s", note)

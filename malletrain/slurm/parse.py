@@ -40,6 +40,7 @@ from malletrain.core.cluster import (
     ClusterSnapshot,
 )
 from malletrain.slurm import shapes
+from malletrain.slurm.errors import SlurmParseError
 from malletrain.slurm.parse_json import parse_nodes_json, parse_squeue_json
 from malletrain.slurm.parse_plain_jobs import parse_jobs_plain
 from malletrain.slurm.parse_text import (
@@ -48,6 +49,7 @@ from malletrain.slurm.parse_text import (
     parse_reservations,
     parse_topology,
 )
+from malletrain.slurm.versions import Release
 
 log = logging.getLogger(__name__)
 
@@ -101,11 +103,10 @@ def slurm_version(text: str) -> str | None:
         return None
     if not isinstance(data, dict):
         return None
-    release = shapes.source_of(data, "").release
-    parts = release.split(".")
-    if len(parts) < 2 or not (parts[0].isdigit() and parts[1].isdigit()):
+    try:
+        return str(Release.parse(shapes.source_of(data, "").release))
+    except SlurmParseError:  # "unknown release": no meta
         return None
-    return f"{int(parts[0])}.{int(parts[1]):02d}"
 
 
 # ----------------------------------------------------------------------------- snapshot

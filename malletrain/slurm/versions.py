@@ -87,11 +87,16 @@ def snapshot_commands(release: Release, daemon: bool = False) -> dict[str, tuple
     Each tick runs the first ones (:func:`every_tick`); :data:`PERIODIC` ones are kept
     for :data:`PERIODIC_S`.
     """
+    check_readable(release)
+    return {**every_tick(release, daemon), **PERIODIC}
+
+
+def check_readable(release: Release) -> None:
+    """Refuse a release older than any whose output malletrain reads."""
     if release < OLDEST:
         raise SlurmParseError(
             f"Slurm {release} is older than the oldest release malletrain reads ({OLDEST})"
         )
-    return {**every_tick(release, daemon), **PERIODIC}
 
 
 def every_tick(release: Release, daemon: bool = False) -> dict[str, tuple[str, ...]]:
