@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, runtime_checkable
 
-from malletrain.core.cluster import ClusterSnapshot
+from malletrain.core.cluster import ClusterSnapshot, Job
 from malletrain.errors import RetryableError
 from malletrain.slurm.commands import classify_failure, render_signal, render_update
 from malletrain.slurm.errors import (
@@ -42,11 +42,13 @@ from malletrain.slurm.errors import (
 )
 from malletrain.slurm.parse import SnapshotTexts, build_snapshot
 from malletrain.slurm.parse_json import check_json_errors
+from malletrain.slurm.parse_plain_jobs import parse_jobs_plain
 from malletrain.slurm.parse_text import parse_job_ids
 from malletrain.slurm.privacy import Privacy, read_privacy
 from malletrain.slurm.sbatch import SbatchSpec, parse_job_id
 from malletrain.slurm.versions import (
     FORMAT_ENV,
+    JOBS_PLAIN,
     PERIODIC,
     PERIODIC_S,
     Release,
@@ -112,6 +114,11 @@ class SlurmBackend(Protocol):
 
     def privacy(self) -> Privacy:
         """Who may see whose jobs (``PrivateData``, operators): :mod:`.privacy`."""
+        ...
+
+    def jobs(self, job_ids: Sequence[int]) -> tuple[Job, ...]:
+        """These jobs only, as a snapshot shows them (those Slurm knows): one short query
+        for a request that checks a few jobs, where a whole snapshot costs a tick's work."""
         ...
 
 
@@ -258,6 +265,22 @@ class CliBackend:
 
     def pending_job_ids(self) -> frozenset[int]:
         return parse_job_ids(self._check(PENDING_IDS_COMMAND))
+
+    def jobs(self, job_ids: Sequence[int]) -> tuple[Job, ...]:
+        if not job_ids:
+            return ()
+        argv = [*JOBS_PLAIN, "--jobs=" + ",".join(str(int(i)) for i in job_ids)]
+        token = secrets.token_hex(12)
+        res = self._run(argv, extra_env={FORMAT_ENV: jobs_format(token)})
+        if res.returncode != 0:
+            if "invalid job id" in (res.stderr or "").lower():
+                return ()  # none of them exists (with one known, squeue lists it, exit 0)
+            raise classify_failure(argv, res.returncode, res.stderr or res.stdout)
+        warnings: list[str] = []
+        found = parse_jobs_plain(res.stdout, token, warnings)
+        for w in warnings:
+            log.warning("%s", w)
+        return found
 
     def privacy(self) -> Privacy:
         return read_privacy(lambda argv: self._check(list(argv)))

@@ -105,6 +105,9 @@ class PyslurmBackend:
     def privacy(self) -> Privacy:
         return self._cli.privacy()  # read rarely (once a minute): the CLI's parser serves
 
+    def jobs(self, job_ids: Sequence[int]) -> tuple[Job, ...]:
+        return self._cli.jobs(job_ids)  # a few jobs: one short squeue answer
+
     @staticmethod
     def _node(n: Any, warns: list[str]) -> Node:
         raw = str(getattr(n, "state", "UNKNOWN") or "UNKNOWN")

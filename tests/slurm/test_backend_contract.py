@@ -143,6 +143,20 @@ def test_hold_release_and_planned_start_of_a_pending_job(backend, clean_cluster)
     wait_job(backend, wide, lambda j: not j.state_reason.startswith("JobHeld"))
 
 
+def test_jobs_reads_only_the_named_jobs_as_a_snapshot_shows_them(backend, clean_cluster):
+    held = backend.submit(sleeper(nodes=1, hold=True, comment="malletrain:m1:0",
+                                  partition="scavenger"))
+    other = backend.submit(sleeper(nodes=1, hold=True))
+    wait_job(backend, held, lambda j: j.state is JobState.PENDING)
+    found = backend.jobs([held, 999999])  # an unknown id beside a known one
+    assert [j.job_id for j in found] == [held]
+    assert found[0] == backend.snapshot().job(held)
+    assert found[0].comment == "malletrain:m1:0" and is_held(found[0])
+    assert backend.jobs([999998, 999999]) == ()  # none known: no error, nothing
+    assert backend.jobs([]) == ()
+    assert other not in {j.job_id for j in found}
+
+
 def test_requeue_hold_puts_a_running_job_back_held(backend, clean_cluster):
     job_id = backend.submit(sleeper(nodes=2))
     wait_job(backend, job_id, lambda j: j.state is JobState.RUNNING)

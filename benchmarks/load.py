@@ -1,0 +1,363 @@
+"""The daemon under a supercomputer's load: 5,000 nodes, 500 malleable jobs of 50 users.
+
+What runs is the real thing, unchanged: ``malletrain daemon`` as a process (its loop, the
+CLI Slurm backend with a subprocess per call, the SQLite store, the metrics registry and
+server, the coordinator process it starts, the submit channel). Only Slurm is replayed:
+``benchmarks/replay_slurm.py`` answers ``sinfo``/``squeue``/``scontrol``/``sbatch``... in
+22.05's shapes at ``--nodes`` nodes (92 % busy with regular jobs that end, and pending ones
+with a backfill plan that start on their planned nodes and preempt scavenger slots there),
+after ``--latency-ms`` per call.
+
+1. **Submissions**: ``--clients`` processes start at once, each as one of ``--users`` Unix
+   uids (``os.setuid``: 30000+k, no passwd entry needed), and submit ``jobs / clients``
+   jobs each the way ``malletrain submit`` does: the ``submit`` request, one ``sbatch`` per
+   slot (``--max-nodes`` 2 to 8), the ``attach`` request. ``submit_ms`` = the two requests'
+   round trips (the daemon's part; sbatch is Slurm's).
+2. **Workers**: a thread stands in for every slot's worker: it registers the member with
+   the job's own secret (read from the slot's script, as the node's worker gets it), rank
+   0 writes a progress report every 2 s, members leave when a membership drops them or
+   their slot is preempted or parked. So the daemon reads a live coordinator for 500 jobs.
+3. **Steady state**: after ``--settle-s``, for ``--minutes``, the benchmark scrapes the
+   daemon's metrics twice a second: each tick's duration is the growth of
+   ``malletrain_tick_duration_seconds_sum`` between scrapes one tick apart; the daemon's
+   CPU is read from ``/proc/PID/stat`` (all its threads, the scrapes' answers included);
+   Slurm calls per tick are counted by the replay (the daemon's own calls: the tick's,
+   its actions', the arrival probe's).
+
+Last line: ``load nodes=N jobs=J tick_p99_ms=T cpu_fraction=F slurm_calls_per_tick=C
+submit_p99_ms=S rss_mb=M``. Targets (issue 18): tick p99 < 100 ms, < 2 % of a core,
+<= 3 Slurm calls per tick, submit p99 < 200 ms.
+
+Run (root; ~6 min): ``.venv/bin/python benchmarks/load.py``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import multiprocessing as mp
+import os
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from replay_slurm import ReplaySlurm, Shape, serve, write_shims  # benchmarks/ is no package
+
+from malletrain.daemon.channel import call
+from malletrain.daemon.slots import parse_tag, render_slot
+from malletrain.daemon.spec import JobSpec
+from malletrain.elastic.authstore import AuthStore
+from malletrain.elastic.coordinator import parse_address
+from malletrain.elastic.jobstore import JobStore
+from malletrain.elastic.protocol import MemberInfo, ProgressReport
+from malletrain.errors import RetryableError
+from malletrain.slurm.backend import CliBackend
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+EXAMPLE = REPO / "examples" / "elastic_train.py"
+FIRST_UID = 30000
+
+
+# ------------------------------------------------------------------------- the daemon
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_daemon(work: Path, port: int, env: dict[str, str], profile: str | None
+                 ) -> subprocess.Popen[bytes]:
+    state = work / "state"
+    state.mkdir(mode=0o755)
+    (work / "slurm.conf").write_text("# replayed\n")
+    config = work / "malletrain.yaml"
+    config.write_text(yaml.safe_dump({
+        "slurm": {"scavenger_partition": "scavenger", "partitions": ["batch"],
+                  "slurm_conf": str(work / "slurm.conf"), "min_slot_time_s": 60,
+                  "max_slot_time_s": 900, "command_timeout_s": 20},
+        "allocator": {"tick_interval_s": 1.0, "policy": "malletrain"},
+        "state": {"database_path": str(state / "state.db"),
+                  "snapshot_dir": str(state / "snapshots")},
+        "coordinator": {"host": "127.0.0.1", "port": 0},
+        "submit": {"socket_path": str(state / "submit.sock")},
+        "metrics": {"enabled": True, "address": f"127.0.0.1:{port}"},
+        "limits": {"max_jobs_per_user": 16, "max_jobs_total": 1000, "max_nodes_per_job": 64},
+        "logging": {"level": "INFO", "format": "text"},
+    }))
+    logf = open(work / "daemon.log", "ab")  # noqa: SIM115 (the child keeps it)
+    wrap = ["-m", "cProfile", "-o", profile] if profile else []  # the loop's thread only
+    proc = subprocess.Popen([PYTHON, *wrap, "-m", "malletrain.cli", "daemon", "--config",
+                             str(config)],
+                            env=env, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not (state / "submit.sock").exists() or not (state / "coordinator.addr").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"the daemon did not start:\n{(work / 'daemon.log').read_text()}")
+        time.sleep(0.2)
+    return proc
+
+
+# ------------------------------------------------------------------------- submissions
+def client(uid: int, n_jobs: int, sock: Path, path_env: str, seed: int,
+           start: threading.Event | None, results: mp.Queue) -> None:  # type: ignore[type-arg]
+    """One user's ``malletrain submit`` x ``n_jobs``, timed (runs in a forked process)."""
+    os.setgid(uid)
+    os.setuid(uid)
+    os.environ["PATH"] = path_env
+    rng = random.Random(seed)
+    backend = CliBackend()
+    if start is not None:
+        start.wait()
+    for k in range(n_jobs):
+        hi = rng.choice((2, 4, 4, 8))
+        spec = JobSpec.from_dict({"name": f"load{uid}-{k}", "script": str(EXAMPLE),
+                                  "min_nodes": rng.choice((1, 1, 2)), "max_nodes": hi})
+        t0 = time.perf_counter()
+        answer = _retrying(sock, {"op": "submit", "spec": spec.to_dict()})
+        submit_s = time.perf_counter() - t0
+        job_id = str(answer["job_id"])
+        ids = [backend.submit(render_slot(
+            spec, job_id, s, coordinator=str(answer["coordinator"]),
+            secret=str(answer["job_secret"]), state_dir=str(answer["state_dir"]),
+            partition=str(answer["partition"]))) for s in range(spec.max_nodes)]
+        t1 = time.perf_counter()
+        _retrying(sock, {"op": "attach", "job_id": job_id, "slots": ids})
+        results.put((submit_s, time.perf_counter() - t1))
+
+
+def _retrying(sock: Path, request: dict[str, object]) -> dict[str, object]:
+    for attempt in range(50):
+        try:
+            return call(sock, request)
+        except RetryableError:
+            time.sleep(0.05 * (attempt + 1))
+    raise SystemExit(f"the daemon kept refusing {request['op']}")
+
+
+def submit_all(args: argparse.Namespace, sock: Path, path_env: str) -> list[tuple[float, float]]:
+    ctx = mp.get_context("fork")
+    results = ctx.Queue()
+    start = ctx.Event()
+    per = args.jobs // args.clients
+    procs = [ctx.Process(target=client, args=(FIRST_UID + k % args.users, per, sock, path_env,
+                                              args.seed + k, start, results))
+             for k in range(args.clients)]
+    for p in procs:
+        p.start()
+    start.set()
+    out = [results.get(timeout=600) for _ in range(per * args.clients)]
+    for p in procs:
+        p.join(30)
+    return out
+
+
+# ------------------------------------------------------------------------- workers
+class Workers(threading.Thread):
+    """Every slot's worker, as the coordinator sees it (registrations, progress, leaves)."""
+
+    def __init__(self, slurm: ReplaySlurm, addr_file: Path) -> None:
+        super().__init__(daemon=True, name="workers")
+        self.slurm = slurm
+        self.addr_file = addr_file
+        self.stores: dict[str, JobStore] = {}
+        self.registered: dict[int, str] = {}  # slurm job id -> member id
+        self.samples: dict[str, float] = {}
+        self.reported: dict[str, float] = {}
+        self.members: dict[str, tuple[str, ...]] = {}
+
+    def _store(self, job: str, secret: str) -> JobStore:
+        if job not in self.stores:
+            host, port = parse_address(self.addr_file.read_text().strip())
+            self.stores[job] = JobStore(AuthStore(host, port, job, bytes.fromhex(secret)), job)
+        return self.stores[job]
+
+    def run(self) -> None:
+        while True:
+            time.sleep(1.0)
+            with contextlib.suppress(Exception):
+                self.cycle()
+
+    def cycle(self) -> None:
+        with self.slurm.lock:
+            running = [(j.job_id, j.comment, j.secret, j.node_list[0], j.restart_count)
+                       for j in self.slurm.jobs.values() if j.partition == "scavenger"
+                       and j.state == "RUNNING" and j.secret]
+            ended = [(i, self.slurm.jobs[i].state) for i in self.slurm.ended_slots
+                     if i in self.slurm.jobs]
+            self.slurm.ended_slots.clear()
+        for sid, state in ended:
+            member = self.registered.pop(sid, None)
+            job = self.slurm.jobs[sid]
+            tag = parse_tag(job.comment)
+            if member and tag and tag[0] in self.stores:
+                reason = "removed" if state == "COMPLETED" else "sigterm"
+                self.stores[tag[0]].depart(member, reason, None, None)  # type: ignore[arg-type]
+        for sid, comment, secret, node, restarts in running:
+            tag = parse_tag(comment)
+            if tag is None or sid in self.registered:
+                continue
+            member = f"s{tag[1]}-r{restarts}"
+            self._store(tag[0], secret).register(MemberInfo(member, node, sid, 1, time.time()))
+            self.registered[sid] = member
+        now = time.time()
+        for job, js in list(self.stores.items()):
+            if now - self.reported.get(job, 0.0) >= 2.0:
+                self._progress(job, js, now)
+
+    def _progress(self, job: str, js: JobStore, now: float) -> None:
+        m = js.current()
+        if m is None or not m.members:
+            return
+        dropped = set(self.members.get(job, ())) - set(m.members)
+        self.members[job] = m.members
+        if dropped:
+            self._leave(job, dropped)
+        n = len(m.members)
+        rate = 100.0 * n ** 0.8
+        last = self.reported.get(job, now)
+        self.samples[job] = self.samples.get(job, 0.0) + rate * (now - last)
+        self.reported[job] = now
+        js.set_progress(ProgressReport(epoch=m.epoch, step=int(self.samples[job] // 64),
+                                       samples_total=int(self.samples[job]),
+                                       samples_per_s=rate, world_size=n, step_time_s=0.5,
+                                       time_s=now, members=m.members))
+
+    def _leave(self, job: str, dropped: set[str]) -> None:
+        """Members a membership dropped leave at the step boundary: their slot job ends."""
+        with self.slurm.lock:
+            for sid, member in list(self.registered.items()):
+                rj = self.slurm.jobs.get(sid)
+                tag = parse_tag(rj.comment) if rj else None
+                if rj and tag and tag[0] == job and member in dropped and rj.state == "RUNNING":
+                    self.slurm._end(rj, "COMPLETED")
+
+
+# ------------------------------------------------------------------------- measuring
+def scrape(port: int) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    out = {}
+    for line in text.decode().splitlines():
+        if line.startswith("malletrain_tick_duration_seconds_"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def measure(pid: int, port: int, slurm: ReplaySlurm, seconds: float) -> dict[str, object]:
+    ticks: list[float] = []
+    calls0 = dict(slurm.daemon_calls)
+    c0, t0 = cpu_s(pid), time.monotonic()
+    prev = scrape(port)
+    first = prev
+    while time.monotonic() - t0 < seconds:
+        time.sleep(0.5)
+        cur = scrape(port)
+        n = cur["malletrain_tick_duration_seconds_count"] - prev[
+            "malletrain_tick_duration_seconds_count"]
+        if n == 1:
+            ticks.append(cur["malletrain_tick_duration_seconds_sum"]
+                         - prev["malletrain_tick_duration_seconds_sum"])
+        prev = cur
+    wall = time.monotonic() - t0
+    cpu = cpu_s(pid) - c0
+    n_ticks = prev["malletrain_tick_duration_seconds_count"] - first[
+        "malletrain_tick_duration_seconds_count"]
+    calls = {k: v - calls0.get(k, 0) for k, v in slurm.daemon_calls.items()}
+    ticks.sort()
+    return {"ticks": ticks, "n_ticks": n_ticks, "cpu_fraction": cpu / wall, "wall_s": wall,
+            "calls": calls, "calls_per_tick": sum(calls.values()) / max(1, n_ticks)}
+
+
+def p99(values: list[float]) -> float:
+    return sorted(values)[min(len(values) - 1, int(0.99 * len(values)))] if values else 0.0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", type=int, default=5000)
+    ap.add_argument("--jobs", type=int, default=500)
+    ap.add_argument("--users", type=int, default=50)
+    ap.add_argument("--clients", type=int, default=100)
+    ap.add_argument("--minutes", type=float, default=3.0)
+    ap.add_argument("--settle-s", type=float, default=60.0)
+    ap.add_argument("--latency-ms", type=float, default=50.0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--profile", metavar="FILE",
+                    help="run the daemon under cProfile, stats to FILE (slower ticks)")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("load.py runs the clients as other uids: run it as root")
+    work = Path(tempfile.mkdtemp(prefix="malletrain-load-"))
+    work.chmod(0o755)
+    slurm = ReplaySlurm(Shape(nodes=args.nodes, latency_s=args.latency_ms / 1000,
+                              seed=args.seed))
+    serve(slurm, work / "slurm.sock")
+    write_shims(work / "bin", work / "slurm.sock")
+    path_env = f"{work / 'bin'}:{os.environ['PATH']}"
+    port = free_port()
+    daemon = start_daemon(work, port, {**os.environ, "PATH": path_env}, args.profile)
+    try:
+        Workers(slurm, work / "state" / "coordinator.addr").start()
+        t0 = time.monotonic()
+        submitted = submit_all(args, work / "state" / "submit.sock", path_env)
+        print(f"submitted {len(submitted)} jobs in {time.monotonic() - t0:.1f} s "
+              f"from {args.clients} clients as {args.users} users", flush=True)
+        time.sleep(args.settle_s)
+        m = measure(daemon.pid, port, slurm, 60.0 * args.minutes)
+        ticks = m["ticks"]
+        assert isinstance(ticks, list)
+        both = [a + b for a, b in submitted]
+        running = sum(1 for j in slurm.jobs.values()
+                      if j.partition == "scavenger" and j.state == "RUNNING")
+        print(f"ticks measured {len(ticks)} of {m['n_ticks']:.0f}: p50 "
+              f"{1000 * statistics.median(ticks):.1f} ms, p99 {1000 * p99(ticks):.1f} ms, "
+              f"max {1000 * max(ticks):.1f} ms; {running} slots running")
+        print(f"daemon calls in {m['wall_s']:.0f} s: {m['calls']}")
+        print(f"submit request p99 {1000 * p99([a for a, _ in submitted]):.1f} ms, attach "
+              f"p99 {1000 * p99([b for _, b in submitted]):.1f} ms")
+        print(f"load nodes={args.nodes} jobs={len(submitted)} tick_p99_ms={1000 * p99(ticks):.1f} "
+              f"cpu_fraction={m['cpu_fraction']:.3f} "
+              f"slurm_calls_per_tick={m['calls_per_tick']:.2f} "
+              f"submit_p99_ms={1000 * p99(both):.1f} rss_mb={rss_mb(daemon.pid):.0f}")
+    finally:
+        daemon.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            daemon.wait(30)
+        pid_file = work / "state" / "coordinator.pid"
+        with contextlib.suppress(Exception):
+            os.kill(int(pid_file.read_text()), 15)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"kept {work}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
