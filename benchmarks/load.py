@@ -77,8 +77,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_daemon(work: Path, port: int, env: dict[str, str], profile: str | None
-                 ) -> subprocess.Popen[bytes]:
+def start_daemon(work: Path, port: int, env: dict[str, str], profile: str | None,
+                 log_level: str = "INFO") -> subprocess.Popen[bytes]:
     state = work / "state"
     state.mkdir(mode=0o755)
     (work / "slurm.conf").write_text("# replayed\n")
@@ -94,7 +94,7 @@ def start_daemon(work: Path, port: int, env: dict[str, str], profile: str | None
         "submit": {"socket_path": str(state / "submit.sock")},
         "metrics": {"enabled": True, "address": f"127.0.0.1:{port}"},
         "limits": {"max_jobs_per_user": 16, "max_jobs_total": 1000, "max_nodes_per_job": 64},
-        "logging": {"level": "INFO", "format": "text"},
+        "logging": {"level": log_level, "format": "text"},
     }))
     logf = open(work / "daemon.log", "ab")  # noqa: SIM115 (the child keeps it)
     wrap = ["-m", "cProfile", "-o", profile] if profile else []  # the loop's thread only
@@ -308,6 +308,7 @@ def main() -> int:
     ap.add_argument("--latency-ms", type=float, default=50.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--log-level", default="INFO", help="the daemon's (DEBUG shows plans)")
     ap.add_argument("--profile", metavar="FILE",
                     help="run the daemon under cProfile, stats to FILE (slower ticks)")
     args = ap.parse_args()
@@ -321,7 +322,8 @@ def main() -> int:
     write_shims(work / "bin", work / "slurm.sock")
     path_env = f"{work / 'bin'}:{os.environ['PATH']}"
     port = free_port()
-    daemon = start_daemon(work, port, {**os.environ, "PATH": path_env}, args.profile)
+    daemon = start_daemon(work, port, {**os.environ, "PATH": path_env}, args.profile,
+                          args.log_level)
     try:
         Workers(slurm, work / "state" / "coordinator.addr").start()
         t0 = time.monotonic()

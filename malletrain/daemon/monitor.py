@@ -18,6 +18,7 @@ from malletrain.core.model import ThroughputModel
 from malletrain.core.profiler import ProfilingAdvisor
 from malletrain.daemon.store import JobRecord, Store
 from malletrain.daemon.tick import CoordView, JobModel, Registration
+from malletrain.elastic.batchread import JobRead
 from malletrain.elastic.records import RecordError
 
 log = logging.getLogger(__name__)
@@ -49,42 +50,48 @@ class JobMonitor:
         self._reported: dict[str, str] = {}
 
     def observe(self, coordinator: Any, jobs: list[JobRecord]) -> dict[str, CoordView]:
+        """Every active job's view, read at once (:meth:`Coordinator.read_jobs`)."""
+        active = [j for j in jobs if j.state is not JobPhase.SUBMITTING and not j.state.terminal]
+        if not active:
+            return {}
+        try:
+            reads = coordinator.read_jobs([j.job_id for j in active])
+        except Exception as exc:  # the store may be restarting: keep the last good views
+            log.warning("coordinator read failed: %s", exc)
+            return {j.job_id: self._last_good[j.job_id] for j in active
+                    if j.job_id in self._last_good}
         out: dict[str, CoordView] = {}
-        for job in jobs:
-            if job.state is JobPhase.SUBMITTING or job.state.terminal:
-                continue
+        for job in active:
             jid = job.job_id
-            try:
-                m = coordinator.membership(jid)
-                live = coordinator.live_members(jid)
-                prog = coordinator.progress(jid)
-                fin = coordinator.result(jid)
-                gone = coordinator.departures(jid)
-                skipped = coordinator.bad_records(jid)
-            except RecordError as exc:
-                self._refused(jid, exc)
+            read = reads.get(jid)
+            if isinstance(read, RecordError):
+                self._refused(jid, read)
                 if jid in self._last_good:
                     out[jid] = self._last_good[jid]
                 continue
-            except Exception as exc:  # the store may be restarting; keep going
-                log.warning("coordinator read for %s failed: %s", jid, exc)
+            if read is None:
                 continue
-            self._count_skipped_events(jid, skipped)
-            out[jid] = CoordView(
-                epoch=m.epoch if m else 0,
-                members=tuple(m.members) if m else (),
-                live={k: Registration(v.node, v.registered_at_s) for k, v in live.items()},
-                departed={d.member_id: d.time_s for d in gone},
-                sigtermed=frozenset(d.member_id for d in gone if d.reason == "sigterm"),
-                crashed=frozenset(d.member_id for d in gone if d.reason == "crashed"),
-                samples_total=prog.samples_total if prog else None,
-                samples_per_s=prog.samples_per_s if prog else 0.0,
-                progress_at_s=prog.time_s if prog else None,
-                finished_samples=fin.samples_total if fin else None,
-            )
+            self._count_skipped_events(jid, read.bad_records)
+            out[jid] = self._view(read)
             self._last_good[jid] = out[jid]
-            self._learn(job, out[jid], prog)
+            self._learn(job, out[jid], read.progress)
         return out
+
+    @staticmethod
+    def _view(read: JobRead) -> CoordView:
+        m, prog, fin, gone = read.membership, read.progress, read.finished, read.departures
+        return CoordView(
+            epoch=m.epoch if m else 0,
+            members=tuple(m.members) if m else (),
+            live={k: Registration(v.node, v.registered_at_s) for k, v in read.live.items()},
+            departed={d.member_id: d.time_s for d in gone},
+            sigtermed=frozenset(d.member_id for d in gone if d.reason == "sigterm"),
+            crashed=frozenset(d.member_id for d in gone if d.reason == "crashed"),
+            samples_total=prog.samples_total if prog else None,
+            samples_per_s=prog.samples_per_s if prog else 0.0,
+            progress_at_s=prog.time_s if prog else None,
+            finished_samples=fin.samples_total if fin else None,
+        )
 
     def _refused(self, job_id: str, exc: RecordError) -> None:
         if self._reported.get(job_id) == str(exc):

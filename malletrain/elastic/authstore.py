@@ -174,6 +174,26 @@ class AuthStore(dist.Store):
         """Derive job secrets in ``realm`` from now on (admin session only)."""
         self._ok(Op.REALM, [realm.encode()])
 
+    def read_many(self, keys: Sequence[str], per_request: int = 1024) -> list[bytes | None]:
+        """The value of each key, ``None`` where absent, in few round trips (admin only)."""
+        out: list[bytes | None] = [None] * len(keys)
+        todo = list(range(len(keys)))
+        while todo:
+            batch, todo = todo[:per_request], todo[per_request:]
+            answer = self._ok(Op.READ_MANY, [keys[i].encode() for i in batch])
+            if len(answer) != 2 * len(batch):
+                raise dist.DistNetworkError("coordinator: malformed READ_MANY answer")
+            again = []
+            for i, flag, value in zip(batch, answer[0::2], answer[1::2], strict=True):
+                if flag == b"1":
+                    out[i] = value
+                elif flag == b"-":
+                    again.append(i)
+            if again and len(again) == len(batch):
+                raise dist.DistNetworkError("coordinator: READ_MANY read nothing")
+            todo = again + todo
+        return out
+
     def jobs(self) -> dict[str, tuple[int, int]]:
         """``{job: (keys, bytes)}`` held by the server (admin session only)."""
         out = {}

@@ -84,6 +84,7 @@ import torch.distributed as dist
 from malletrain.elastic import protocol as p
 from malletrain.elastic import wire
 from malletrain.elastic.authstore import AuthenticationRefused, AuthStore
+from malletrain.elastic.batchread import JobRead, read_jobs
 from malletrain.elastic.jobstore import JobStore
 from malletrain.elastic.kvserver import KVServer, ServerLimits
 from malletrain.elastic.protocol import (
@@ -93,6 +94,7 @@ from malletrain.elastic.protocol import (
     Membership,
     ProgressReport,
 )
+from malletrain.elastic.records import RecordError
 from malletrain.errors import PermanentError, RetryableError
 
 log = logging.getLogger(__name__)
@@ -302,6 +304,11 @@ class Coordinator:
 
     def result(self, job_id: str) -> FinishRecord | None:
         return self._run(lambda: self._job(job_id).finished())
+
+    def read_jobs(self, job_ids: Sequence[str]) -> dict[str, JobRead | RecordError]:
+        """Every job's state at once, in two round trips (:mod:`.batchread`): the daemon's
+        tick. A job whose record fails its schema gets the error instead of a view."""
+        return self._run(lambda: read_jobs(self._store, self._job, job_ids))
 
     def bad_records(self, job_id: str) -> int:
         """Event records of the job skipped so far for failing their schema."""

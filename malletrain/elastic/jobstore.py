@@ -90,16 +90,32 @@ class JobStore:
         """All events so far (cached; only new ones are read)."""
         count = self.store.add(self.keys.events, 0)
         while len(self._events) < count:
-            seq = len(self._events)
-            raw = self._get(self.keys.event(seq))
+            raw = self._get(self.keys.event(len(self._events)))
             if raw is None:  # counter bumped, record not written yet: read it next time
                 break
+            self.absorb_events([raw])
+        return self.cached_events()
+
+    def next_event_seq(self) -> int:
+        """The first event record not read yet."""
+        return len(self._events)
+
+    def absorb_events(self, raws: Sequence[bytes | None]) -> None:
+        """Records :meth:`next_event_seq` onwards, in order, as read elsewhere (a batched
+        read); stops at the first one not written yet (read it next time)."""
+        for raw in raws:
+            if raw is None:
+                return
+            seq = len(self._events)
             try:
                 self._events.append(r.decode_event(seq, raw))
             except r.RecordError as exc:
                 self.bad_records += 1
                 log.warning("job %s: event %d refused: %s", self.job_id, seq, exc)
                 self._events.append(None)
+
+    def cached_events(self) -> list[p.Event]:
+        """The events read so far (records that failed their schema left out)."""
         return [e for e in self._events if e is not None]
 
     def register(self, info: p.MemberInfo) -> int:

@@ -12,6 +12,8 @@ Requests and their fields (all bytes; integers as ASCII)::
 
     SET key value | GET key timeout_ms | ADD key amount | CHECK key... | WAIT timeout_ms key...
     NUM_KEYS | DELETE key | COMPARE_SET key expected desired | FORGET_JOB job | JOBS | REALM r
+    READ_MANY key... -> per key two fields: b"1" value (present), b"0" b"" (absent) or
+                        b"-" b"" (not read: the answer is full, ask again)
 
 Bounded: connections (in all, per job, and handshakes in progress: the oldest unfinished
 handshake is dropped first, so a flood of idle connections cannot keep a real client out),
@@ -41,6 +43,10 @@ from malletrain.elastic.protocol import ID_RE
 from malletrain.elastic.wire import Op, Status
 
 log = logging.getLogger(__name__)
+
+#: Value bytes one READ_MANY answer carries at most (the rest is marked "ask again"); the
+#: frame limit is one value's largest size plus headroom.
+READ_MANY_BYTES = wire.MAX_VALUE_BYTES // 2
 
 __all__ = ["KVServer", "Refused", "ServerLimits"]
 
@@ -195,7 +201,7 @@ class KVServer:
         """One request of a session of ``job`` (None: admin) -> (status, answer fields)."""
         if code in _ARITY and len(f) != _ARITY[Op(code)]:
             raise Refused(f"request {code} takes {_ARITY[Op(code)]} fields, got {len(f)}")
-        if code in (Op.FORGET_JOB, Op.JOBS, Op.REALM) and job is not None:
+        if code in (Op.FORGET_JOB, Op.JOBS, Op.REALM, Op.READ_MANY) and job is not None:
             raise Refused("only the daemon may do that")
         if code == Op.REALM:
             realm = f[0].decode(errors="replace")
@@ -205,6 +211,8 @@ class KVServer:
             return Status.OK, []
         if code == Op.CHECK:
             return self._check(job, f)
+        if code == Op.READ_MANY:
+            return self._read_many(f)
         if code == Op.WAIT:
             return self._wait(job, f)
         if code == Op.NUM_KEYS:
@@ -259,6 +267,25 @@ class KVServer:
                 if key not in space.data:
                     return Status.OK, [b"0"]
         return Status.OK, [b"1"]
+
+    def _read_many(self, f: list[bytes]) -> tuple[Status, list[bytes]]:
+        """Present/absent and value of each key (admin only); never creates a job space."""
+        out: list[bytes] = []
+        size = 0
+        for raw in f:
+            key, key_job, _rest = split_key(raw)
+            with self._lock:
+                space = self._jobs.get(key_job)
+            value = None
+            if space is not None:
+                with space.cond:
+                    value = space.data.get(key)
+            if value is not None and size + len(value) > READ_MANY_BYTES and size > 0:
+                out += [b"-", b""]
+                continue
+            size += len(value or b"")
+            out += [b"0", b""] if value is None else [b"1", value]
+        return Status.OK, out
 
     def _wait(self, job: str | None, f: list[bytes]) -> tuple[Status, list[bytes]]:
         if not f:

@@ -69,6 +69,7 @@ class Op(IntEnum):
     FORGET_JOB = 9  # admin only
     JOBS = 10  # admin only: the job namespaces held, with their sizes
     REALM = 11  # admin only: the realm job secrets are derived in (see above)
+    READ_MANY = 12  # admin only: many keys of any jobs in one round trip (the daemon's tick)
 
 
 class Status(IntEnum):
