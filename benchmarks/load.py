@@ -87,7 +87,7 @@ def start_daemon(work: Path, port: int, env: dict[str, str], profile: str | None
         "slurm": {"scavenger_partition": "scavenger", "partitions": ["batch"],
                   "slurm_conf": str(work / "slurm.conf"), "min_slot_time_s": 60,
                   "max_slot_time_s": 900, "command_timeout_s": 20},
-        "allocator": {"tick_interval_s": 1.0, "policy": "malletrain"},
+        "allocator": {"policy": "malletrain"},  # the default tick interval (5 s)
         "state": {"database_path": str(state / "state.db"),
                   "snapshot_dir": str(state / "snapshots")},
         "coordinator": {"host": "127.0.0.1", "port": 0},
