@@ -195,13 +195,12 @@ class Workers(threading.Thread):
             running = [(j.job_id, j.comment, j.secret, j.node_list[0], j.restart_count)
                        for j in self.slurm.jobs.values() if j.partition == "scavenger"
                        and j.state == "RUNNING" and j.secret]
-            ended = [(i, self.slurm.jobs[i].state) for i in self.slurm.ended_slots
-                     if i in self.slurm.jobs]
+            ended = [(i, self.slurm.jobs[i].state, self.slurm.jobs[i].comment)
+                     for i in self.slurm.ended_slots if i in self.slurm.jobs]
             self.slurm.ended_slots.clear()
-        for sid, state in ended:
+        for sid, state, comment in ended:
             member = self.registered.pop(sid, None)
-            job = self.slurm.jobs[sid]
-            tag = parse_tag(job.comment)
+            tag = parse_tag(comment)
             if member and tag and tag[0] in self.stores:
                 reason = "removed" if state == "COMPLETED" else "sigterm"
                 self.stores[tag[0]].depart(member, reason, None, None)  # type: ignore[arg-type]

@@ -2,7 +2,7 @@
 
 Read one job at a time (:class:`~malletrain.elastic.coordinator.Coordinator`'s per-job
 methods), a job cost about a dozen requests (membership, registrations, progress, finish
-record, departures); at 500 jobs a tick spent ~0.6 s waiting on them
+record, departures): 771 requests and 187 ms of a tick at 100 jobs
 (``benchmarks/load.py``). Here the admin session's ``READ_MANY`` (:mod:`.kvserver`) reads
 every job's ``latest``, event count, progress and finish record at once, then every job's
 newest membership and new event records at once. The records are decoded by the same
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from malletrain.elastic import protocol as p
 from malletrain.elastic import records as r
 from malletrain.elastic.authstore import AuthStore
-from malletrain.elastic.jobstore import JobStore
+from malletrain.elastic.jobstore import JobStore, epoch_hint
 
 
 @dataclass(frozen=True)
@@ -35,11 +35,6 @@ class JobRead:
     bad_records: int
 
 
-def _epoch(raw: bytes | None) -> int:
-    """The ``latest`` hint as JobStore reads it (junk counts as none)."""
-    return int(raw) if raw and raw.isdigit() and len(raw) < 19 else 0
-
-
 def read_jobs(store: AuthStore, job_store: Callable[[str], JobStore],
               job_ids: Sequence[str]) -> dict[str, JobRead | r.RecordError]:
     """Every job's :class:`JobRead` (or the error of its bad record), in two round trips."""
@@ -50,7 +45,7 @@ def read_jobs(store: AuthStore, job_store: Callable[[str], JobStore],
     spans: list[tuple[int, int, int]] = []  # per job: epoch, its keys' start, event count
     for i, js in enumerate(stores):
         latest, count = first[4 * i], first[4 * i + 1]
-        epoch = _epoch(latest)
+        epoch = epoch_hint(latest)
         n_events = int(count) if count and count.isdigit() else 0
         spans.append((epoch, len(second_keys), n_events))
         second_keys += [js.keys.cfg(epoch), js.keys.cfg(epoch + 1)]

@@ -19,6 +19,11 @@ from malletrain.elastic import records as r
 log = logging.getLogger(__name__)
 
 
+def epoch_hint(raw: bytes | None) -> int:
+    """The ``latest`` key's value as an epoch to scan up from (junk counts as none)."""
+    return int(raw) if raw and raw.isdigit() and len(raw) < 19 else 0
+
+
 class StoreLike(Protocol):
     """The subset of ``torch.distributed.Store`` used here."""
 
@@ -53,8 +58,7 @@ class JobStore:
 
     def latest_epoch(self) -> int:
         """The newest published epoch, 0 if none. Scans upward from the ``latest`` hint."""
-        raw = self._get(self.keys.latest)
-        epoch = int(raw) if raw and raw.isdigit() and len(raw) < 19 else 0
+        epoch = epoch_hint(self._get(self.keys.latest))
         while self.store.check([self.keys.cfg(epoch + 1)]):
             epoch += 1
         return epoch
