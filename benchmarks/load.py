@@ -68,6 +68,10 @@ REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 EXAMPLE = REPO / "examples" / "elastic_train.py"
 FIRST_UID = 30000
+#: the kinds of model the jobs train (profiles are pooled per kind), as (samples/s on one
+#: node, scaling exponent): rate(n) = base * n ** exponent, from near-linear to flat
+KINDS = {"resnet": (120.0, 0.9), "bert": (60.0, 0.75), "gpt": (20.0, 0.95),
+         "vit": (200.0, 0.6), "lstm": (300.0, 0.4)}
 
 
 # ------------------------------------------------------------------------- the daemon
@@ -123,8 +127,10 @@ def client(uid: int, n_jobs: int, sock: Path, path_env: str, seed: int,
         start.wait()
     for k in range(n_jobs):
         hi = rng.choice((2, 4, 4, 8))
+        kind = rng.choice(sorted(KINDS))
         spec = JobSpec.from_dict({"name": f"load{uid}-{k}", "script": str(EXAMPLE),
-                                  "min_nodes": rng.choice((1, 1, 2)), "max_nodes": hi})
+                                  "kind": kind, "min_nodes": rng.choice((1, 1, 2)),
+                                  "max_nodes": hi})
         t0 = time.perf_counter()
         answer = _retrying(sock, {"op": "submit", "spec": spec.to_dict()})
         submit_s = time.perf_counter() - t0
@@ -135,7 +141,7 @@ def client(uid: int, n_jobs: int, sock: Path, path_env: str, seed: int,
             partition=str(answer["partition"]))) for s in range(spec.max_nodes)]
         t1 = time.perf_counter()
         _retrying(sock, {"op": "attach", "job_id": job_id, "slots": ids})
-        results.put((submit_s, time.perf_counter() - t1))
+        results.put((job_id, kind, submit_s, time.perf_counter() - t1))
 
 
 def _retrying(sock: Path, request: dict[str, object]) -> dict[str, object]:
@@ -147,7 +153,8 @@ def _retrying(sock: Path, request: dict[str, object]) -> dict[str, object]:
     raise SystemExit(f"the daemon kept refusing {request['op']}")
 
 
-def submit_all(args: argparse.Namespace, sock: Path, path_env: str) -> list[tuple[float, float]]:
+def submit_all(args: argparse.Namespace, sock: Path, path_env: str, workers: Workers
+               ) -> list[tuple[float, float]]:
     ctx = mp.get_context("fork")
     results = ctx.Queue()
     start = ctx.Event()
@@ -158,7 +165,11 @@ def submit_all(args: argparse.Namespace, sock: Path, path_env: str) -> list[tupl
     for p in procs:
         p.start()
     start.set()
-    out = [results.get(timeout=600) for _ in range(per * args.clients)]
+    out = []
+    for _ in range(per * args.clients):
+        job_id, kind, submit_s, attach_s = results.get(timeout=600)
+        workers.kinds[job_id] = kind
+        out.append((submit_s, attach_s))
     for p in procs:
         p.join(30)
     return out
@@ -177,6 +188,7 @@ class Workers(threading.Thread):
         self.samples: dict[str, float] = {}
         self.reported: dict[str, float] = {}
         self.members: dict[str, tuple[str, ...]] = {}
+        self.kinds: dict[str, str] = {}  # job -> its kind (KINDS), as the clients report
 
     def _store(self, job: str, secret: str) -> JobStore:
         if job not in self.stores:
@@ -225,7 +237,8 @@ class Workers(threading.Thread):
         if dropped:
             self._leave(job, dropped)
         n = len(m.members)
-        rate = 100.0 * n ** 0.8
+        base, exponent = KINDS.get(self.kinds.get(job, ""), (100.0, 0.8))
+        rate = base * n ** exponent
         last = self.reported.get(job, now)
         self.samples[job] = self.samples.get(job, 0.0) + rate * (now - last)
         self.reported[job] = now
@@ -324,9 +337,10 @@ def main() -> int:
     daemon = start_daemon(work, port, {**os.environ, "PATH": path_env}, args.profile,
                           args.log_level)
     try:
-        Workers(slurm, work / "state" / "coordinator.addr").start()
+        workers = Workers(slurm, work / "state" / "coordinator.addr")
+        workers.start()
         t0 = time.monotonic()
-        submitted = submit_all(args, work / "state" / "submit.sock", path_env)
+        submitted = submit_all(args, work / "state" / "submit.sock", path_env, workers)
         print(f"submitted {len(submitted)} jobs in {time.monotonic() - t0:.1f} s "
               f"from {args.clients} clients as {args.users} users", flush=True)
         time.sleep(args.settle_s)

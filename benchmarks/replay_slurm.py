@@ -76,8 +76,9 @@ class Shape:
     busy_fraction: float = 0.92
     pending_regular: int = 200
     regular_nodes: tuple[int, ...] = (1, 1, 2, 4, 8, 16, 32, 64)
-    regular_run_s: tuple[float, float] = (60.0, 600.0)
-    plan_ahead_s: tuple[float, float] = (30.0, 900.0)
+    #: a regular job's run time: 10 min to 2 h, so that about one of the ~290 running jobs
+    #: ends every 15 s (a production machine's turnover, not a compressed one)
+    regular_run_s: tuple[float, float] = (600.0, 7200.0)
     latency_s: float = 0.05
     seed: int = 1
 
@@ -114,6 +115,10 @@ class ReplaySlurm:
         self.lock = threading.RLock()
         self.rng = random.Random(self.shape.seed)
         self.names = [f"nid{i:05d}" for i in range(1, self.shape.nodes + 1)]
+        #: nodes a pending job's plan names (one job each), and when each node was last busy
+        self.planned: set[str] = set()
+        start = self.clock()
+        self.last_busy = {n: start - self.rng.uniform(0.0, 3600.0) for n in self.names}
         self._next_id = 1000
         template = json.loads((GOLDEN / "nodes.json").read_text())
         self._meta = template["meta"]
@@ -147,7 +152,8 @@ class ReplaySlurm:
             size = min(self.rng.choice(self.shape.regular_nodes), len(free))
             taken, free = free[:size], free[size:]
             run = self.rng.uniform(*self.shape.regular_run_s)
-            self._start_regular(self._regular(size, now - 10.0), taken, now, run)
+            started = now - self.rng.uniform(0.0, run)  # running for a while already
+            self._start_regular(self._regular(size, started - 10.0), taken, started, run)
         for _ in range(self.shape.pending_regular):
             self._plan_regular(now)
 
@@ -167,20 +173,24 @@ class ReplaySlurm:
             self.on_node[n] = job.job_id
 
     def _plan_regular(self, now: float) -> None:
-        """A pending regular job planned on a running job's nodes (plus idle ones) later."""
-        running = [j for j in self.jobs.values() if j.state == "RUNNING" and j.partition == "batch"]
-        base = self.rng.choice(running) if running else None
-        nodes = list(base.node_list) if base else []
+        """A pending regular job planned, as backfill plans one, on the nodes of a running
+        job when it ends, plus a few idle nodes held for it until then (the holes
+        scavenging fills). No node is planned for two jobs."""
+        running = [j for j in self.jobs.values() if j.state == "RUNNING"
+                   and j.partition == "batch" and not self.planned.intersection(j.node_list)]
+        if not running:
+            return
+        base = self.rng.choice(running)
         extra = self.rng.choice((0, 0, 0, 1, 2, 4))
         idle = [n for n in self.rng.sample(self.names, min(64, len(self.names)))
-                if self.on_node.get(n) is None or self.jobs[self.on_node[n]].partition != "batch"]
-        nodes += idle[:extra]
-        start = (base.end_s if base and base.end_s else
-                 now + self.rng.uniform(*self.shape.plan_ahead_s))
+                if n not in self.planned and (self.on_node.get(n) is None
+                                              or self.jobs[self.on_node[n]].partition != "batch")]
+        nodes = (*base.node_list, *idle[:extra])
         # waiting for a while already (a busy machine's queue): Slurm started whatever it
         # could at submission; these wait for their plan
-        job = self._regular(len(nodes) or 1, now - self.rng.uniform(600.0, 7200.0))
-        job.planned_start_s, job.planned_nodes = start, tuple(nodes or idle[:1])
+        job = self._regular(len(nodes), now - self.rng.uniform(600.0, 7200.0))
+        job.planned_start_s, job.planned_nodes = base.end_s, nodes
+        self.planned.update(nodes)
 
     def step(self) -> None:
         """Advance the cluster to now: regular jobs end and start, slots start and time out."""
@@ -203,6 +213,7 @@ class ReplaySlurm:
         for n in job.node_list:
             if self.on_node.get(n) == job.job_id:
                 del self.on_node[n]
+                self.last_busy[n] = job.end_s
         if job.partition == "scavenger":
             self.ended_slots.append(job.job_id)
 
@@ -218,6 +229,7 @@ class ReplaySlurm:
             holder = self.on_node.get(n)
             if holder is not None:
                 self._end(self.jobs[holder], "PREEMPTED")
+        self.planned.difference_update(job.planned_nodes)
         self._start_regular(job, job.planned_nodes, now,
                             self.rng.uniform(*self.shape.regular_run_s))
         self._plan_regular(now)
@@ -262,13 +274,13 @@ class ReplaySlurm:
         return 1, "", f"{name}: not replayed\n"
 
     def _nodes_json(self) -> str:
-        planned = {n for j in self.jobs.values() if j.state == "PENDING"
-                   and j.partition == "batch" for n in j.planned_nodes}
+        planned = self.planned
         nodes = []
         for n in self.names:
             rec = dict(self._node_template)
             holder = self.on_node.get(n)
             rec.update(name=n, hostname=n, state="allocated" if holder else "idle",
+                       last_busy=int(self.clock() if holder else self.last_busy[n]),
                        state_flags=["PLANNED"] if n in planned and not holder else [],
                        cpu_load=0)
             nodes.append(rec)

@@ -108,11 +108,12 @@ class ProfilingAdvisor:
 
     def register(self, job_id: str, kind: str | None = None) -> None:
         """Declare a job (optional: observe() registers unknown jobs without a kind)."""
-        if job_id not in self._jobs:
-            self._jobs[job_id] = _JobState(kind=kind)
-        elif kind is not None and self._jobs[job_id].kind != kind:
-            self._touch(job_id)
-            self._jobs[job_id].kind = kind
+        st = self._jobs.get(job_id)
+        if st is not None and (kind is None or st.kind == kind):
+            return  # unchanged, caches stand (the daemon declares every job at every tick)
+        if st is not None:
+            self._touch(job_id)  # the old kind's pool
+        self._jobs.setdefault(job_id, _JobState(kind=kind)).kind = kind
         self._touch(job_id)
 
     def observe(self, job_id: str, t_s: float, nodes: int, samples_total: float) -> None:

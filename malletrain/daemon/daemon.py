@@ -204,7 +204,8 @@ class Daemon:
             # read by the channel's threads: never let them touch the advisor itself
             self._profile_points = {j.job_id: len(self.advisor.measured_sizes(j.job_id))
                                     for j in jobs if j.state.active}
-        jobs = [self.store.job(j.job_id) or j for j in jobs]  # progress just written
+        fresh = {j.job_id: j for j in self.store.jobs()}  # progress just written
+        jobs = [fresh.get(j.job_id, j) for j in jobs]
         return World(
             now_s=now, snapshot=snap, jobs=tuple(jobs),
             slots={j.job_id: tuple(self.store.slots(j.job_id)) for j in jobs}, coord=coord,

@@ -7,6 +7,8 @@ The ``#SBATCH`` reading that builds a spec is :mod:`malletrain.daemon.directives
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -301,3 +303,11 @@ def _check_slot_fields(s: JobSpec) -> None:
 # ----------------------------------------------------------------------------- directives
 
 
+
+
+@functools.lru_cache(maxsize=4096)
+def spec_from_json(text: str) -> JobSpec:
+    """A stored spec (:meth:`JobSpec.to_dict` as JSON), decoded once: it never changes
+    after submission, and the daemon's tick reads every job several times (500 jobs:
+    ~200 ms of a tick decoding the same JSON, ``benchmarks/load.py``)."""
+    return JobSpec.from_dict(json.loads(text))

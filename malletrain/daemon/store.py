@@ -32,7 +32,7 @@ from malletrain.core.lifecycle import (
     advance,
     replay,
 )
-from malletrain.daemon.spec import JobSpec
+from malletrain.daemon.spec import JobSpec, spec_from_json
 
 SCHEMA_VERSION = 1
 #: the ended states, for queries (one ``?`` each)
@@ -243,7 +243,7 @@ class Store:
         ]
         return JobRecord(
             job_id=row["job_id"], seq=row["seq"], uid=row["uid"], user=row["user"],
-            spec=JobSpec.from_dict(json.loads(row["spec"])), lifecycle=replay(hist),
+            spec=spec_from_json(row["spec"]), lifecycle=replay(hist),
             created_s=row["created_s"], samples_total=row["samples_total"],
             samples_per_s=row["samples_per_s"], rescales_up=row["rescales_up"],
             rescales_down=row["rescales_down"], preemptions=row["preemptions"],

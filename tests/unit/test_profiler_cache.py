@@ -76,3 +76,18 @@ def test_evidence_of_a_sibling_reaches_a_cached_answer():
     assert adv.model("a-000").rate(4) == pytest.approx(340.0)
     adv.forget("a-001")
     assert adv.model("a-000").rate(4) == pytest.approx(340.0)
+
+
+def test_declaring_a_job_again_unchanged_keeps_the_cache_a_new_kind_does_not():
+    adv = ProfilingAdvisor()
+    for job in ("a-000", "a-001"):
+        adv.register(job, "a")
+    for t in range(0, 400, 40):
+        adv.observe("a-000", float(t), 2, 190.0 * t)
+    cached = adv.model("a-001")
+    adv.register("a-000", "a")  # the daemon declares every job at every tick
+    adv.register("a-001", None)
+    assert adv.model("a-001") is cached  # not rebuilt
+    adv.register("a-000", "b")  # moved to another kind: a-001 loses its evidence
+    assert adv.model("a-001") is not cached
+    assert adv.model("a-001").points != cached.points  # no measured point of kind a left
