@@ -19,7 +19,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -232,15 +232,13 @@ class Store:
 
     def _load(self, db: sqlite3.Connection, job_id: str) -> JobRecord | None:
         row = db.execute("SELECT * FROM jobs WHERE job_id=?", (job_id,)).fetchone()
-        return None if row is None else self._record(db, row)
+        return None if row is None else self._record(row, db.execute(
+            "SELECT * FROM history WHERE job_id=? ORDER BY id", (job_id,)))
 
-    def _record(self, db: sqlite3.Connection, row: sqlite3.Row) -> JobRecord:
-        hist = [
-            Transition(JobPhase(h["from_state"]) if h["from_state"] else None,
-                       JobPhase(h["to_state"]), h["at_s"], h["reason"])
-            for h in db.execute("SELECT * FROM history WHERE job_id=? ORDER BY id",
-                                (row["job_id"],))
-        ]
+    @staticmethod
+    def _record(row: sqlite3.Row, history: Iterable[sqlite3.Row]) -> JobRecord:
+        hist = [Transition(JobPhase(h["from_state"]) if h["from_state"] else None,
+                           JobPhase(h["to_state"]), h["at_s"], h["reason"]) for h in history]
         return JobRecord(
             job_id=row["job_id"], seq=row["seq"], uid=row["uid"], user=row["user"],
             spec=spec_from_json(row["spec"]), lifecycle=replay(hist),
@@ -258,7 +256,10 @@ class Store:
     def jobs(self, *, include_terminal: bool = True) -> list[JobRecord]:
         with self._lock:
             rows = self._db.execute("SELECT * FROM jobs ORDER BY seq").fetchall()
-            recs = [self._record(self._db, r) for r in rows]
+            history: dict[str, list[sqlite3.Row]] = {}  # one query, not one per job
+            for h in self._db.execute("SELECT * FROM history ORDER BY id"):
+                history.setdefault(h["job_id"], []).append(h)
+            recs = [self._record(r, history.get(r["job_id"], ())) for r in rows]
         if not include_terminal:
             recs = [r for r in recs if not r.state.terminal]
         return recs
