@@ -300,9 +300,7 @@ def _check_slot_fields(s: JobSpec) -> None:
             raise SpecError(f"slot_options: {opt!r} is not an option node slots may carry")
 
 
-# ----------------------------------------------------------------------------- directives
-
-
+# ----------------------------------------------------------------------------- stored
 
 
 @functools.lru_cache(maxsize=4096)
