@@ -117,8 +117,6 @@ def _count_value(job: MalleableJob, n: int, c: int, rates: np.ndarray, tfwd_s: f
     return value
 
 
-# Deliberately over 60 lines (tests/unit/test_layering.py names it): FreeTrain's published MILP,
-# kept as one formulation so it reads against the paper line by line.
 def freetrain_milp(
     inp: AllocationInput,
     tfwd_s: float = 10.0,
@@ -133,113 +131,103 @@ def freetrain_milp(
     one binary z[job, k] per allowed size k; objective
     sum Tfwd x r_j(n_j) - (scale_up_s or scale_down_s) x r_j(current).
 
-    ``node_level=False`` aggregates x over nodes with the same holder (the free
-    pool, or job h's nodes): all nodes of a group are interchangeable in this
-    objective, so the optimum is the same while the symmetric node-level
-    variables (and HiGHS's branching on them) disappear. ``node_level=True`` is
-    the literal formulation, for the benchmark.
+    ``node_level=False`` solves the same problem over the z alone: one size per job
+    and ``sum k z[j, k] <= offered nodes``. That is exact, because the objective
+    depends on the sizes only and any sizes within the offered count can be routed
+    grow-only/shrink-only (a growing job keeps its nodes and takes the free ones and
+    those the shrinking jobs release, which together are enough exactly when the sizes
+    fit). So the optimum is the literal one while the symmetric node variables (and
+    HiGHS's branching on them) disappear; ``node_level=True`` is the literal
+    formulation, for the benchmark and the test that they agree.
     """
-    from scipy.optimize import Bounds, milp
-
     t0 = time.perf_counter()
-    jobs = inp.jobs
-    names = [n.name for n in inp.nodes]
-    index = {n: i for i, n in enumerate(names)}
-    n_nodes = len(names)
-    holder = np.full(n_nodes, -1, dtype=np.int64)
+    if not inp.jobs:
+        return MilpResult({}, 0.0, "no jobs", time.perf_counter() - t0)
+    index = {n.name: i for i, n in enumerate(inp.nodes)}
+    holder = np.full(len(index), -1, dtype=np.int64)
     own: list[list[int]] = []
-    for j, job in enumerate(jobs):
+    for j, job in enumerate(inp.jobs):
         idx = [index[n] for n in job.nodes if n in index and holder[index[n]] < 0]
         holder[idx] = j
         own.append(idx)
-    if not jobs:
-        return MilpResult({}, 0.0, "no jobs", time.perf_counter() - t0)
+    z_of, z_val = _sizes(inp, own, tfwd_s)
+    rows = SparseRows()
+    for j in range(len(inp.jobs)):
+        rows.add([(col, 1.0) for col, (jj, _) in enumerate(z_of) if jj == j], 1.0, 1.0)
+    if node_level:
+        x_cols = _node_level_rows(rows, z_of, holder, own)
+    else:
+        x_cols = 0
+        rows.add([(col, float(k)) for col, (_, k) in enumerate(z_of)], 0.0, float(len(index)))
+    sol, objective, status = _solve(rows, z_val, x_cols, time_limit_s)
+    solve_s = time.perf_counter() - t0
+    if sol is None:
+        return MilpResult(None, 0.0, status, solve_s)
+    counts = {job.job_id: 0 for job in inp.jobs}
+    for col, (j, k) in enumerate(z_of):
+        if sol[col] == 1:
+            counts[inp.jobs[j].job_id] = k
+    nodes_out: dict[str, tuple[str, ...]] | None = None
+    if node_level:
+        names = [n.name for n in inp.nodes]
+        picked: dict[str, list[str]] = {job.job_id: [] for job in inp.jobs}
+        for col in range(x_cols):
+            if sol[len(z_of) + col] == 1:
+                picked[inp.jobs[col // len(names)].job_id].append(names[col % len(names)])
+        nodes_out = {k: tuple(v) for k, v in picked.items()}
+    return MilpResult(counts, objective, status, solve_s, nodes_out)
 
-    # z variables: (job, size)
+
+def _sizes(inp: AllocationInput, own: list[list[int]],
+           tfwd_s: float) -> tuple[list[tuple[int, int]], np.ndarray]:
+    """The z variables: every (job, allowed size), and each one's objective value."""
     z_of: list[tuple[int, int]] = []
     z_val: list[float] = []
-    for j, job in enumerate(jobs):
-        allowed = _allowed_counts(job, n_nodes)
+    for j, job in enumerate(inp.jobs):
+        allowed = _allowed_counts(job, len(inp.nodes))
         rates = rates_upto(job.throughput, max(allowed[-1], len(own[j]), 1))
         for k in allowed:
             z_of.append((j, k))
             z_val.append(_count_value(job, k, len(own[j]), rates, tfwd_s))
-    n_z = len(z_of)
-    # x variables: node level (job, node) or aggregated (job, group)
-    if node_level:
-        x_of = [(j, i) for j in range(len(jobs)) for i in range(n_nodes)]
-        group_size = np.ones(n_nodes)
-        group_of_x = [i for _, i in x_of]
-        own_group = None
-    else:
-        groups = [-1, *range(len(jobs))]  # -1: free pool, h: nodes held by job h
-        sizes = [float((holder == -1).sum())] + [float(len(o)) for o in own]
-        keep = [g for g, size in enumerate(sizes) if size > 0]
-        x_of = [(j, g) for j in range(len(jobs)) for g in keep]
-        group_size = np.array(sizes)
-        group_of_x = [g for _, g in x_of]
-        own_group = {j: groups.index(j) for j in range(len(jobs))}
-    n_x = len(x_of)
-    n_var = n_z + n_x
-    rows = SparseRows()
-    add_row = rows.add
-    z_by_job: dict[int, list[int]] = {}
-    for col, (j, _) in enumerate(z_of):
-        z_by_job.setdefault(j, []).append(col)
-    x_by_job: dict[int, list[int]] = {}
-    x_by_group: dict[int, list[int]] = {}
-    for col, (j, g) in enumerate(x_of):
-        x_by_job.setdefault(j, []).append(n_z + col)
-        x_by_group.setdefault(g, []).append(n_z + col)
-    for j in range(len(jobs)):
-        c = len(own[j])
-        zc = z_by_job[j]
-        add_row([(col, 1.0) for col in zc], 1.0, 1.0)  # one size per job
+    return z_of, np.array(z_val)
+
+
+def _node_level_rows(rows: SparseRows, z_of: list[tuple[int, int]], holder: np.ndarray,
+                     own: list[list[int]]) -> int:
+    """FreeTrain's literal x[job, node] rows (column ``n_z + j * nodes + i``); their count."""
+    n_z, n_nodes = len(z_of), len(holder)
+    for j, mine in enumerate(own):
+        zc = [col for col, (jj, _) in enumerate(z_of) if jj == j]
+        xs = [n_z + j * n_nodes + i for i in range(n_nodes)]
         # nodes taken = chosen size
-        add_row(
-            [(col, 1.0) for col in x_by_job.get(j, [])]
-            + [(col, -float(z_of[col][1])) for col in zc],
-            0.0,
-            0.0,
-        )
-        grow = [(col, 1.0) for col in zc if z_of[col][1] > c]
-        for col in x_by_job.get(j, []):
-            g = x_of[col - n_z][1]
-            size = float(group_size[g])
-            mine = (holder[g] == j) if node_level else (own_group is not None and g == own_group[j])
-            if mine:
-                # growing keeps every own node: x >= size * grow
-                add_row([(col, 1.0)] + [(zc_, -size * v) for zc_, v in grow], 0.0, np.inf)
+        rows.add([(c, 1.0) for c in xs] + [(c, -float(z_of[c][1])) for c in zc], 0.0, 0.0)
+        grow = [(c, -1.0) for c in zc if z_of[c][1] > len(mine)]
+        for i, col in enumerate(xs):
+            if holder[i] == j:
+                rows.add([(col, 1.0), *grow], 0.0, np.inf)  # growing keeps every own node
             else:
-                # a node not held yet only when growing: x <= size * grow
-                add_row([(col, 1.0)] + [(zc_, -size * v) for zc_, v in grow], -np.inf, 0.0)
-    for g, cols in x_by_group.items():
-        add_row([(col, 1.0) for col in cols], 0.0, float(group_size[g]))
-    cost = np.concatenate((-np.array(z_val), np.zeros(n_x)))
-    upper = np.concatenate((np.ones(n_z), np.array([group_size[g] for g in group_of_x])))
+                rows.add([(col, 1.0), *grow], -np.inf, 0.0)  # a new node only when growing
+    for i in range(n_nodes):
+        rows.add([(n_z + j * n_nodes + i, 1.0) for j in range(len(own))], 0.0, 1.0)
+    return len(own) * n_nodes
+
+
+def _solve(rows: SparseRows, z_val: np.ndarray, x_cols: int,
+           time_limit_s: float) -> tuple[np.ndarray | None, float, str]:
+    """HiGHS on ``max z_val . z`` over binaries: (solution, objective, status)."""
+    from scipy.optimize import Bounds, milp
+
+    n_var = len(z_val) + x_cols
     res = milp(
-        cost,
+        np.concatenate((-z_val, np.zeros(x_cols))),
         constraints=[rows.constraint(n_var)],
         integrality=np.ones(n_var),
-        bounds=Bounds(np.zeros(n_var), upper),
-        options={"time_limit": float(time_limit_s), "disp": False},
+        bounds=Bounds(np.zeros(n_var), np.ones(n_var)),
+        options={"time_limit": float(time_limit_s), "disp": False, "presolve": False},
     )
-    solve_s = time.perf_counter() - t0
     if res.x is None:
-        return MilpResult(None, 0.0, str(res.message), solve_s)
-    sol = np.round(res.x).astype(np.int64)
-    counts = {jobs[j].job_id: 0 for j in range(len(jobs))}
-    for col, (j, k) in enumerate(z_of):
-        if sol[col] == 1:
-            counts[jobs[j].job_id] = k
-    nodes_out: dict[str, tuple[str, ...]] | None = None
-    if node_level:
-        picked: dict[str, list[str]] = {job.job_id: [] for job in jobs}
-        for col, (j, i) in enumerate(x_of):
-            if sol[n_z + col] == 1:
-                picked[jobs[j].job_id].append(names[i])
-        nodes_out = {k: tuple(v) for k, v in picked.items()}
-    return MilpResult(counts, -float(res.fun), str(res.message), solve_s, nodes_out)
+        return None, 0.0, str(res.message)
+    return np.round(res.x).astype(np.int64), -float(res.fun), str(res.message)
 
 
 @dataclass

@@ -17,8 +17,8 @@ registered policy hands out only the idle nodes the scavenger offers at the even
 only), so ``sum n_j <= O(t)``, the offered count of the segment's event; a plan may
 in principle name any idle node, so the bound is also given with ``I(t)``, the idle
 count (``nodes="idle"``; on Philly, which has no plan, ``O = I``). At most ``K``
-(``--max-concurrent-jobs``) jobs are admitted at a time, in submit order, only at
-events; an admitted job stays until it finishes. A job's net samples ``done_j`` are
+(``--max-concurrent-jobs``) jobs are admitted at a time, in submit order, at events,
+finishes and arrivals; an admitted job stays until it finishes. A job's net samples ``done_j`` are
 its gross progress ``G_j``, the integral of ``r_j(n_j(t))``, minus its rescale and
 reclaim losses, and it stops at exactly ``done_j = T_j`` (``total_samples``), so
 ``done_j <= min(T_j, G_j)``.
@@ -56,9 +56,9 @@ and ``p`` waits until ``start + ceil(m / K) * d``. *Node-seconds*: finishing job
 ``h_q`` the lower convex envelope of the points ``(r_q(n), n)`` and ``(0, 0)`` (any
 schedule's average rate and average node count are a mixture of them), and jobs
 never share a node, so the ``m`` cheapest such costs among the jobs before ``p``
-cannot exceed the node-seconds offered since ``start``. Jobs are admitted only at
-events, so a segment uses job ``p`` only if it starts when both hold (and the job is
-submitted).
+cannot exceed the node-seconds offered since ``start``. Jobs are admitted at finishes
+and arrivals too, inside segments, so a segment uses job ``p`` if both hold (and the
+job is submitted) by its end.
 
 **Running dry.** The bound holds when the queue empties (fewer jobs only lower what
 policies make); :attr:`Bound.can_run_dry` says whether it could empty within the
@@ -72,25 +72,24 @@ submit-order admission allows. Admission-order constraints in the LP alone (belo
 with a finish counted as ``min(1, G_j / T_j)``) moved the evaluation's bounds by at
 most 0.4 %: an LP counts ten jobs at 90 % as nine finishes.
 
-**Integer finishes** (:func:`integer_finish_bound`, a MILP, optional). Cut the
-timeline into blocks (one per event, or about ``block_s`` long); let binary
-``f[j, b]`` say that job ``j`` finished by the end of block ``b``, which needs
-``G_j >= T_j`` by then. Admitted jobs form a prefix ``0 .. A-1`` with ``A <= K + N``,
-so the running jobs with index ``>= i`` (``i >= K``) are at most ``A - i <= N - (i -
-K)``, which is at most the finished jobs with index ``>= i - K`` (at most ``i - K``
-finished jobs have a smaller index). Admissions happen at events, so ``N`` is taken
-at the block's last event: its start for a one-event block (``f`` of the block
-before), else its end. Allocations are time shares ``u[j, n]`` per block and
-capacity ``c`` (at most one size per job at a time, ``sum n u <= c``, ``sum u <= K``),
-``n`` on the concave envelope of ``(0, 0)`` and the job's sizes up to ``c``: any
-size between two envelope sizes is matched in nodes and running time by a mix of
-them with at least its rate. Every real run is a feasible point (``f`` its real
-finishes, ``u`` its time shares), so the MILP's optimum, and HiGHS's dual bound on
-it when stopped early, bound ``samples_total``, up to HiGHS's floating-point
-tolerances (unlike the LP bound, whose value is recomputed exactly by the DP; so read
-a MILP bound within a few 1e-6 of a target as undecided). ``Bound.samples`` is the
-smaller of the two bounds. (A version with rows scaled by ``T_j`` let HiGHS drop the
-small coefficients and report 0: the rows are kept in samples.)
+**Integer finishes** (:func:`integer_finish_bound`, a MILP, optional). Cut the timeline
+into blocks (one per event, or about ``block_s`` long); let binary ``f[j, b]`` say that
+job ``j`` finished by the end of block ``b``, which needs ``G_j >= T_j`` by then.
+Admitted jobs form a prefix ``0 .. A-1`` with ``A <= K + N``, so the running jobs with
+index ``>= i`` (``i >= K``) are at most ``A - i <= N - (i - K)``, which is at most the
+finished jobs with index ``>= i - K`` (at most ``i - K`` finished jobs have a smaller
+index). Admissions happen at any time (finishes, arrivals), so ``N`` is taken at the
+block's end. Allocations are time shares ``u[j, n]`` per block and capacity ``c`` (at
+most one size per job at a time, ``sum n u <= c``, ``sum u <= K``), ``n`` on the concave
+envelope of ``(0, 0)`` and the job's sizes up to ``c``: any size between two envelope
+sizes is matched in nodes and running time by a mix of them with at least its rate.
+Every real run is a feasible point (``f`` its real finishes, ``u`` its time shares), so
+the MILP's optimum, and HiGHS's dual bound on it when stopped early, bound
+``samples_total``, up to HiGHS's floating-point tolerances (unlike the LP bound, whose
+value is recomputed exactly by the DP; so read a MILP bound within a few 1e-6 of a
+target as undecided). ``Bound.samples`` is the smaller of the two bounds. (A version
+with rows scaled by ``T_j`` let HiGHS drop the small coefficients and report 0: the rows
+are kept in samples.)
 
 ``python -m malletrain.sim.cli_bound`` takes the trace and job flags of ``malletrain
 simulate`` and prints both bounds (docs/evaluation.md, "A proven upper bound").

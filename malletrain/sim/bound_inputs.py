@@ -128,10 +128,11 @@ def earliest_starts(
     Job ``p`` runs only once ``m = p + 1 - K`` jobs before it have finished; that takes
     ``ceil(m / K)`` finishing generations of at least the shortest ``min_duration_s``
     each, and at least the ``m`` cheapest :class:`FinishCost` of the jobs before ``p``
-    in node-seconds offered since the start. No job runs before it is submitted, nor
-    before the job ahead of it could (admission is in submit order), so the result never
-    decreases. A job that can never run gets the end of the replay. Module docstring
-    for the proof.
+    in node-seconds offered since the start. No job runs before it is submitted.
+    Admissions happen at finishes and arrivals, inside segments, so a job counts from
+    the start of the segment in which both conditions can first hold. Both get harder
+    with ``p`` (admission is in submit order), so the result never decreases. A job
+    that can never run gets the end of the replay. Module docstring for the proof.
     ``submit_s`` counts from ``submit_origin_s``, the trace's ``start_s`` as in the
     engine; without it submit times are ignored (valid, possibly looser).
     """
@@ -139,33 +140,71 @@ def earliest_starts(
     start = segments[0].start_s if segments else 0.0
     end = segments[-1].end_s if segments else 0.0
     starts = [s.start_s for s in segments]
+    ends = [s.end_s for s in segments]
     used = [s.offered if nodes == "offered" else s.idle for s in segments]
-    offered_before = np.concatenate(
-        ([0.0], np.cumsum([n * s.duration_s for n, s in zip(used, segments, strict=True)]))
-    )
-    costs = [FinishCost.of(j) for j in jobs]
+    offered_by_end = np.cumsum([n * s.duration_s for n, s in zip(used, segments, strict=True)])
+    costs = _FinishCosts([FinishCost.of(j) for j in jobs])
     out: list[float] = []
     d = math.inf  # shortest min_duration_s among the jobs before p
+    lo = 0  # both conditions only get harder with p: the search resumes where p - 1 ended
     for p, job in enumerate(jobs):
         m = p + 1 - k
         earliest = -math.inf if submit_origin_s is None else submit_origin_s + job.submit_s
         if m > 0:
             earliest = max(earliest, start + math.ceil(m / k) * d)
-            # Both conditions get easier with time: the first segment where they hold.
-            lo, hi = 0, len(segments)
-            while lo < hi:
-                mid = (lo + hi) // 2
-                t = starts[mid]
-                need = sorted(c.node_s(t - start) for c in costs[:p])[:m]
-                if t >= earliest and sum(need) <= offered_before[mid]:
-                    hi = mid
-                else:
-                    lo = mid + 1
-            earliest = starts[lo] if lo < len(segments) else max(end, earliest)
-        # Nothing runs before the first event, and job p is admitted after job p - 1.
-        out.append(max(earliest, start, out[-1] if out else start))
+        # The first segment by whose end both conditions hold: the job may be admitted
+        # (at a finish or its arrival) somewhere inside it, so it may run in all of it.
+        hi = len(segments)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            # (a relative 1e-9 on the node-seconds: rounding may only loosen the bound)
+            ok = ends[mid] > earliest and (m <= 0 or costs.cheapest(p, m, ends[mid] - start)
+                                          <= offered_by_end[mid] * (1 + 1e-9))
+            if ok:
+                hi = mid
+            else:
+                lo = mid + 1
+        found = starts[lo] if lo < len(segments) else max(end, earliest)
+        out.append(max(found, out[-1]) if out else found)  # admitted after the job ahead
         d = min(d, min_duration_s(job))
     return out
+
+
+class _FinishCosts:
+    """``FinishCost.node_s`` of every job at one horizon at once, cached per horizon."""
+
+    def __init__(self, costs: Sequence[FinishCost]) -> None:
+        width = max((len(c.rates) for c in costs), default=1)
+        self.totals = np.array([c.total_samples for c in costs])
+        # Hull vertices padded with the last one (np.interp per row, vectorised below).
+        self.rates = np.array([c.rates + (c.rates[-1],) * (width - len(c.rates)) for c in costs])
+        self.nodes = np.array([c.nodes + (c.nodes[-1],) * (width - len(c.nodes)) for c in costs])
+        self._cache: dict[float, np.ndarray] = {}
+
+    def node_s(self, within_s: float) -> np.ndarray:
+        hit = self._cache.get(within_s)
+        if hit is not None:
+            return hit
+        out = np.full(len(self.totals), math.inf)
+        if within_s > 0 and len(out):
+            need = self.totals / within_s
+            ok = need <= self.rates[:, -1]
+            # the hull segment each job's needed rate falls in, then linear interpolation
+            i = np.clip((self.rates < need[:, None]).sum(axis=1), 1, self.rates.shape[1] - 1)
+            rows = np.arange(len(out))
+            r0, r1 = self.rates[rows, i - 1], self.rates[rows, i]
+            n0, n1 = self.nodes[rows, i - 1], self.nodes[rows, i]
+            frac = np.where(r1 > r0, (need - r0) / np.where(r1 > r0, r1 - r0, 1.0), 1.0)
+            out[ok] = (within_s * (n0 + frac * (n1 - n0)))[ok]
+        self._cache[within_s] = out
+        return out
+
+    def cheapest(self, p: int, m: int, within_s: float) -> float:
+        """The sum of the ``m`` smallest node-second costs among jobs ``0 .. p - 1``."""
+        if m > p:
+            return math.inf
+        costs = self.node_s(within_s)[:p]
+        return float(np.partition(costs, m - 1)[:m].sum())
 
 
 def concave_sizes(rates: np.ndarray) -> list[int]:

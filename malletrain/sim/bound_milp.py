@@ -30,8 +30,6 @@ class _Block:
     capacity: int
     #: ``seconds[c]``: time during which ``c`` nodes (capped at ``capacity``) could be used.
     seconds: np.ndarray
-    #: One segment: every job running in it was admitted by its start.
-    single: bool
 
     @property
     def duration_s(self) -> float:
@@ -71,7 +69,7 @@ def _make_block(
     maxes = sorted((runs[p].max_nodes for p in range(members)), reverse=True)
     cap = int(min(counts.max(), sum(maxes[:k])))
     secs = np.bincount(np.minimum(counts, cap), [s.duration_s for s in segs], cap + 1)
-    return _Block(members, cap, secs, len(segs) == 1)
+    return _Block(members, cap, secs)
 
 
 @contextlib.contextmanager
@@ -123,8 +121,8 @@ def integer_finish_bound(
     min(T_j, G_j)`` is maximised. Binary ``f[j, b]`` says ``j`` finished by the end of
     ``b`` (``T_j f <= G_j`` so far, never undone). Admission: at any time the running
     jobs with index ``>= i`` (``i >= K``) are at most the finished jobs with index
-    ``>= i - K``, finished by the block's last admission point: its start for a
-    one-segment block (the end of the block before), else its end.
+    ``>= i - K``, finished by the block's end (admissions happen at finishes and
+    arrivals, at any time).
     """
     from scipy.optimize import Bounds, milp
 
@@ -188,7 +186,7 @@ def integer_finish_bound(
         if (j, b - 1) in f:
             row([(f[(j, b - 1)], 1.0), (fv, -1.0)], 0.0)
     for b, blk in enumerate(blocks):
-        ref = b - 1 if blk.single else b
+        ref = b
         for i in range(k, blk.members):
             running = [
                 (v, float(blk.seconds[cap]))

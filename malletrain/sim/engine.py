@@ -2,15 +2,19 @@
 
 Semantics follow FreeTrain's replayer so that results compare (issue 4 §3):
 
-1. Events are the trace's change times. Between events every running job advances
-   at its *true* rate for its node count; a job that reaches ``total_samples`` in
-   between finishes at that exact moment (its nodes stay unused until the event).
-2. At an event, nodes that turned busy are taken from the jobs holding them; each
+1. Trace events are the trace's change times. Between them every running job
+   advances at its *true* rate for its node count.
+2. At a trace event, nodes that turned busy are taken from the jobs holding them; each
    such job loses ``scale_down_s`` x its rate (before the loss) once for the event.
    A job left below ``min_nodes`` stops and releases the rest.
 3. Finished jobs leave; jobs are admitted in submit order up to the concurrency
    limit (an admitted job stays admitted until it finishes). ``submit_s`` counts
    from the start of the replay, so one jobs file fits any slice of a trace.
+   A job that reaches ``total_samples`` between trace events finishes at that exact
+   moment, and a job submitted while there is room is admitted when it arrives: both
+   are decision points of their own (as the daemon wakes early on them), with the
+   idle set and the backfill plan of the last trace event. An arrival with no room
+   changes nothing and is not one.
 4. The policy decides on every idle node (free or held) and every admitted job.
    A job that changes size loses ``scale_up_s`` (growing) or ``scale_down_s``
    (shrinking or stopping) x its current rate; one that both gains and loses nodes
@@ -25,6 +29,7 @@ fed with the progress each job really made, as the daemon feeds it.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 
@@ -35,7 +40,7 @@ from malletrain.errors import PermanentError
 from malletrain.sim.curves import CurveProvider
 from malletrain.sim.jobs import SimJob
 from malletrain.sim.result import JobNodes, JobRun, Result, Sample
-from malletrain.sim.trace import IdleTrace, TraceEvent
+from malletrain.sim.trace import IdleTrace, PlannedStart, TraceEvent
 from malletrain.sim.view import SnapshotView
 
 log = logging.getLogger(__name__)
@@ -100,7 +105,8 @@ class Simulator:
             rate = run.rate
             left = run.job.total_samples - run.done
             n = len(run.nodes)
-            if rate > 0 and rate * dt >= left:
+            # (a finish computed by _next_finish lands here up to rounding)
+            if rate > 0 and rate * dt >= left * (1.0 - 1e-12):
                 took = max(0.0, left / rate)
                 run.done = run.job.total_samples
                 run.finished_s = t0 + took
@@ -175,11 +181,10 @@ class Simulator:
             self._active.append(run)
             self._next_submit += 1
 
-    def _decide(self, ev: TraceEvent) -> None:
-        t = ev.time_s
+    def _decide(self, t: float, planned: tuple[PlannedStart, ...] | None) -> None:
         idle_idx = np.flatnonzero(self.idle)
-        nodes = self.view.idle_nodes(t, idle_idx, ev.planned)
-        if ev.planned:
+        nodes = self.view.idle_nodes(t, idle_idx, planned)
+        if planned:
             for node in nodes:
                 if node.window_s is not None:
                     i = self.index[node.name]
@@ -285,28 +290,64 @@ class Simulator:
     # -- the loop -------------------------------------------------------------------
     def run(self) -> Result:
         wall0 = time.perf_counter()
-        last_t: float | None = None
+        last: TraceEvent | None = None
         upper_rate = max((r.job.best_per_node_rate() for r in self.runs), default=0.0)
         for ev in self.trace.events():
             if ev.time_s > self.until_s:
                 break
-            if last_t is not None:
-                self._advance(last_t, ev.time_s)
-            last_t = ev.time_s
+            if last is not None:
+                self._run_until(last, ev.time_s)
+            last = ev
             self._apply_trace(ev)
-            self._retire_and_admit(ev.time_s)
-            self._decide(ev)
+            self._step(ev.time_s, ev.planned)
             self.result.events += 1
-            self._record(ev.time_s)
             if self.progress is not None:
                 self.progress(ev.time_s)
-        if last_t is not None:
-            self._advance(last_t, self.until_s)
+        if last is not None:
+            self._run_until(last, self.until_s)
             self._record(self.until_s)
         self.result.samples_total = sum(r.done for r in self.runs)
         self.result.upper_bound_samples = self.result.idle_node_seconds * upper_rate
         self.result.wall_s = time.perf_counter() - wall0
         return self.result
+
+    def _step(self, t: float, planned: tuple[PlannedStart, ...] | None) -> None:
+        """One decision point: retire finished jobs, admit arrivals, decide, record."""
+        self._retire_and_admit(t)
+        self._decide(t, planned)
+        self.result.decisions += 1
+        self._record(t)
+
+    def _run_until(self, last: TraceEvent, t_end: float) -> None:
+        """Advance from ``last`` to ``t_end``, deciding at every finish and admission between."""
+        t = last.time_s
+        while True:
+            t_next = min(self._next_finish(t), self._next_admission(t))
+            if t_next >= t_end:
+                break
+            t_next = max(t_next, math.nextafter(t, math.inf))  # always move on
+            self._advance(t, t_next)
+            t = t_next
+            self._step(t, last.planned)
+        self._advance(t, t_end)
+
+    def _next_finish(self, t: float) -> float:
+        """When the first running job reaches its total at its current rate (inf: none)."""
+        first = math.inf
+        for run in self._active:
+            if run.nodes and run.finished_s is None:
+                rate = run.rate
+                if rate > 0:
+                    first = min(first, t + max(0.0, run.job.total_samples - run.done) / rate)
+        return first
+
+    def _next_admission(self, t: float) -> float:
+        """When the next queued job is submitted, if there is room for it then (inf: not)."""
+        if self._next_submit >= len(self.runs):
+            return math.inf
+        room = sum(1 for r in self._active if r.finished_s is None) < self.max_concurrent
+        t_submit = self.trace.start_s + self.runs[self._next_submit].job.submit_s
+        return t_submit if room and t_submit > t else math.inf
 
     def _record(self, t: float) -> None:
         running = [r for r in self._active if r.nodes and r.finished_s is None]

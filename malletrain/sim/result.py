@@ -65,6 +65,8 @@ class Result:
     preemptions: int = 0
     starts: int = 0
     events: int = 0
+    #: Decision points: every trace event, and every finish or admission between them.
+    decisions: int = 0
     decision_s: list[float] = field(default_factory=list)
     jobs: list[JobRun] = field(default_factory=list)
     timeline: list[Sample] = field(default_factory=list)
@@ -127,6 +129,7 @@ class Result:
             "mean_jct_s": float(np.mean(jct)) if jct else None,
             "makespan_s": makespan,
             "events": self.events,
+            "decisions": self.decisions,
             "decision_ms_p50": float(np.percentile(dec_ms, 50)),
             "decision_ms_p99": float(np.percentile(dec_ms, 99)),
             "decision_ms_max": float(dec_ms.max()),

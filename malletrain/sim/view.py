@@ -38,6 +38,10 @@ class SnapshotView:
             Node(name=n, state=NodeState.IDLE, partitions=(REGULAR_PARTITION,))
             for n in self.node_names
         ]
+        #: The last plan seen and its claims: a trace hands the same plan object on
+        #: until the plan changes, so the claims are worked out once per plan.
+        self._plan: Sequence[PlannedStart] | None = None
+        self._claims: dict[str, scavenger.Claim] = {}
 
     def mark_idle(self, indices: Sequence[int], since_s: Sequence[float]) -> None:
         """Nodes that turned idle (at ``since_s``): their Node objects carry the time."""
@@ -69,5 +73,17 @@ class SnapshotView:
     def idle_nodes(
         self, now_s: float, idle: np.ndarray, planned: Sequence[PlannedStart] | None
     ) -> tuple[IdleNode, ...]:
-        """What the shared scavenger makes of the cluster at ``now_s`` (windows, idle ages)."""
-        return scavenger.idle_nodes(self.snapshot(now_s, idle, planned), now_s)
+        """What the shared scavenger makes of the cluster at ``now_s`` (windows, idle ages).
+
+        The same as ``scavenger.idle_nodes(self.snapshot(...))``; the plan's claims
+        depend on the plan alone (no reservations here), so they are reused while the
+        trace hands on the same plan.
+        """
+        if planned is not self._plan or not planned:
+            self._plan = planned
+            self._claims = (
+                scavenger.earliest_claims(self.snapshot(now_s, idle[:0], planned), now_s)
+                if planned else {}
+            )
+        nodes = ClusterSnapshot(taken_at=now_s, nodes=tuple(self._nodes[i] for i in idle))
+        return scavenger.idle_nodes(nodes, now_s, claims=self._claims)

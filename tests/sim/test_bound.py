@@ -98,7 +98,7 @@ def test_later_jobs_wait_for_finishes():
     assert earliest_starts(segs, jobs, 1) == [0.0, 10.0, 20.0]
     # With only half a node on average (offered 0 every other segment), node-seconds bind.
     sparse = [seg(t, t + 5, 1, offered=(t // 5 + 1) % 2) for t in range(0, 60, 5)]
-    assert earliest_starts(sparse, jobs, 1) == [0.0, 20.0, 40.0]
+    assert earliest_starts(sparse, jobs, 1) == [0.0, 10.0, 30.0]
     assert earliest_starts(sparse, jobs, 1, nodes="idle") == [0.0, 10.0, 20.0]
     b = upper_bound(segs, jobs, 1)
     assert b.jobs_admissible == 3 and b.can_run_dry  # 4 finishes possible in 40 s
@@ -124,8 +124,11 @@ def test_submit_times_count_from_the_trace_start_as_in_the_engine():
     j = job("j", [(1, 2.0)], submit=3.0)
     segs = [seg(5, 15, 1)]
     assert upper_bound(segs, [j], 1, submit_origin_s=0.0).samples == pytest.approx(20.0)
-    # Counted from the first event instead, it could only be admitted at 8: no event.
-    assert upper_bound(segs, [j], 1, submit_origin_s=5.0).samples == 0.0
+    # Counted from the first event instead, it is admitted when it arrives at 8 and makes
+    # 14 in the engine; the bound counts the segment it arrives in whole.
+    assert upper_bound(segs, [j], 1, submit_origin_s=5.0).samples == pytest.approx(20.0)
+    # Arriving after the last segment's end (at 23), it can make nothing.
+    assert upper_bound(segs, [j], 1, submit_origin_s=20.0).samples == 0.0
     assert upper_bound(segs, [j], 1).samples == pytest.approx(20.0)  # submit times ignored
 
 

@@ -175,10 +175,34 @@ def test_submit_times_count_from_the_start_of_the_slice():
     res, pol = run(tr, [job("j", total=25), job("k", submit=20, total=1e9)], {1000: {"j": ("a",)}})
     assert [j.job_id for j in pol.seen[0].jobs] == ["j"]  # k is submitted at 1000 + 20
     assert [j.job_id for j in pol.seen[1].jobs] == ["j"]
-    # j finished at 1025 and left; k (submitted at 1020) is admitted at the next event.
-    assert [j.job_id for j in pol.seen[2].jobs] == ["k"]
+    # k arrives at 1020 with room (a decision of its own); j finishes at 1025 and leaves.
+    assert (pol.seen[2].now_s, [j.job_id for j in pol.seen[2].jobs]) == (1020, ["j", "k"])
+    assert (pol.seen[3].now_s, [j.job_id for j in pol.seen[3].jobs]) == (1025, ["k"])
     s = res.summary()
     assert s["mean_jct_s"] == pytest.approx(25.0) and s["makespan_s"] is None
+
+
+def test_a_finish_between_events_hands_its_nodes_on_at_once():
+    """The daemon wakes when a job ends; so does the replay (issue 20 §3)."""
+    tr = trace((0, [0, 1], []), (100, [], []))
+    steps = {0: {"short": ("a",), "long": ("b",)}, 10: {"long": ("a", "b")}}
+    res, pol = run(tr, [job("short", total=10), job("long")], steps)
+    # short runs 0-10 at 1/s and finishes at 10: a decision there gives long both nodes.
+    assert [inp.now_s for inp in pol.seen] == [0, 10, 100]
+    assert [j.job_id for j in pol.seen[1].jobs] == ["long"]
+    # long: 10 s at 1/s, grows at 10 (loses up_s x 1 = 2), then 90 s at 2/s.
+    assert done(res, "long") == pytest.approx(10 - 2 + 180)
+    assert (res.events, res.decisions) == (2, 3)
+
+
+def test_an_arrival_is_a_decision_only_when_there_is_room():
+    tr = trace((0, [0, 1], []), (100, [], []))
+    jobs = [job("first", total=30), job("queued", submit=5), job("late", submit=50)]
+    _, pol = run(tr, jobs, {0: {"first": ("a",)}}, max_concurrent_jobs=1)
+    # queued arrives at 5 with no room: no decision; first finishes at 30 and queued is
+    # admitted then; late (50) finds no room either.
+    assert [(inp.now_s, [j.job_id for j in inp.jobs]) for inp in pol.seen] == [
+        (0, ["first"]), (30, ["queued"]), (100, ["queued"])]
 
 
 def test_policy_sees_remaining_samples_and_the_queue():
