@@ -149,6 +149,9 @@ class Bound:
     can_run_dry: bool
     #: Column-generation rounds run to find the multipliers (0: ``mu = 0`` is optimal).
     rounds: int
+    #: How far the LP bound may still be above the best one this method can prove
+    #: (relative; 0 when the search converged, larger when stopped by its time limit).
+    gap: float
     #: Per job in submit order: the earliest time it may run, and its multiplier ``mu_j``.
     earliest_s: tuple[float, ...]
     multipliers: tuple[float, ...]
@@ -171,14 +174,16 @@ def upper_bound(
     submit_origin_s: float | None = None,
     milp_s: float = 0.0,
     block_s: float = 3 * 3600.0,
+    time_limit_s: float = math.inf,
 ) -> Bound:
     """The bound of the module docstring for one replay (``segments`` from :func:`idle_segments`).
 
-    ``rounds`` bounds the rounds of the multiplier search (:class:`Master`); every
+    ``rounds`` and ``time_limit_s`` bound the multiplier search (:class:`Master`); every
     round's value is a valid bound and the smallest is returned, so fewer rounds give a
-    looser, never a wrong, bound. ``submit_origin_s``: the trace's ``start_s``, from
-    which jobs' ``submit_s`` count (without it submit times are ignored). ``milp_s > 0``
-    also runs :func:`integer_finish_bound` (blocks of ``block_s``) for at most that long.
+    looser, never a wrong, bound (``Bound.gap`` says how much looser at most).
+    ``submit_origin_s``: the trace's ``start_s``, from which jobs' ``submit_s`` count
+    (without it submit times are ignored). ``milp_s > 0`` also runs
+    :func:`integer_finish_bound` (blocks of ``block_s``) for at most that long.
     """
     runs = sorted(jobs, key=lambda j: j.submit_s)  # the engine's (stable) admission order
     k = max_concurrent_jobs
@@ -191,7 +196,8 @@ def upper_bound(
     totals = np.array([j.total_samples for j in runs])
     phases = make_phases(segments, eligible_from, runs, k, nodes)
 
-    best, best_mu, uncapped, done = search_multipliers(phases, rates, totals, k, rounds)
+    best, best_mu, uncapped, done, gap = search_multipliers(
+        phases, rates, totals, k, rounds, time_limit_s=time_limit_s)
     best_rate = max((j.best_per_node_rate() for j in runs), default=0.0)
     idle_ns = sum(s.idle * s.duration_s for s in segments)
     milp = None
@@ -218,6 +224,7 @@ def upper_bound(
         jobs_total=len(runs),
         can_run_dry=_can_run_dry(runs, k, until - start),
         rounds=done,
+        gap=gap,
         earliest_s=tuple(eligible_from),
         multipliers=tuple(float(x) for x in best_mu),
     )

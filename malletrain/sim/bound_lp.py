@@ -4,6 +4,8 @@ and the multiplier search (column generation; see :mod:`malletrain.sim.bound`).
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -116,6 +118,8 @@ class Master:
         #: one row per (phase, capacity) with time spent there
         self.cells = [(i, c) for i, ph in enumerate(phases) for c in np.flatnonzero(ph.seconds)]
         self.columns: list[tuple[int, np.ndarray]] = []  # (cell row, gross per job)
+        self.keys: list[tuple[int, bytes]] = []  # per column: (cell row, allocation)
+        self.idle_rounds: list[int] = []  # per column: solves in a row it went unused
         self.seen: set[tuple[int, bytes]] = set()
 
     def add(self, allocs: Sequence[Allocation]) -> bool:
@@ -132,11 +136,32 @@ class Master:
             for col, p in enumerate(ph.members):
                 gross[p] = ph.seconds[c] * self.rates[p][nodes[col]]
             self.columns.append((row, gross))
+            self.keys.append(key)
+            self.idle_rounds.append(0)
             added = True
         return added
 
-    def solve(self) -> tuple[float, np.ndarray]:
-        """(the restricted primal's value, the multipliers ``mu`` from its duals)."""
+    def prune(self, weights: np.ndarray, keep_idle_rounds: int = 5) -> None:
+        """Drop columns unused (weight 0) for ``keep_idle_rounds`` solves in a row.
+
+        The LP's time grows with its columns and most never enter a solution again; a
+        dropped allocation that is needed later is generated again by the DP (its key
+        leaves ``seen``). The restricted LP's value only feeds the stopping test, whose
+        floor it stays below, so the bound is unaffected.
+        """
+        kept: list[int] = []
+        for ci, w in enumerate(weights):
+            self.idle_rounds[ci] = 0 if w > 1e-12 else self.idle_rounds[ci] + 1
+            if self.idle_rounds[ci] <= keep_idle_rounds:
+                kept.append(ci)
+            else:
+                self.seen.discard(self.keys[ci])
+        self.columns = [self.columns[ci] for ci in kept]
+        self.keys = [self.keys[ci] for ci in kept]
+        self.idle_rounds = [self.idle_rounds[ci] for ci in kept]
+
+    def solve(self) -> tuple[float, np.ndarray, np.ndarray]:
+        """(the restricted primal's value, ``mu`` from its duals, each column's weight)."""
         from scipy.optimize import linprog
         from scipy.sparse import coo_matrix
 
@@ -160,16 +185,26 @@ class Master:
         if res.status != 0:
             raise RuntimeError(f"bound LP failed: {res.message}")
         mu = np.clip(1.0 + np.asarray(res.ineqlin.marginals), 0.0, 1.0)
-        return -float(res.fun), mu
+        return -float(res.fun), mu, np.asarray(res.x[jn:])
 
 
 def search_multipliers(phases: Sequence[Phase], rates: Sequence[np.ndarray], totals: np.ndarray,
-                       k: int, rounds: int) -> tuple[float, np.ndarray, float, int]:
-    """The smallest bound over the multipliers tried: (bound, mu, bound at mu=0, rounds).
+                       k: int, rounds: int, *, gap: float = 1e-5,
+                       time_limit_s: float = math.inf
+                       ) -> tuple[float, np.ndarray, float, int, float]:
+    """The smallest bound over the multipliers tried: (bound, mu, bound at mu=0, rounds, gap).
+
+    ``gap``: ``(bound - floor) / bound``, the floor being the restricted LP's value, which
+    no ``mu`` can beat; 0 when the search converged.
 
     Every ``mu`` priced is a valid bound (exact DP, not the LP's value), so stopping early
-    gives a looser, never a wrong, bound.
+    (``rounds``, ``time_limit_s``) gives a looser, never a wrong, bound; it stops once the
+    bound is within ``gap`` (relative) of the LP's floor, the most any ``mu`` could give.
+    The multipliers priced are the LP's, smoothed towards the best so far (Wentges), which
+    damps the zig-zag of plain column generation; when that finds no new column, the LP's
+    own are priced.
     """
+    deadline = time.monotonic() + time_limit_s
 
     def price(mu: np.ndarray) -> tuple[float, list[Allocation]]:
         """The bound at ``mu`` and, per phase, the maximising allocations."""
@@ -193,14 +228,31 @@ def search_multipliers(phases: Sequence[Phase], rates: Sequence[np.ndarray], tot
     # mu = 0 is optimal (convexity) and the cap cannot tighten the bound.
     capped = bool((gross > totals).any())
     master = Master(phases, rates, totals)
+    master.add(allocs)
+    floor = best if not capped else -math.inf
     for it in range(rounds if capped else 0):
-        if not master.add(allocs):
-            break  # mu is optimal for the relaxation
-        floor, mu = master.solve()
-        value, allocs = price(mu)
+        if time.monotonic() > deadline:
+            break
+        floor, mu_lp, weights = master.solve()
         done = it + 1
+        if best - floor <= gap * best:
+            floor = best
+            break  # within gap of the relaxation's optimum
+        master.prune(weights)
+        value, allocs = price(_SMOOTHING * best_mu + (1 - _SMOOTHING) * mu_lp)
+        if not master.add(allocs):
+            value, allocs = price(mu_lp)
+            if not master.add(allocs):
+                floor = best
+                break  # the LP's mu is optimal for the relaxation
+            mu = mu_lp
+        else:
+            mu = _SMOOTHING * best_mu + (1 - _SMOOTHING) * mu_lp
         if value < best:
             best, best_mu = value, mu.copy()
-        if best - floor <= 1e-7 * best:
-            break  # proven within 1e-7 of the relaxation's optimum
-    return best, best_mu, uncapped, done
+    rel_gap = max(0.0, (best - floor) / best) if best > 0 and floor > -math.inf else 1.0
+    return best, best_mu, uncapped, done, (0.0 if not capped else rel_gap)
+
+
+#: Weight of the best multipliers so far in the ones priced next (Wentges smoothing).
+_SMOOTHING = 0.5

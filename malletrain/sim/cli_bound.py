@@ -32,6 +32,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--rounds", type=int, default=200, help="multiplier LP rounds (default 200)"
     )
     ap.add_argument(
+        "--time-s", type=float, default=600.0, metavar="S",
+        help="time for the multiplier search per bound (default 600; stopping early gives "
+        "a looser, never a wrong, bound)",
+    )
+    ap.add_argument(
         "--milp-s", type=float, default=0.0, metavar="S",
         help="also run the integer-finish MILP, for at most S seconds per bound (default 0: "
         "the LP bound only, seconds; the MILP can take minutes)",
@@ -57,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def bound(nodes: NodeCount) -> Bound:
         return upper_bound(
             segments, jobs, k, nodes=nodes, rounds=args.rounds, submit_origin_s=trace.start_s,
-            milp_s=args.milp_s, block_s=block_s,
+            milp_s=args.milp_s, block_s=block_s, time_limit_s=args.time_s,
         )
 
     offered = bound("offered")
@@ -69,7 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         milp = f"{offered.samples_milp:.6g} ({how})"
     print(
         f"bound: samples_total <= {offered.samples:.6g} (policies on offered nodes; LP "
-        f"{offered.samples_lp:.6g}, integer finishes {milp}), <= {idle.samples:.6g} (any "
+        f"{offered.samples_lp:.6g} within {offered.gap:.2%} of its best, integer finishes "
+        f"{milp}), <= {idle.samples:.6g} (any "
         f"plan on idle nodes); LP without the total_samples cap "
         f"{offered.samples_uncapped:.6g}; linear {offered.samples_linear:.6g}; "
         f"{offered.segments} segments, jobs that can run {offered.jobs_admissible} of "

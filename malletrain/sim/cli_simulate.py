@@ -19,6 +19,7 @@ from malletrain.core.policies import policy_names
 from malletrain.errors import UserError
 
 if TYPE_CHECKING:
+    from malletrain.sim.bound import Bound
     from malletrain.sim.jobs import SimJob
     from malletrain.sim.trace import IdleTrace
 
@@ -96,15 +97,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="charge nothing for size changes and reclaims (every job's scale_up_s and "
         "scale_down_s set to 0); with --policy no-loss-bound: the loss-free reference",
     )
+    p.add_argument(
+        "--bound",
+        action="store_true",
+        help="also compute the proven upper bound on samples_total for this trace and job "
+        "set (malletrain.sim.bound) and print the result as a fraction of it",
+    )
+    p.add_argument(
+        "--bound-time-s",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="time for the bound's multiplier search (default 60); stopping early gives a "
+        "looser bound, never a wrong one",
+    )
     bar = p.add_mutually_exclusive_group()
     bar.add_argument("--progress", dest="progress", action="store_true", default=None)
     bar.add_argument("--no-progress", dest="progress", action="store_false")
     p.set_defaults(func=run)
 
 
-def _upper_bound(trace: IdleTrace, jobs: list[SimJob], args: argparse.Namespace) -> float | None:
-    """The LP bound of :mod:`malletrain.sim.bound` for this replay (seconds to compute), so
-    that every summary says how far its policy is from what any policy could reach."""
+def _upper_bound(trace: IdleTrace, jobs: list[SimJob], args: argparse.Namespace) -> Bound | None:
+    """The LP bound of :mod:`malletrain.sim.bound` for this replay, so that the summary
+    says how far its policy is from what any policy could reach."""
     from malletrain.sim.bound import upper_bound
     from malletrain.sim.bound_inputs import idle_segments
 
@@ -112,7 +127,7 @@ def _upper_bound(trace: IdleTrace, jobs: list[SimJob], args: argparse.Namespace)
     if not segments:
         return None
     return upper_bound(segments, jobs, args.max_concurrent_jobs,
-                       submit_origin_s=trace.start_s).samples
+                       submit_origin_s=trace.start_s, time_limit_s=args.bound_time_s)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -130,8 +145,10 @@ def run(args: argparse.Namespace) -> int:
     jobs = parse_jobs(args.jobs)
     if args.no_rescale_cost:
         jobs = [dataclasses.replace(j, scale_up_s=0.0, scale_down_s=0.0) for j in jobs]
+    if args.bound_time_s <= 0:
+        raise UserError("--bound-time-s must be positive")
     trace = load_trace(args)
-    bound = _upper_bound(trace, jobs, args)
+    bound = _upper_bound(trace, jobs, args) if args.bound else None
     spec = POLICIES[args.policy]
     policy = make_policy(args.policy, REPLAY.with_(tfwd_s=args.tfwd_s))
     until = trace.end_s if args.until_s is None else min(args.until_s, trace.end_s)
@@ -162,7 +179,8 @@ def run(args: argparse.Namespace) -> int:
             "jobs_file": str(args.jobs),
             "rescale_cost": "none" if args.no_rescale_cost else "jobs file",
             # proven: no policy's samples_total exceeds it on this replay (sim.bound)
-            "proven_bound_samples": bound,
+            "proven_bound_samples": None if bound is None else bound.samples,
+            "proven_bound_gap": None if bound is None else bound.gap,
         },
     )
     print(
@@ -170,7 +188,10 @@ def run(args: argparse.Namespace) -> int:
         f"idle_used_share={summary['idle_used_share']:.3f} rescales={summary['rescales']} "
         f"jobs_finished={summary['jobs_finished']} "
         f"decision_ms_p50={summary['decision_ms_p50']:.2f} "
-        f"wall_s={summary['wall_s']:.1f} -> {args.out}"
+        f"wall_s={summary['wall_s']:.1f}"
+        + ("" if bound is None or bound.samples <= 0 else
+           f" bound={bound.samples:.6g} of_bound={result.samples_total / bound.samples:.3f}")
+        + f" -> {args.out}"
     )
     return 0
 

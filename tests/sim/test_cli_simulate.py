@@ -42,7 +42,7 @@ def test_simulate_writes_summary_timeline_and_plot(files, capsys):
     out = files / "out"
     rc = main(
         ["simulate", "--idle-trace", str(files / "idle.csv"), "--jobs", str(files / "jobs.yaml"),
-         "--policy", "equal-share", "--out", str(out), "--progress"]
+         "--policy", "equal-share", "--out", str(out), "--progress", "--bound"]
     )
     assert rc == 0
     s = json.loads((out / "summary.json").read_text())
@@ -64,8 +64,11 @@ def test_simulate_writes_summary_timeline_and_plot(files, capsys):
     changes = list(csv.DictReader((out / "job_nodes.csv").open()))
     assert {r["job"] for r in changes} == {"big", "small"}
     assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    err = capsys.readouterr().err
-    assert "%" in err  # the progress bar
+    got = capsys.readouterr()
+    assert "%" in got.err  # the progress bar
+    # --bound: the result as a fraction of the proven bound, on the one output line
+    share = s["samples_total"] / s["proven_bound_samples"]
+    assert f"of_bound={share:.3f}" in got.out and s["proven_bound_gap"] == 0.0
 
 
 def test_bad_input_is_one_line_error_with_file_line_field(files, capsys):
