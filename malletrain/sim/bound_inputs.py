@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,6 +60,22 @@ def idle_segments(trace: IdleTrace, until_s: float | None = None) -> list[IdleSe
         rows.append((ev.time_s, len(idx), offered))
     ends = [r[0] for r in rows[1:]] + [until]
     return [IdleSegment(t0, t1, k, o) for (t0, k, o), t1 in zip(rows, ends, strict=True)]
+
+
+def in_worker_seconds(jobs: Sequence[SimJob]) -> list[SimJob]:
+    """The jobs with samples counted in seconds of one worker's work (``rate(1)`` each).
+
+    Samples of different models do not add up; one-worker-seconds do (the summary's
+    ``one_worker_seconds_total``: each job's samples over its rate on one node). Losses and
+    progress scale with the rate, so a replay's ``one_worker_seconds_total`` is the
+    ``samples_total`` of these jobs replayed on the same schedule, and their bound bounds it.
+    """
+    out = []
+    for j in jobs:
+        unit = j.true_model.rate(1)
+        curve = tuple((n, r / unit) for n, r in j.curve)
+        out.append(dataclasses.replace(j, curve=curve, total_samples=j.total_samples / unit))
+    return out
 
 
 def job_rates(job: SimJob) -> np.ndarray:

@@ -51,8 +51,9 @@ def check_replay_arguments(args: argparse.Namespace) -> None:
 
 def load_trace(args: argparse.Namespace) -> IdleTrace:
     """The trace the flags of :func:`add_replay_arguments` name, sliced at ``--start-s``."""
+    from malletrain.sim.counts import read_philly_minutes
     from malletrain.sim.swf import swf_trace
-    from malletrain.sim.trace import read_idle_csv, read_philly_minutes, slice_from
+    from malletrain.sim.trace import read_idle_csv, slice_from
 
     check_replay_arguments(args)
     trace: IdleTrace

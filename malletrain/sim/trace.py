@@ -17,7 +17,6 @@ import io
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 from malletrain.errors import PermanentError
@@ -110,7 +109,7 @@ def _check_time(path: str, line: int, field: str, text: str, last: float | None)
     return value
 
 
-def _csv_rows(name: str, text: str, expected: tuple[str, ...], *, exact: bool
+def csv_rows(name: str, text: str, expected: tuple[str, ...], *, exact: bool
               ) -> Iterator[tuple[int, list[str]]]:
     """(line number, row) of a CSV with the ``expected`` header; blank rows skipped."""
     reader = csv.reader(io.StringIO(text))
@@ -155,7 +154,7 @@ def read_idle_csv(path: str | Path, text: str | None = None) -> IdleTrace:
     initial_idle: list[int] = []
     last_t: float | None = None
     changes: dict[float, tuple[list[int], list[int]]] = {}  # time -> (became idle, busy)
-    rows = _csv_rows(name, read_text(path) if text is None else text,
+    rows = csv_rows(name, read_text(path) if text is None else text,
                      ("time_s", "node", "state"), exact=True)
     for lineno, row in rows:
         t, node, idle = _idle_row(name, lineno, row, last_t)
@@ -181,62 +180,6 @@ def read_idle_csv(path: str | Path, text: str | None = None) -> IdleTrace:
               *(TraceEvent(t, tuple(a), tuple(b)) for t, (a, b) in changes.items() if a or b)]
     end = last_t if last_t is not None else 0.0
     return IdleTrace(name, tuple(index), 0.0, end, tuple(events))
-
-
-def _philly_row(name: str, lineno: int, row: list[str]) -> tuple[datetime, int]:
-    """One ``time,active,total`` row, checked: (time stamp, idle nodes)."""
-    try:
-        stamp = datetime.fromisoformat(row[0].strip())
-    except ValueError:
-        raise input_error(name, lineno, "time", f"not a date-time: {row[0]!r}") from None
-    vals = []
-    for field, cell in (("active", row[1]), ("total", row[2])):
-        try:
-            v = int(float(cell))
-        except ValueError:
-            raise input_error(name, lineno, field, f"not a number: {cell!r}") from None
-        if v < 0:
-            raise input_error(name, lineno, field, f"negative count {v}")
-        vals.append(v)
-    active, total = vals
-    if active > total:
-        raise input_error(name, lineno, "active", f"{active} active > {total} total nodes")
-    return stamp, total - active
-
-
-def read_philly_minutes(path: str | Path, text: str | None = None) -> IdleTrace:
-    """Read Philly's per-minute ``time,active,total`` log; idle nodes = total - active.
-
-    The log gives counts, not node names. Nodes are named ``philly-NNN`` and the idle
-    set is always the ``k`` lowest-numbered nodes (a stack: the node that turned idle
-    last is the first to be taken back). So a node's idle age predicts how long it
-    stays idle, as it does in real clusters where long holes outlast short ones.
-    """
-    name = str(path)
-    counts: list[tuple[float, int]] = []
-    t0: datetime | None = None
-    last_t: float | None = None
-    rows = _csv_rows(name, read_text(path) if text is None else text,
-                     ("time", "active", "total"), exact=False)
-    for lineno, row in rows:
-        stamp, idle = _philly_row(name, lineno, row)
-        t0 = stamp if t0 is None else t0
-        t = (stamp - t0).total_seconds()
-        if t < 0 or (last_t is not None and t < last_t):
-            raise input_error(name, lineno, "time", "rows not sorted by time")
-        last_t = t
-        if not counts or counts[-1][1] != idle:
-            counts.append((t, idle))
-    if not counts:
-        raise input_error(name, None, "rows", "no data rows")
-    names = tuple(f"philly-{i:03d}" for i in range(max(k for _, k in counts)))
-    events: list[TraceEvent] = []
-    prev = 0
-    for t, k in counts:
-        events.append(TraceEvent(t, tuple(range(prev, k)) if k > prev else (),
-                                 tuple(range(k, prev)) if k < prev else ()))
-        prev = k
-    return IdleTrace(name, names, 0.0, last_t or 0.0, tuple(events))
 
 
 def slice_from(trace: IdleTrace, start_s: float) -> IdleTrace:

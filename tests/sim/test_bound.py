@@ -20,6 +20,7 @@ from malletrain.sim.bound_inputs import (
     IdleSegment,
     earliest_starts,
     idle_segments,
+    in_worker_seconds,
     job_rates,
 )
 from malletrain.sim.bound_lp import best_allocations
@@ -210,6 +211,9 @@ def test_no_policy_beats_the_bound_on_random_replays():
                            submit_origin_s=tr.start_s)
         assert offered.samples_milp is not None and offered.milp_optimal
         assert offered.samples <= offered.samples_lp <= offered.samples_uncapped * (1 + 1e-9)
+        # the same bound in one-worker-seconds (samples of different models normalised)
+        work = upper_bound(segs, in_worker_seconds(jobs), k, rounds=30,
+                           submit_origin_s=tr.start_s)
         for name in POLICY_NAMES:
             pol = make_policy(name, REPLAY.with_(milp_time_limit_s=2.0))
             res = Simulator(tr, jobs, pol, provider_for(POLICIES[name].curves),
@@ -217,6 +221,8 @@ def test_no_policy_beats_the_bound_on_random_replays():
             slack = 1e-6 * max(1.0, offered.samples)  # HiGHS's feasibility tolerance
             assert res.samples_total <= offered.samples + slack, (name, tr, jobs, k)
             assert res.samples_total <= idle.samples + slack
+            got = res.summary()["one_worker_seconds_total"]
+            assert got <= work.samples + 1e-6 * max(1.0, work.samples)
             checked += 1
     assert checked == 30 * len(POLICY_NAMES)
 

@@ -1,8 +1,16 @@
 """Idle-node CSV and Philly per-minute readers: parsing and errors naming file/line/field."""
 
+from pathlib import Path
+
 import pytest
 
-from malletrain.sim.trace import TraceError, read_idle_csv, read_philly_minutes, slice_from
+from malletrain.sim.counts import (
+    CIRRUS_HEADER,
+    read_cirrus_jobs,
+    read_helios_minutes,
+    read_philly_minutes,
+)
+from malletrain.sim.trace import TraceError, read_idle_csv, slice_from
 
 GOOD = """time_s,node,state
 0,a,idle
@@ -92,3 +100,40 @@ def test_philly_errors(row, field):
         read_philly_minutes("p.csv", PHILLY + row + "\n")
     assert "p.csv:6" in str(err.value)
     assert field in str(err.value)
+
+
+# The first rows of the vendored logs, unchanged (data/README.md names their sources).
+DATA = Path(__file__).resolve().parents[2] / "data" / "traces"
+
+
+def _head(name: str, rows: int) -> str:
+    with (DATA / name).open() as fh:
+        return "".join(next(fh) for _ in range(rows + 1))
+
+
+def test_helios_gpus_are_nodes_and_idle_gpus_a_stack():
+    text = _head("helios-earth-vc6YE-usage-per-minute.csv", 27)
+    tr = read_helios_minutes("h.csv", text)
+    assert len(tr.node_names) == 208  # total_gpu_num: every GPU named, idle or not
+    # idle_gpu_num: 46 at 00:00, 38 at 00:02, 54 at 00:24, 22 at 00:26 (rows 2, 4, 26, 28)
+    assert [(e.time_s, len(e.became_idle), len(e.became_busy)) for e in tr.events()] == [
+        (0.0, 46, 0), (120.0, 0, 8), (1440.0, 16, 0), (1560.0, 0, 32)]
+    bad = text + "2020-05-01 00:27:00" + ",0" * 6 + ",208,0,0,209" + ",0" * 13 + "\n"
+    with pytest.raises(TraceError, match=r"h\.csv:29.*'idle_gpu_num'.*209 idle > 208"):
+        read_helios_minutes("h.csv", bad)
+    with pytest.raises(TraceError, match=r"missing column.*idle_gpu_num"):
+        read_helios_minutes("h.csv", "time,total_gpu_num\n2020-05-01 00:00:00,8\n")
+
+
+def test_cirrus_recorded_schedule_holds_whole_nodes():
+    tr = read_cirrus_jobs("c.csv", text=_head("epcc-cirrus-cpu-2024-09-jobs-rigid.csv", 3))
+    # 108 cores = 3 nodes from t=3; 4 cores = 1 node each from 685990 and 689550.
+    evs = [(e.time_s, len(e.became_idle), len(e.became_busy)) for e in tr.events()]
+    assert evs[:4] == [(0.0, 280, 0), (3.0, 0, 3), (685990.0, 0, 1), (689550.0, 0, 1)]
+    assert len(tr.node_names) == 280 and tr.end_s == 1036814.0
+    bad = CIRRUS_HEAD + "9,Rigid,0,50,40,50,-10,40,completed,4\n"
+    with pytest.raises(TraceError, match=r"c\.csv:2.*'End Time'.*before it starts"):
+        read_cirrus_jobs("c.csv", text=bad)
+
+
+CIRRUS_HEAD = ",".join(CIRRUS_HEADER) + "\n"
