@@ -1,102 +1,190 @@
-"""The evaluation of docs/evaluation.md: four policies on real traces, side by side.
+"""The evaluation of docs/evaluation.md: policies on 12 slices of real traces, against the bound.
 
-Scenarios (trace slice x job set), each run once per policy through the real
-``malletrain simulate`` command, outputs under ``out/eval/<scenario>/<policy>/``:
+Each slice is a real trace cut (machine, time of year, load) and a job set of measured
+profiles (``configs/sim/``; the ``centre`` slice uses the 1,000 jobs of
+``benchmarks/simulate.py``). Every policy replays every slice through the same
+``Simulator`` that ``malletrain simulate`` runs; the proven bound
+(``malletrain.sim.bound``) is computed per slice in one-worker-seconds.
 
-* ``theta-sia``, ``theta-gavel``: ALCF Theta 2022 SWF, replayed through FCFS + EASY
-  backfill on 4,360 nodes from day 0, measured on days 150-153;
-* ``philly-sia``, ``philly-gavel``: Philly's per-minute idle-node log, days 14-17.
+**The metric** is ``one_worker_seconds_total``: each job's samples divided by its
+samples/s on one node, summed: node-seconds of useful work, comparable across models
+(raw samples of different models are not). Its bound is the LP bound of the same jobs
+counted in one-worker-seconds (``bound_inputs.in_worker_seconds``).
 
-Job sets: ``configs/sim/sia-aws-48.yaml`` and ``configs/sim/gavel-v100-48.yaml``
-(48 jobs each, every job 24 h of work at its peak size, all submitted at t=0, 10
-admitted at a time: the queue does not run dry within 3 days).
+**Tuning split.** malletrain replays with the preset ``REPLAY`` (``core/options.py``),
+chosen on the earlier evaluation's Theta days 150-153 and Philly days 14-17 with the
+Sia, Gavel and ImageNet job sets: slices ``theta22-d150-sia`` and ``philly-d14-sia``
+are from that tuning half; the other ten were not seen when it was chosen.
 
-Usage: ``.venv/bin/python benchmarks/evaluate.py [--scenario NAME ...] [--policy NAME ...]
-[--plots docs/img]``; prints one Markdown table per scenario (python -m
-malletrain.sim.compare) and the last line ``evaluate <scenario>: malletrain/freetrain=<x>
-malletrain/equal-share=<y> no-loss-bound/freetrain=<z> no-loss-bound/equal-share=<w>``
-per scenario (ratios only for the policies run into that folder).
-
-``no-loss-bound`` is replayed with ``--no-rescale-cost``: the most any policy could make
-on the trace with the true curves and free rescales (docs/evaluation.md).
+Usage: ``.venv/bin/python benchmarks/evaluate.py [--slice NAME ...] [--policy NAME ...]
+[--workers 2] [--bound-time-s 60]``; prints a table and the last line
+``evaluate slices=S min_vs_freetrain=A min_vs_equal=B geomean_vs_freetrain=C
+geomean_of_bound=D min_of_bound=E`` (the metric above, malletrain's ratios).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
+import math
+import sys
 import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
-from malletrain.cli import main as cli
-from malletrain.sim.compare import load, table
+from malletrain.core.policies import POLICIES, REPLAY, make_policy
+from malletrain.sim.counts import read_cirrus_jobs, read_helios_minutes, read_philly_minutes
+from malletrain.sim.curves import provider_for
+from malletrain.sim.engine import Simulator
+from malletrain.sim.jobs import SimJob, parse_jobs
+from malletrain.sim.swf import swf_trace
+from malletrain.sim.trace import IdleTrace, slice_from
 
-#: vendored with its source and licence (data/README.md)
-DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
-THETA = DATA / "alcf-theta-2022.swf"
-PHILLY = DATA / "philly-node-usage-per-minute.csv"
-DAY = 86400
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from simulate import centre_trace, job_set
 
-TRACES: dict[str, list[str]] = {
-    "theta": [
-        "--swf", str(THETA), "--swf-nodes", "4360",
-        "--start-s", str(150 * DAY), "--until-s", str(153 * DAY),
-    ],
-    "philly": ["--philly", str(PHILLY), "--start-s", str(14 * DAY), "--until-s", str(17 * DAY)],
-}
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT / "data" / "traces"
+DAY = 86400.0
+SPAN_DAYS = 3.0
 JOBSETS = {
-    "sia": "configs/sim/sia-aws-48.yaml",
-    "gavel": "configs/sim/gavel-v100-48.yaml",
-    "imagenet": "configs/sim/sia-imagenet-48.yaml",
+    "sia": ROOT / "configs/sim/sia-aws-48.yaml",
+    "gavel": ROOT / "configs/sim/gavel-v100-48.yaml",
+    "imagenet": ROOT / "configs/sim/sia-imagenet-48.yaml",
 }
-POLICIES = ("malletrain", "malletrain-known-curves", "freetrain", "equal-share", "no-loss-bound")
-#: Replayed with every rescale and reclaim free: the loss-free reference (docs/evaluation.md).
-FREE_RESCALES = {"no-loss-bound"}
+
+
+def _swf(name: str, nodes: int, day: float, procs_per_node: int = 1) -> Callable[[], IdleTrace]:
+    return lambda: swf_trace(TRACES / name, nodes, day * DAY, (day + SPAN_DAYS) * DAY,
+                             procs_per_node)
+
+
+def _counts(reader: Callable[[Path], IdleTrace], name: str, day: float
+            ) -> Callable[[], IdleTrace]:
+    def build() -> IdleTrace:
+        tr = slice_from(reader(TRACES / name), day * DAY)
+        return IdleTrace(tr.source, tr.node_names, tr.start_s, (day + SPAN_DAYS) * DAY,
+                         tr.events_list)
+    return build
+
+
+def _centre() -> IdleTrace:
+    return centre_trace(SPAN_DAYS)
+
+
+@dataclass(frozen=True)
+class Slice:
+    name: str
+    trace: Callable[[], IdleTrace]
+    jobs: str  # a JOBSETS key, or "centre"
+
+
+SLICES = [
+    Slice("theta22-d150-sia", _swf("alcf-theta-2022.swf", 4360, 150), "sia"),
+    Slice("theta22-d30-gavel", _swf("alcf-theta-2022.swf", 4360, 30), "gavel"),
+    Slice("theta22-d250-imagenet", _swf("alcf-theta-2022.swf", 4360, 250), "imagenet"),
+    Slice("theta23-d20-gavel", _swf("alcf-theta-2023sep-2024jan.swf", 4392, 20), "gavel"),
+    Slice("theta23-d100-sia", _swf("alcf-theta-2023sep-2024jan.swf", 4392, 100), "sia"),
+    Slice("ricc-d30-imagenet", _swf("RICC-2010-2.swf.gz", 1024, 30, 8), "imagenet"),
+    Slice("philly-d14-sia", _counts(read_philly_minutes, "philly-node-usage-per-minute.csv", 14),
+          "sia"),
+    Slice("philly-d40-gavel",
+          _counts(read_philly_minutes, "philly-node-usage-per-minute.csv", 40), "gavel"),
+    Slice("philly-d60-imagenet",
+          _counts(read_philly_minutes, "philly-node-usage-per-minute.csv", 60), "imagenet"),
+    Slice("helios-d17-sia",
+          _counts(read_helios_minutes, "helios-earth-vc6YE-usage-per-minute.csv", 17), "sia"),
+    Slice("cirrus-d25-gavel",
+          _counts(read_cirrus_jobs, "epcc-cirrus-cpu-2024-09-jobs-rigid.csv", 25), "gavel"),
+    Slice("centre-theta-philly-mixed", _centre, "centre"),
+]
+BY_NAME = {s.name: s for s in SLICES}
+DEFAULT_POLICIES = ("malletrain", "freetrain", "equal-share")
+
+
+def _jobs(key: str) -> list[SimJob]:
+    if key == "centre":
+        return job_set(1000)
+    return parse_jobs(JOBSETS[key])
+
+
+def replay(slice_name: str, policy: str) -> dict[str, float]:
+    """One policy on one slice (in a worker process): the figures the table shows."""
+    sl = BY_NAME[slice_name]
+    trace = sl.trace()
+    sim = Simulator(trace, _jobs(sl.jobs), make_policy(policy, REPLAY),
+                    provider_for(POLICIES[policy].curves),
+                    until_s=trace.start_s + SPAN_DAYS * DAY)
+    t0 = time.perf_counter()
+    res = sim.run()
+    s = res.summary()
+    return {"work": float(s["one_worker_seconds_total"]),  # type: ignore[arg-type]
+            "samples": res.samples_total, "idle_used": float(s["idle_used_share"]),  # type: ignore[arg-type]
+            "rescales": res.rescales, "finished": float(s["jobs_finished"]),  # type: ignore[arg-type]
+            "events": res.events, "nodes": len(trace.node_names),
+            "wall_s": time.perf_counter() - t0}
+
+
+def bound(slice_name: str, time_s: float) -> tuple[float, float]:
+    """The proven bound on one-worker-seconds for the slice: (bound, gap)."""
+    from malletrain.sim.bound import upper_bound
+    from malletrain.sim.bound_inputs import idle_segments, in_worker_seconds
+
+    sl = BY_NAME[slice_name]
+    trace = sl.trace()
+    segs = idle_segments(trace, trace.start_s + SPAN_DAYS * DAY)
+    b = upper_bound(segs, in_worker_seconds(_jobs(sl.jobs)), 10,
+                    submit_origin_s=trace.start_s, time_limit_s=time_s)
+    return b.samples, b.gap
+
+
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--scenario", action="append", help="e.g. theta-sia (default: all four)")
-    ap.add_argument("--policy", action="append", help="default: all five")
-    ap.add_argument("--out", default="out/eval")
-    ap.add_argument("--plots", help="copy each scenario's timeline PNGs here")
-    ap.add_argument("--tfwd-s", default="10")
+    ap.add_argument("--slice", action="append", choices=list(BY_NAME), help="default: all 12")
+    ap.add_argument("--policy", action="append", help=f"default: {', '.join(DEFAULT_POLICIES)}")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--bound-time-s", type=float, default=60.0)
     args = ap.parse_args()
-    scenarios = args.scenario or [f"{t}-{j}" for t in TRACES for j in JOBSETS]
-    policies = args.policy or list(POLICIES)
-    last: list[str] = []
-    for sc in scenarios:
-        trace, jobset = sc.split("-", 1)
-        for pol in policies:
-            out = Path(args.out) / sc / pol
-            t0 = time.perf_counter()
-            rc = cli(
-                [
-                    "simulate", *TRACES[trace], "--jobs", JOBSETS[jobset], "--policy", pol,
-                    "--tfwd-s", args.tfwd_s, "--out", str(out), "--no-progress",
-                    *(["--no-rescale-cost"] if pol in FREE_RESCALES else []),
-                ]
-            )
-            if rc != 0:
-                raise SystemExit(f"{sc} {pol}: exit {rc}")
-            print(f"  ({sc} {pol}: {time.perf_counter() - t0:.0f} s)", flush=True)
-            if args.plots:
-                Path(args.plots).mkdir(parents=True, exist_ok=True)
-                shutil.copy(out / "timeline.png", Path(args.plots) / f"sim-{sc}-{pol}.png")
-        summaries = sorted((Path(args.out) / sc).glob("*/summary.json"))
-        print(f"\n### {sc}\n")
-        print(table(load(summaries)))
-        by = {json.loads(p.read_text())["policy"]: json.loads(p.read_text()) for p in summaries}
-        parts = []
-        for top in ("malletrain", "no-loss-bound"):
-            for base in ("freetrain", "equal-share"):
-                if top in by and base in by:
-                    ratio = by[top]["samples_total"] / by[base]["samples_total"]
-                    parts.append(f"{top}/{base}={ratio:.3f}")
-        last.append(f"evaluate {sc}: " + " ".join(parts))
-    print()
-    print("\n".join(last))
+    slices = args.slice or list(BY_NAME)
+    policies = args.policy or list(DEFAULT_POLICIES)
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(args.workers) as pool:
+        runs = {(s, p): pool.submit(replay, s, p) for s in slices for p in policies}
+        bounds = {s: pool.submit(bound, s, args.bound_time_s) for s in slices}
+        res = {k: f.result() for k, f in runs.items()}
+        bnd = {s: f.result() for s, f in bounds.items()}
+    print("| slice | nodes | events | policy | one-worker-s | ÷ freetrain | ÷ equal-share | "
+          "of bound | idle used | rescales | finished | wall s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    ratios: dict[str, list[float]] = {"ft": [], "eq": [], "bound": []}
+    for s in slices:
+        b, gap = bnd[s]
+        for p in policies:
+            r = res[(s, p)]
+            ft = r["work"] / res[(s, "freetrain")]["work"] if (s, "freetrain") in res else math.nan
+            eq = (r["work"] / res[(s, "equal-share")]["work"]
+                  if (s, "equal-share") in res else math.nan)
+            of = r["work"] / b if b > 0 else math.nan
+            if p == "malletrain":
+                ratios["ft"].append(ft)
+                ratios["eq"].append(eq)
+                ratios["bound"].append(of)
+            print(f"| {s} | {r['nodes']:.0f} | {r['events']:.0f} | {p} | {r['work']:.4g} | "
+                  f"{ft:.3f} | {eq:.3f} | {of:.3f} | {r['idle_used']:.3f} | {r['rescales']:.0f} "
+                  f"| {r['finished']:.0f} | {r['wall_s']:.1f} |")
+        print(f"| {s} | | | proven bound (gap {gap:.2%}) | {b:.4g} | | | 1 | | | | |")
+    print(f"\n({time.perf_counter() - t0:.0f} s in all, {args.workers} workers)")
+    print(f"evaluate slices={len(slices)} "
+          f"min_vs_freetrain={min(ratios['ft'], default=math.nan):.3f} "
+          f"min_vs_equal={min(ratios['eq'], default=math.nan):.3f} "
+          f"geomean_vs_freetrain={_geomean(ratios['ft']):.3f} "
+          f"geomean_of_bound={_geomean(ratios['bound']):.3f} "
+          f"min_of_bound={min(ratios['bound'], default=math.nan):.3f}")
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -183,8 +183,15 @@ class MalleTrainPolicy:
                 key[unknown] = np.where(p_end > 0.0, -1.0 - (slot - slot.min()), np.nan)
         return w, p, key
 
+    #: Value throughput in each job's own one-node rate (node-seconds of useful work)
+    #: instead of samples: samples of different models do not add up, and in samples a
+    #: model with a high rate per node would outbid every other (preset ``REPLAY``).
+    work_units: bool = False
+
     def decide(self, inp: AllocationInput) -> Plan:
         t0 = time.perf_counter()
+        if self.work_units:
+            inp = in_work_units(inp)
         self.holes.update(inp.now_s, inp.nodes)
         counts, objective, w, growth_order = self.solve(inp)
         windows = {n.name: float(w[i]) for i, n in enumerate(inp.nodes)}
@@ -240,6 +247,26 @@ class MalleTrainPolicy:
         return values, w, offer.own_idx
 
 
+def in_work_units(inp: AllocationInput) -> AllocationInput:
+    """``inp`` with each job's rates (and remaining samples) divided by its one-node rate.
+
+    Every value the policy forms is linear in the job's rate (throughput over a window,
+    rescale losses, finish weights), so this changes units, not the model: the plan
+    maximises node-seconds of useful work. A job whose model gives no one-node rate is
+    left in samples.
+    """
+    jobs = []
+    for job in inp.jobs:
+        unit = job.throughput.rate(1)
+        if unit <= 0:
+            jobs.append(job)
+            continue
+        left = None if job.remaining_samples is None else job.remaining_samples / unit
+        jobs.append(replace(job, throughput=job.throughput.scaled(1.0 / unit),
+                            remaining_samples=left))
+    return replace(inp, jobs=tuple(jobs))
+
+
 def malletrain_policy(options: PolicyOptions, name: str = "malletrain",
                       explore_free_only: bool = True) -> MalleTrainPolicy:
     """The policy ``make_policy("malletrain", options)`` builds (the knobs: PolicyOptions)."""
@@ -253,4 +280,5 @@ def malletrain_policy(options: PolicyOptions, name: str = "malletrain",
         explore_free_only=explore_free_only,
         finish_weight=options.finish_weight,
         finish_horizon_s=options.finish_horizon_s,
+        work_units=options.work_units,
     )

@@ -47,6 +47,11 @@ class ThroughputModel:
     optimistic_slope: float = 0.0
     measured_max_nodes: int | None = None
 
+    def scaled(self, factor: float) -> ThroughputModel:
+        """The same curve with every rate times ``factor`` (a change of units)."""
+        return ThroughputModel(tuple((n, r * factor) for n, r in self.points),
+                               self.optimistic_slope * factor, self.measured_max_nodes)
+
     def rate(self, n: int) -> float:
         if n <= 0 or not self.points:
             return 0.0

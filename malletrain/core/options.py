@@ -38,8 +38,11 @@ class PolicyOptions:
     #: MalleableJob.remaining_samples (declared by the user) and AllocationInput.queued_jobs.
     finish_weight: float = 0.0
     finish_horizon_s: float = 24 * 3600.0
+    #: malletrain values throughput in each job's one-node rate, not in samples
+    #: (MalleTrainPolicy.work_units; replays: on).
+    work_units: bool = False
 
-    def with_(self, **changes: float | None) -> PolicyOptions:
+    def with_(self, **changes: float | bool | None) -> PolicyOptions:
         return replace(self, **changes)  # type: ignore[arg-type]
 
 
@@ -56,5 +59,5 @@ LIVE = PolicyOptions(keep_margin=0.1, hole_prior_floor=0.1)
 #: ``REPLAY``: the simulator's (docs/evaluation.md): unplanned nodes valued over 300 s and
 #: grouped into reclaim events of 1 s, finish-aware valuation within 24 h.
 REPLAY = PolicyOptions(estimate_horizon_s=300.0, reclaim_group_s=1.0, finish_weight=0.5,
-                       finish_horizon_s=86400.0)
+                       finish_horizon_s=86400.0, work_units=True)
 PRESETS = {"core": CORE, "live": LIVE, "replay": REPLAY}

@@ -189,22 +189,16 @@ def upper_bound(
     k = max_concurrent_jobs
     start = segments[0].start_s if segments else 0.0
     until = segments[-1].end_s if segments else 0.0
-    eligible_from = earliest_starts(
-        segments, runs, k, nodes=nodes, submit_origin_s=submit_origin_s
-    )
+    eligible_from = earliest_starts(segments, runs, k, nodes=nodes, submit_origin_s=submit_origin_s)
     rates = [job_rates(j) for j in runs]
     totals = np.array([j.total_samples for j in runs])
     phases = make_phases(segments, eligible_from, runs, k, nodes)
-
-    best, best_mu, uncapped, done, gap = search_multipliers(
-        phases, rates, totals, k, rounds, time_limit_s=time_limit_s)
+    best, best_mu, uncapped, done, gap = search_multipliers(phases, rates, totals, k, rounds,
+                                                            time_limit_s=time_limit_s)
     best_rate = max((j.best_per_node_rate() for j in runs), default=0.0)
     idle_ns = sum(s.idle * s.duration_s for s in segments)
-    milp = None
-    if milp_s > 0 and segments:
-        milp = integer_finish_bound(
-            segments, runs, k, eligible_from, nodes=nodes, block_s=block_s, time_limit_s=milp_s
-        )
+    milp = integer_finish_bound(segments, runs, k, eligible_from, nodes=nodes, block_s=block_s,
+                                time_limit_s=milp_s) if milp_s > 0 and segments else None
     proven = [best] if milp is None or milp.samples is None else [best, milp.samples]
     return Bound(
         samples=min(proven),
