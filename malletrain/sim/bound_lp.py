@@ -207,26 +207,14 @@ def search_multipliers(phases: Sequence[Phase], rates: Sequence[np.ndarray], tot
     deadline = time.monotonic() + time_limit_s
 
     def price(mu: np.ndarray) -> tuple[float, list[Allocation]]:
-        """The bound at ``mu`` and, per phase, the maximising allocations."""
-        total = float(mu @ totals)
-        allocs = []
-        for ph in phases:
-            weights = [1.0 - mu[p] for p in ph.members]
-            alloc = best_allocations([rates[p] for p in ph.members], weights, k, ph.capacity)
-            total += float(ph.seconds @ alloc.value)
-            allocs.append(alloc)
-        return total, allocs
+        return _price(phases, rates, totals, k, mu)
 
     mu = np.zeros(len(totals))
     best, allocs = price(mu)
     uncapped, best_mu, done = best, mu.copy(), 0
-    gross = np.zeros(len(totals))
-    for ph, alloc in zip(phases, allocs, strict=True):
-        for col, p in enumerate(ph.members):
-            gross[p] += float(ph.seconds @ rates[p][alloc.nodes[:, col]])
     # No job past its total at mu = 0: T_j - G_j >= 0 is a subgradient there, so
     # mu = 0 is optimal (convexity) and the cap cannot tighten the bound.
-    capped = bool((gross > totals).any())
+    capped = bool((_gross(phases, rates, allocs, len(totals)) > totals).any())
     master = Master(phases, rates, totals)
     master.add(allocs)
     floor = best if not capped else -math.inf
@@ -252,6 +240,29 @@ def search_multipliers(phases: Sequence[Phase], rates: Sequence[np.ndarray], tot
             best, best_mu = value, mu.copy()
     rel_gap = max(0.0, (best - floor) / best) if best > 0 and floor > -math.inf else 1.0
     return best, best_mu, uncapped, done, (0.0 if not capped else rel_gap)
+
+
+def _price(phases: Sequence[Phase], rates: Sequence[np.ndarray], totals: np.ndarray, k: int,
+           mu: np.ndarray) -> tuple[float, list[Allocation]]:
+    """The bound at ``mu`` and, per phase, the maximising allocations (exact DP)."""
+    total = float(mu @ totals)
+    allocs = []
+    for ph in phases:
+        weights = [1.0 - mu[p] for p in ph.members]
+        alloc = best_allocations([rates[p] for p in ph.members], weights, k, ph.capacity)
+        total += float(ph.seconds @ alloc.value)
+        allocs.append(alloc)
+    return total, allocs
+
+
+def _gross(phases: Sequence[Phase], rates: Sequence[np.ndarray], allocs: Sequence[Allocation],
+           jobs: int) -> np.ndarray:
+    """Each job's gross samples under the phases' allocations."""
+    gross = np.zeros(jobs)
+    for ph, alloc in zip(phases, allocs, strict=True):
+        for col, p in enumerate(ph.members):
+            gross[p] += float(ph.seconds @ rates[p][alloc.nodes[:, col]])
+    return gross
 
 
 #: Weight of the best multipliers so far in the ones priced next (Wentges smoothing).

@@ -68,11 +68,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     offered = bound("offered")
     same = all(s.offered == s.idle for s in segments)
     idle = dataclasses.replace(offered, nodes="idle") if same else bound("idle")
+    print(_summary(offered, idle))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"offered": asdict(offered), "idle": asdict(idle)}, fh, indent=1)
+    return 0
+
+
+def _summary(offered: Bound, idle: Bound) -> str:
+    """The one line ``cli_bound`` prints: both bounds and what they rest on."""
     milp = "not run"
     if offered.samples_milp is not None:
         how = "optimal" if offered.milp_optimal else "HiGHS's bound at the time limit"
         milp = f"{offered.samples_milp:.6g} ({how})"
-    print(
+    return (
         f"bound: samples_total <= {offered.samples:.6g} (policies on offered nodes; LP "
         f"{offered.samples_lp:.6g} within {offered.gap:.2%} of its best, integer finishes "
         f"{milp}), <= {idle.samples:.6g} (any "
@@ -81,10 +90,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{offered.segments} segments, jobs that can run {offered.jobs_admissible} of "
         f"{offered.jobs_total}, can run dry: {'yes' if offered.can_run_dry else 'no'}"
     )
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"offered": asdict(offered), "idle": asdict(idle)}, fh, indent=1)
-    return 0
 
 
 if __name__ == "__main__":

@@ -184,15 +184,20 @@ def run(args: argparse.Namespace) -> int:
             "proven_bound_gap": None if bound is None else bound.gap,
         },
     )
-    print(
-        f"{args.policy}: samples_total={summary['samples_total']:.6g} "
+    print(_result_line(args.policy, summary, bound) + f" -> {args.out}")
+    return 0
+
+
+def _result_line(policy: str, summary: dict[str, object], bound: Bound | None) -> str:
+    """The one line ``malletrain simulate`` prints (``of_bound`` with ``--bound``)."""
+    line = (
+        f"{policy}: samples_total={summary['samples_total']:.6g} "
         f"idle_used_share={summary['idle_used_share']:.3f} rescales={summary['rescales']} "
         f"jobs_finished={summary['jobs_finished']} "
         f"decision_ms_p50={summary['decision_ms_p50']:.2f} "
         f"wall_s={summary['wall_s']:.1f}"
-        + ("" if bound is None or bound.samples <= 0 else
-           f" bound={bound.samples:.6g} of_bound={result.samples_total / bound.samples:.3f}")
-        + f" -> {args.out}"
     )
-    return 0
-
+    if bound is not None and bound.samples > 0:
+        share = float(summary["samples_total"]) / bound.samples  # type: ignore[arg-type]
+        line += f" bound={bound.samples:.6g} of_bound={share:.3f}"
+    return line
