@@ -11,10 +11,9 @@ samples/s on one node, summed: node-seconds of useful work, comparable across mo
 (raw samples of different models are not). Its bound is the LP bound of the same jobs
 counted in one-worker-seconds (``bound_inputs.in_worker_seconds``).
 
-**Tuning split.** malletrain replays with the preset ``REPLAY`` (``core/options.py``),
-chosen on the earlier evaluation's Theta days 150-153 and Philly days 14-17 with the
-Sia, Gavel and ImageNet job sets: slices ``theta22-d150-sia`` and ``philly-d14-sia``
-are from that tuning half; the other ten were not seen when it was chosen.
+**Tuning split.** Every other slice (``TUNING``, marked T) is where the knobs of the
+preset ``REPLAY`` (``core/options.py``) may be chosen (``--half tuning --set KNOB=V``);
+the others (H, held out) only report. docs/evaluation.md says which knob was chosen where.
 
 Usage: ``.venv/bin/python benchmarks/evaluate.py [--slice NAME ...] [--policy NAME ...]
 [--workers 2] [--bound-time-s 60]``; prints a table and the last line
@@ -33,6 +32,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from malletrain.core.options import PolicyOptions
 from malletrain.core.policies import POLICIES, REPLAY, make_policy
 from malletrain.sim.counts import read_cirrus_jobs, read_helios_minutes, read_philly_minutes
 from malletrain.sim.curves import provider_for
@@ -100,6 +100,8 @@ SLICES = [
     Slice("centre-theta-philly-mixed", _centre, "centre"),
 ]
 BY_NAME = {s.name: s for s in SLICES}
+#: Every other slice: where the preset's knobs may be chosen; the rest only report.
+TUNING = {s.name for s in SLICES[0::2]}
 DEFAULT_POLICIES = ("malletrain", "freetrain", "equal-share")
 
 
@@ -109,11 +111,11 @@ def _jobs(key: str) -> list[SimJob]:
     return parse_jobs(JOBSETS[key])
 
 
-def replay(slice_name: str, policy: str) -> dict[str, float]:
+def replay(slice_name: str, policy: str, options: PolicyOptions = REPLAY) -> dict[str, float]:
     """One policy on one slice (in a worker process): the figures the table shows."""
     sl = BY_NAME[slice_name]
     trace = sl.trace()
-    sim = Simulator(trace, _jobs(sl.jobs), make_policy(policy, REPLAY),
+    sim = Simulator(trace, _jobs(sl.jobs), make_policy(policy, options),
                     provider_for(POLICIES[policy].curves),
                     until_s=trace.start_s + SPAN_DAYS * DAY)
     t0 = time.perf_counter()
@@ -149,12 +151,17 @@ def main() -> None:
     ap.add_argument("--policy", action="append", help=f"default: {', '.join(DEFAULT_POLICIES)}")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--bound-time-s", type=float, default=60.0)
+    ap.add_argument("--half", choices=("tuning", "held-out"), help="only that half's slices")
+    ap.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
+                    help="override a PolicyOptions knob of REPLAY (e.g. keep_margin=0.05)")
     args = ap.parse_args()
-    slices = args.slice or list(BY_NAME)
+    slices = args.slice or [s for s in BY_NAME if args.half is None
+                            or (s in TUNING) == (args.half == "tuning")]
+    options = REPLAY.with_(**{k: float(v) for k, v in (kv.split("=", 1) for kv in args.set)})
     policies = args.policy or list(DEFAULT_POLICIES)
     t0 = time.perf_counter()
     with ProcessPoolExecutor(args.workers) as pool:
-        runs = {(s, p): pool.submit(replay, s, p) for s in slices for p in policies}
+        runs = {(s, p): pool.submit(replay, s, p, options) for s in slices for p in policies}
         bounds = {s: pool.submit(bound, s, args.bound_time_s) for s in slices}
         res = {k: f.result() for k, f in runs.items()}
         bnd = {s: f.result() for s, f in bounds.items()}
@@ -174,9 +181,10 @@ def main() -> None:
                 ratios["ft"].append(ft)
                 ratios["eq"].append(eq)
                 ratios["bound"].append(of)
-            print(f"| {s} | {r['nodes']:.0f} | {r['events']:.0f} | {p} | {r['work']:.4g} | "
-                  f"{ft:.3f} | {eq:.3f} | {of:.3f} | {r['idle_used']:.3f} | {r['rescales']:.0f} "
-                  f"| {r['finished']:.0f} | {r['wall_s']:.1f} |")
+            half = "T" if s in TUNING else "H"
+            print(f"| {s} ({half}) | {r['nodes']:.0f} | {r['events']:.0f} | {p} | "
+                  f"{r['work']:.4g} | {ft:.3f} | {eq:.3f} | {of:.3f} | {r['idle_used']:.3f} | "
+                  f"{r['rescales']:.0f} | {r['finished']:.0f} | {r['wall_s']:.1f} |")
         print(f"| {s} | | | proven bound (gap {gap:.2%}) | {b:.4g} | | | 1 | | | | |")
     print(f"\n({time.perf_counter() - t0:.0f} s in all, {args.workers} workers)")
     print(f"evaluate slices={len(slices)} "

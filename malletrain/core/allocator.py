@@ -98,7 +98,7 @@ class MalleTrainPolicy:
     charge_start: bool = True
     #: Horizon for windows estimated from the hole model (nodes Slurm plans nothing
     #: for), capped by ``horizon_s``; ``None``: ``horizon_s``. See effective_windows.
-    #: The simulator's replays use 300 s (preset malletrain.core.options.REPLAY).
+    #: The simulator's replays use 120 s (preset malletrain.core.options.REPLAY).
     estimate_horizon_s: float | None = None
     #: Unplanned nodes that turned idle within the same slot of this many seconds share
     #: one reclaim event (0: off; replays: 1 s, to the second; the daemon: off for now).
@@ -145,7 +145,7 @@ class MalleTrainPolicy:
         for all of them.
 
         Nodes without a plan get the hole model's estimate over ``estimate_horizon_s``
-        where set (replays: 300 s): beyond a few minutes the estimate extrapolates the
+        where set (replays: 120 s): beyond a few minutes the estimate extrapolates the
         hole-length tail, and an allocation on a trace that changes every minute or two
         is re-decided long before 30 minutes are up. With ``reclaim_group_s`` > 0 (replays:
         1 s), unplanned nodes that turned idle in the same slot (``now - idle_age``) are
