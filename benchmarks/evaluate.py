@@ -168,7 +168,7 @@ def main() -> None:
     print("| slice | nodes | events | policy | one-worker-s | ÷ freetrain | ÷ equal-share | "
           "of bound | idle used | rescales | finished | wall s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    ratios: dict[str, list[float]] = {"ft": [], "eq": [], "bound": []}
+    ratios: dict[str, list[float]] = {"ft": [], "eq": [], "bound": [], "T": [], "H": []}
     for s in slices:
         b, gap = bnd[s]
         for p in policies:
@@ -181,12 +181,15 @@ def main() -> None:
                 ratios["ft"].append(ft)
                 ratios["eq"].append(eq)
                 ratios["bound"].append(of)
+                ratios["T" if s in TUNING else "H"].append(of)
             half = "T" if s in TUNING else "H"
             print(f"| {s} ({half}) | {r['nodes']:.0f} | {r['events']:.0f} | {p} | "
                   f"{r['work']:.4g} | {ft:.3f} | {eq:.3f} | {of:.3f} | {r['idle_used']:.3f} | "
                   f"{r['rescales']:.0f} | {r['finished']:.0f} | {r['wall_s']:.1f} |")
         print(f"| {s} | | | proven bound (gap {gap:.2%}) | {b:.4g} | | | 1 | | | | |")
     print(f"\n({time.perf_counter() - t0:.0f} s in all, {args.workers} workers)")
+    print(f"malletrain of bound, geomean: tuning half {_geomean(ratios['T']):.3f}, "
+          f"held-out half {_geomean(ratios['H']):.3f}")
     print(f"evaluate slices={len(slices)} "
           f"min_vs_freetrain={min(ratios['ft'], default=math.nan):.3f} "
           f"min_vs_equal={min(ratios['eq'], default=math.nan):.3f} "
