@@ -124,8 +124,8 @@ class LocalDaemon:
 
     def __init__(self, work: Path, env: Mapping[str, str], slurm_conf: str, *,
                  policy: str = "malletrain", tick_s: float = 1.0, log_level: str = "INFO",
-                 slurm: Mapping[str, Any] | None = None, extra_args: tuple[str, ...] = ()
-                 ) -> None:
+                 slurm: Mapping[str, Any] | None = None, extra_args: tuple[str, ...] = (),
+                 coordinator_port: int = 0) -> None:
         self.work = work
         self.env = dict(env)
         self.state = work / "state"
@@ -146,7 +146,8 @@ class LocalDaemon:
             "allocator": {"tick_interval_s": tick_s, "policy": policy},
             "state": {"database_path": str(self.state / "state.db"),
                       "snapshot_dir": str(self.state / "snapshots")},
-            "coordinator": {"host": "127.0.0.1", "port": 0, "heartbeat_timeout_s": 60},
+            "coordinator": {"host": "127.0.0.1", "port": coordinator_port,
+                            "heartbeat_timeout_s": 60},
             "submit": {"socket_path": str(self.socket)},
             "metrics": {"enabled": True, "address": "127.0.0.1:0"},
             "logging": {"level": log_level, "format": "text"},
