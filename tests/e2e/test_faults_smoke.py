@@ -29,6 +29,7 @@ def _load_faults():
     spec = importlib.util.spec_from_file_location("faults_bench", FAULTS)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up by name
     spec.loader.exec_module(module)
     return module
 
