@@ -197,7 +197,9 @@ def render_slot(
         hold=True,
         exclusive=True,
         export=spec.export,
-        extra_args=slot_extra_args(spec),
+        # a requeued slot keeps its Slurm job id, so %j names the same file: append, or
+        # every placement would truncate what the earlier ones (and their errors) wrote
+        extra_args=("--open-mode=append", *slot_extra_args(spec)),
     )
 
 
