@@ -165,8 +165,12 @@ class Suite:
             run(["mount", "-t", "tmpfs", "-o", "size=64m,mode=0755", "tmpfs", str(mounted)],
                 self.env)
         # a fixed coordinator port, as its service has: a restarted coordinator is found
+        # snapshots outside that file system: on a real cluster the daemon's state is on the
+        # login node's disk and evicted jobs' state on the parallel file system (and the
+        # dev cluster's nodes, in their own mount namespace, do not see the tmpfs anyway)
         d = LocalDaemon(work, env, self.cluster.slurm_conf, tick_s=1.0,
-                        slurm={"command_timeout_s": 5}, coordinator_port=_free_port()).start()
+                        slurm={"command_timeout_s": 5}, coordinator_port=_free_port(),
+                        snapshot_dir=work / "snapshots" if mounted else None).start()
         r = Run(scenario, d, tag=f"f{index}")
         try:
             r.job = d.submit_example("mt-alice", r.tag, f"1-{NODES}", self.samples, step_log=True)
@@ -405,7 +409,11 @@ def preempt_during_grow(s: Suite, r: Run) -> None:
 
 
 def state_disk_full(s: Suite, r: Run) -> None:
-    """The file system of the daemon's state (a 64 MiB tmpfs here) full for 20 s."""
+    """The file system of the daemon's state (a 64 MiB tmpfs here) full for 20 s.
+
+    The state is the SQLite store and the submit socket; evicted jobs' snapshots are on
+    another file system (a real cluster's parallel file system).
+    """
     ballast = r.daemon.state / "ballast"
     try:
         with open(ballast, "wb") as fh:

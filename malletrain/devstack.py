@@ -119,13 +119,15 @@ class LocalDaemon:
 
     ``work/malletrain.yaml`` is its config, ``work/state`` its SQLite store, snapshots and
     submit socket, ``work/out`` (world-writable, sticky) where users' jobs write, and
-    ``work/daemon.log`` its log. ``slurm`` entries override the config's ``slurm:`` section.
+    ``work/daemon.log`` its log. ``slurm`` entries override the config's ``slurm:`` section;
+    ``snapshot_dir`` puts evicted jobs' state elsewhere (as a real cluster's parallel file
+    system is elsewhere than the login node's disk).
     """
 
     def __init__(self, work: Path, env: Mapping[str, str], slurm_conf: str, *,
                  policy: str = "malletrain", tick_s: float = 1.0, log_level: str = "INFO",
                  slurm: Mapping[str, Any] | None = None, extra_args: tuple[str, ...] = (),
-                 coordinator_port: int = 0) -> None:
+                 coordinator_port: int = 0, snapshot_dir: Path | None = None) -> None:
         self.work = work
         self.env = dict(env)
         self.state = work / "state"
@@ -145,7 +147,7 @@ class LocalDaemon:
                       "command_timeout_s": 10, **(slurm or {})},
             "allocator": {"tick_interval_s": tick_s, "policy": policy},
             "state": {"database_path": str(self.state / "state.db"),
-                      "snapshot_dir": str(self.state / "snapshots")},
+                      "snapshot_dir": str(snapshot_dir or self.state / "snapshots")},
             "coordinator": {"host": "127.0.0.1", "port": coordinator_port,
                             "heartbeat_timeout_s": 60},
             "submit": {"socket_path": str(self.socket)},
