@@ -75,6 +75,7 @@ from malletrain.slurm.hostlist import expand_hostlist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import yield_trace  # benchmarks/ is not a package
+from step_log import redone_steps
 
 REPO = Path(__file__).resolve().parents[1]
 TRACE = REPO / "data" / "traces" / "alcf-theta-2022.swf"  # data/README.md
@@ -282,19 +283,8 @@ class Bench:
             rows = daemon.jobs()
         finally:
             self.stop()
-        lost = 0
-        for tag in ("ma", "mb") if not self.args.restart_mode else ():
-            path = daemon.step_log(tag)
-            failed = set()
-            if path.exists():
-                for line in path.read_text().splitlines():
-                    try:
-                        rec = json.loads(line)
-                    except ValueError:
-                        continue
-                    if rec.get("event") == "failed_step":
-                        failed.add((rec.get("epoch"), rec.get("step")))
-            lost += len(failed)
+        lost = sum(redone_steps(daemon.step_log(tag))
+                   for tag in (("ma", "mb") if not self.args.restart_mode else ()))
         log_dir = self.base / "cluster" / "log"
         ms = {}
         for tag in ("base", "base2", "scav") if self.args.aa else ("base", "scav"):

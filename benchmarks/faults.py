@@ -28,7 +28,6 @@ samples_lost=L regular_wait_max_s=W recover_max_s=T``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shutil
@@ -45,6 +44,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from step_log import redone_steps
 from yield_trace import regular_traces
 
 from malletrain.devstack import (
@@ -200,7 +200,7 @@ class Suite:
                               and r.recover_s is not None),
             "recover_s": r.recover_s, "jobs_lost": 0 if done else 1,
             "samples_lost": abs(samples - self.samples) if result else self.samples,
-            "redone_steps": self._redone(d, r.tag),
+            "redone_steps": redone_steps(d.step_log(r.tag)),
             "regular_wait_s": wait, "notes": r.notes,
         }
 
@@ -259,20 +259,6 @@ class Suite:
             time.sleep(1.0)
         r.notes.append("job not done within the deadline")
         return False
-
-    @staticmethod
-    def _redone(d: LocalDaemon, tag: str) -> int:
-        path = d.step_log(tag)
-        failed = set()
-        if path.exists():
-            for line in path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if rec.get("event") == "failed_step":
-                    failed.add((rec.get("epoch"), rec.get("step")))
-        return len(failed)
 
     @staticmethod
     def _wait(pred: Callable[[], object], timeout_s: float, what: str, d: LocalDaemon) -> None:

@@ -119,15 +119,16 @@ class LocalDaemon:
 
     ``work/malletrain.yaml`` is its config, ``work/state`` its SQLite store, snapshots and
     submit socket, ``work/out`` (world-writable, sticky) where users' jobs write, and
-    ``work/daemon.log`` its log. ``slurm`` entries override the config's ``slurm:`` section;
-    ``snapshot_dir`` puts evicted jobs' state elsewhere (as a real cluster's parallel file
-    system is elsewhere than the login node's disk).
+    ``work/daemon.log`` its log. ``slurm`` and ``state`` entries override those sections of
+    the config; ``snapshot_dir`` puts evicted jobs' state elsewhere (as a real cluster's
+    parallel file system is elsewhere than the login node's disk).
     """
 
     def __init__(self, work: Path, env: Mapping[str, str], slurm_conf: str, *,
                  policy: str = "malletrain", tick_s: float = 1.0, log_level: str = "INFO",
                  slurm: Mapping[str, Any] | None = None, extra_args: tuple[str, ...] = (),
-                 coordinator_port: int = 0, snapshot_dir: Path | None = None) -> None:
+                 coordinator_port: int = 0, snapshot_dir: Path | None = None,
+                 state: Mapping[str, Any] | None = None) -> None:
         self.work = work
         self.env = dict(env)
         self.state = work / "state"
@@ -147,7 +148,8 @@ class LocalDaemon:
                       "command_timeout_s": 10, **(slurm or {})},
             "allocator": {"tick_interval_s": tick_s, "policy": policy},
             "state": {"database_path": str(self.state / "state.db"),
-                      "snapshot_dir": str(snapshot_dir or self.state / "snapshots")},
+                      "snapshot_dir": str(snapshot_dir or self.state / "snapshots"),
+                      **(state or {})},
             "coordinator": {"host": "127.0.0.1", "port": coordinator_port,
                             "heartbeat_timeout_s": 60},
             "submit": {"socket_path": str(self.socket)},
