@@ -183,6 +183,7 @@ def cmd_test_only(args: argparse.Namespace) -> int:
         launch = read.plan.launch
         report.update(launcher=launch.kind, launch_line=launch.lineno,
                       launch_words=list(launch.words),
+                      launch_alternatives=[x.lineno for x in read.plan.alternatives],
                       stop_signal=spec.stop_signal, stop_grace_s=spec.stop_grace_s)
     if args.json:
         print(json.dumps(report))

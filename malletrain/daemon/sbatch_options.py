@@ -75,7 +75,10 @@ _TABLE: tuple[Rule, ...] = (
         ("--acctg-freq", None, "Slurm's default is used"),
         ("--profile", None, "not applied to node slots"),
         ("--comment", None, "malletrain tags node slots with the comment"),
-        ("--input", "-i", "node slots read no input"))),
+        ("--input", "-i", "node slots read no input"),
+        ("--wait-all-nodes", None, "each node slot starts when its node is ready"),
+        ("--reservation", None, "node slots run on idle nodes of the scavenger partition, "
+         "outside reservations"))),
     *(Rule(o, _IGNORE, s, value=False, why=w) for o, s, w in (
         ("--parsable", None, "`malletrain submit --parsable` prints the job id"),
         ("--quiet", "-Q", "not needed"), ("--verbose", "-v", "not needed"),
@@ -93,8 +96,6 @@ _TABLE: tuple[Rule, ...] = (
         ("--exclude", "-x", "not supported yet for malleable jobs"),
         ("--begin", "-b", "a malleable job starts when nodes are idle"),
         ("--deadline", None, "not supported for malleable jobs"),
-        ("--reservation", None, "node slots run in the scavenger partition, outside "
-         "reservations"),
         ("--time-min", None, "the daemon sets each node slot's time from its idle window"),
         ("--wrap", None, "give a batch script or a Python training script"),
         ("--uid", None, "jobs always run as the submitting user"),

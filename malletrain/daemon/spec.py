@@ -18,7 +18,8 @@ from malletrain.daemon.sbatch_options import SLOT_OPTIONS, SLOT_VALUE_RE
 from malletrain.errors import PermanentError
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
-_ACCOUNT_RE = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
+#: ``@`` included: centres name accounts per partition that way (IDRIS: ``six@v100``)
+_ACCOUNT_RE = re.compile(r"^[A-Za-z0-9_.+@-]{1,64}$")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 #: Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
 _TIME_RE = re.compile(

@@ -15,7 +15,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from malletrain.elastic.restart.shellwords import prefix_command, shell_string
 from malletrain.errors import PermanentError
+
+#: what a node's copy of the launch line runs first: this package's launcher, which gets the
+#: line's evaluated argument list (the shell's expansion, never a string of ours)
+LAUNCH_PREFIX = '"$MALLETRAIN_PYTHON" -m malletrain.elastic.restart.launch '
 
 
 class LaunchError(PermanentError):
@@ -60,6 +65,10 @@ _SRUN_FLAGS = frozenset({
 })
 
 
+#: a whole word that is one variable the static reading could not expand (``$SRUN_ARGS``)
+_UNEXPANDED = re.compile(r"^\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)$")
+
+
 def split_srun(tokens: Sequence[str]) -> tuple[dict[str, str], list[str]]:
     """``srun [opts] cmd...`` -> ({option: value}, cmd...). Tokens not starting with srun
     come back unchanged with no options."""
@@ -67,8 +76,11 @@ def split_srun(tokens: Sequence[str]) -> tuple[dict[str, str], list[str]]:
         return {}, list(tokens)
     opts: dict[str, str] = {}
     i = 1
-    while i < len(tokens) and tokens[i].startswith("-"):
+    while i < len(tokens) and (tokens[i].startswith("-") or _UNEXPANDED.match(tokens[i])):
         tok = tokens[i]
+        if not tok.startswith("-"):  # ``srun $SRUN_ARGS cmd`` read before the shell runs
+            i += 1
+            continue
         if tok == "--":
             i += 1
             break
@@ -96,6 +108,23 @@ def _is_python(word: str) -> bool:
     return bool(_PYTHON_RE.match(program_name(word)))
 
 
+def _python_module(cmd: Sequence[str]) -> str | None:
+    """``python [-u|-O|-B...] -m MODULE``: MODULE (interpreter flags without a value)."""
+    for i, word in enumerate(cmd[1:], start=1):
+        if word == "-m":
+            return cmd[i + 1] if i + 1 < len(cmd) else None
+        if not re.match(r"^-[uOBsSEIq]+$", word):
+            return None
+    return None
+
+
+def _head_len(cmd: Sequence[str]) -> int:
+    """Words of ``python [flags] -m MODULE`` (or of a launcher named by itself: 1)."""
+    if _is_python(cmd[0]) and _python_module(cmd):
+        return cmd.index("-m") + 2
+    return 1
+
+
 def launcher_kind(cmd: Sequence[str], under_srun: bool) -> str | None:
     """Which launcher a command (srun already split off) is, or None if it is none."""
     if not cmd:
@@ -108,10 +137,12 @@ def launcher_kind(cmd: Sequence[str], under_srun: bool) -> str | None:
     if first == "deepspeed":
         return "deepspeed"
     if _is_python(cmd[0]):
-        if len(cmd) > 2 and cmd[1] == "-m" and cmd[2] in ("torch.distributed.run",
-                                                          "torch.distributed.launch"):
+        module = _python_module(cmd)
+        if module in ("torch.distributed.run", "torch.distributed.launch"):
             return "torchrun"
-        if under_srun:
+        if module == "accelerate.commands.launch":
+            return "accelerate"
+        if under_srun and "-c" not in cmd[1:2]:  # ``srun python -c "import torch"``: a check
             return "srun-python"
     return None
 
@@ -153,7 +184,7 @@ _TORCHRUN_SIZE = frozenset({"--nnodes", "--node-rank", "--master-addr", "--maste
 
 
 def _torchrun(cmd: list[str], g: Generation) -> tuple[str, ...]:
-    head = cmd[:3] if _is_python(cmd[0]) else cmd[:1]
+    head = cmd[:_head_len(cmd)]
     kept, program, dropped = _drop(cmd[len(head):], _TORCHRUN_FLAGS, _TORCHRUN_SIZE)
     if not program:
         raise LaunchError("torchrun: no training script on the launch line")
@@ -176,10 +207,11 @@ _ACCELERATE_SIZE = frozenset({"--num-machines", "--machine-rank", "--main-proces
 
 
 def _accelerate(cmd: list[str], g: Generation) -> tuple[str, ...]:
-    kept, program, _ = _drop(cmd[2:], _ACCELERATE_FLAGS, _ACCELERATE_SIZE)
+    head = cmd[:_head_len(cmd)] if _is_python(cmd[0]) else cmd[:2]  # ``accelerate launch``
+    kept, program, _ = _drop(cmd[len(head):], _ACCELERATE_FLAGS, _ACCELERATE_SIZE)
     if not program:
         raise LaunchError("accelerate launch: no training script on the launch line")
-    return (*cmd[:2], "--num_machines", str(g.nnodes), "--machine_rank", str(g.node_rank),
+    return (*head, "--num_machines", str(g.nnodes), "--machine_rank", str(g.node_rank),
             "--num_processes", str(g.nnodes * g.workers_per_node), "--main_process_ip",
             g.master_addr, "--main_process_port", str(g.master_port), "--rdzv_backend",
             "static", "--same_network", *kept, *program)
@@ -244,6 +276,14 @@ def plan_launch(argv: Sequence[str], g: Generation) -> Launch:
     """The launch line's evaluated argument list -> what this node runs in generation g."""
     srun, cmd = split_srun(argv)
     under_srun = bool(argv) and program_name(argv[0]) == "srun"
+    at = shell_string(cmd)
+    if at is not None:
+        # ``bash -c "$LAUNCHER --node_rank \$SLURM_PROCID ..."``: bash runs the string as
+        # written (its quotes, $(...)), its command prefixed like the script's launch line,
+        # with this node's SLURM_PROCID; the launcher it reaches is planned in that process
+        env = {**slurm_env(g, 1), "SLURM_PROCID": str(g.node_rank), "SLURM_LOCALID": "0"}
+        string = prefix_command(cmd[at], LAUNCH_PREFIX)
+        return Launch("shell", (*cmd[:at], string, *cmd[at + 1:]), env)
     kind = launcher_kind(cmd, under_srun)
     if kind == "srun-python":
         return _srun_python(cmd, srun, g)

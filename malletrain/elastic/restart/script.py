@@ -14,19 +14,19 @@ in the shell's error messages stay the user's.
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass
 
-from malletrain.elastic.restart.launchers import launcher_kind, program_name, split_srun
+from malletrain.elastic.restart import shellwords as sh
+from malletrain.elastic.restart.launchers import (
+    LAUNCH_PREFIX,
+    launcher_kind,
+    program_name,
+    split_srun,
+)
 
 #: the environment variable a slot carries the user's script text in (the agent reads it,
 #: then removes it from what the user's processes see)
 SCRIPT_ENV = "MALLETRAIN_SCRIPT_TEXT"
-LAUNCH_PREFIX = '"$MALLETRAIN_PYTHON" -m malletrain.elastic.restart.launch '
-#: where the command of a line starts: after indentation, ``VAR=value`` words and ``exec``
-_COMMAND_START = re.compile(
-    r"""^(\s*(?:[A-Za-z_][A-Za-z0-9_]*=(?:"[^"]*"|'[^']*'|[^\s"'])*\s+)*)(exec\s+)?""")
-_SHELLS = ("bash", "sh", "zsh", "ksh", "dash")
 _MPI = ("mpirun", "mpiexec", "orterun")
 
 
@@ -34,13 +34,19 @@ _MPI = ("mpirun", "mpiexec", "orterun")
 class LaunchLine:
     lineno: int  # the line it starts on (1-based)
     kind: str  # torchrun, srun-python, accelerate, deepspeed
-    words: tuple[str, ...]  # as written, unexpanded (for --test-only)
+    #: the command as the static reading sees it: the script's variables expanded, a
+    #: ``bash -c`` string read as the command it runs (for --test-only and the worker count)
+    words: tuple[str, ...]
+    offset: int = 0  # where the command starts in its line (after ``clear;`` and the like)
+    text: str = ""  # the command as written
 
 
 @dataclass(frozen=True)
 class ScriptPlan:
     interpreter: tuple[str, ...]  # from the #! line
     launch: LaunchLine
+    #: launch lines in other branches of an ``if`` than ``launch`` (one of them runs)
+    alternatives: tuple[LaunchLine, ...] = ()
 
 
 def is_shell_script(text: str) -> bool:
@@ -49,12 +55,12 @@ def is_shell_script(text: str) -> bool:
         return False
     words = first[2:].split()
     names = [program_name(w) for w in words[:2]]
-    return any(n in _SHELLS for n in names)
+    return any(n in sh.SHELLS for n in names)
 
 
 def logical_lines(text: str) -> list[tuple[int, str]]:
-    """(first line number, text) of each command line: backslash continuations joined,
-    here-document bodies skipped (they are data, not commands)."""
+    """(first line number, text) of each command line: backslash continuations and quoted
+    strings over several lines joined, here-document bodies skipped (data, not commands)."""
     out: list[tuple[int, str]] = []
     lines = text.split("\n")
     i = 0
@@ -66,64 +72,109 @@ def logical_lines(text: str) -> list[tuple[int, str]]:
                 heredoc = None
             i += 1
             continue
-        while buf.endswith("\\") and i + 1 < len(lines):
+        while i + 1 < len(lines) and (buf.endswith("\\") or sh.open_quote(buf)):
             i += 1
-            buf = buf[:-1] + " " + lines[i]
-        m = re.search(r"<<-?\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)", buf)
-        if m:
+            buf = buf[:-1] + " " + lines[i] if buf.endswith("\\") else buf + "\n" + lines[i]
+        # a here-document (not a here-string ``<<<``, not in a comment)
+        m = re.search(r"(?<!<)<<-?(?!<)\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)", buf)
+        if m and not buf.lstrip().startswith("#"):
             heredoc = m.group(1)
         out.append((start, buf))
         i += 1
     return out
 
 
-def _words(line: str) -> list[str] | None:
-    """The line's first simple command as words (None: not a line shlex can read)."""
-    lex = shlex.shlex(line, posix=True, punctuation_chars=True)
-    lex.whitespace_split = True
-    lex.commenters = "#"
-    words: list[str] = []
-    try:
-        for tok in lex:
-            if tok and all(c in "();<>|&" for c in tok):
-                break
-            words.append(tok)
-    except ValueError:
-        return None
-    while words and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]):
-        words.pop(0)
-    if words and words[0] == "exec":
-        words.pop(0)
-    return words
+def find_launch(text: str, path: str) -> tuple[list[LaunchLine], list[str]]:
+    """The launch line of a script (or its alternatives), and every problem found.
 
-
-def find_launch(text: str, path: str) -> tuple[LaunchLine | None, list[str]]:
-    """The one launch line of a script, and every problem found."""
-    found: list[LaunchLine] = []
+    Each simple command of each line is read with the variables the script set before it
+    (:mod:`.shellwords`), so ``srun bash -c "$LAUNCHER ... $CMD"`` is seen as the launcher it
+    runs. Launch lines in different branches of one ``if``/``elif``/``else`` are
+    alternatives (one of them runs); any other second launch line is a problem.
+    """
+    found: list[tuple[LaunchLine, tuple[tuple[int, int], ...]]] = []
     problems: list[str] = []
-    for lineno, line in logical_lines(text):
+    lines = logical_lines(text)
+    firsts = dict(enumerate(text.split("\n"), start=1))
+    branches = _Branches()
+    for lineno, line in lines:
         if lineno == 1 or line.lstrip().startswith("#"):
             continue
-        words = _words(line)
-        if not words:
-            continue
-        _, cmd = split_srun(words)
-        if cmd and program_name(cmd[0]) in _MPI:
-            problems.append(f"{path}:{lineno}: {program_name(cmd[0])}: MPI launches cannot change "
-                            "size; use torchrun or srun python")
-            continue
-        kind = launcher_kind(cmd, under_srun=program_name(words[0]) == "srun")
-        if kind is not None:
-            found.append(LaunchLine(lineno, kind, tuple(words)))
+        variables = sh.variables_before(lines, lineno)
+        for offset, command in sh.segments(line):
+            command = branches.follow(command)
+            words = sh.resolved_command(command, variables) if command.strip() else None
+            if not words:
+                continue
+            launch, problem = _launch_in(words, path, lineno, offset, command)
+            if problem:
+                problems.append(problem)
+            elif launch is not None and not _on_first_line(firsts[lineno], offset, command):
+                problems.append(f"{path}:{lineno}: the launch command must start on the first "
+                                "line of its command line, not after a backslash continuation")
+            elif launch is not None:
+                found.append((launch, branches.path()))
     if not found and not problems:
         problems.append(f"{path}:1: no launch line: restart mode runs the one line that starts "
                         "training (srun torchrun ..., torchrun ..., srun python ..., "
                         "accelerate launch ..., deepspeed ..., python -m "
-                        "torch.distributed.run ...)")
-    for extra in found[1:]:
-        problems.append(f"{path}:{extra.lineno}: a second launch line (the first is line "
-                        f"{found[0].lineno}): restart mode restarts one launch per node")
-    return (found[0] if found else None), problems
+                        "torch.distributed.run ..., srun bash -c \"$LAUNCHER ...\")")
+    for i, (extra, where) in enumerate(found[1:], start=1):
+        if not all(_exclusive(where, other) for _, other in found[:i]):
+            problems.append(f"{path}:{extra.lineno}: a second launch line (the first is line "
+                            f"{found[0][0].lineno}): restart mode restarts one launch per node")
+    return [launch for launch, _ in found], problems
+
+
+class _Branches:
+    """Where a command is in the script's ``if`` blocks: (block, branch) pairs, outermost
+    first. Follows ``if``/``elif``/``else``/``fi`` at the start of each simple command."""
+
+    def __init__(self) -> None:
+        self._stack: list[list[int]] = []
+        self._blocks = 0
+
+    def follow(self, command: str) -> str:
+        """Note a keyword at the start of ``command``; the command after it (or "")."""
+        word, _, rest = command.strip().partition(" ")
+        if word == "if":
+            self._blocks += 1
+            self._stack.append([self._blocks, 0])
+            return ""
+        if word in ("elif", "else") and self._stack:
+            self._stack[-1][1] += 1
+            return rest if word == "else" else ""
+        if word == "fi" and self._stack:
+            self._stack.pop()
+            return ""
+        return rest if word in ("then", "do") else command
+
+    def path(self) -> tuple[tuple[int, int], ...]:
+        return tuple((block, branch) for block, branch in self._stack)
+
+
+def _exclusive(a: tuple[tuple[int, int], ...], b: tuple[tuple[int, int], ...]) -> bool:
+    """Whether two places are in different branches of one ``if`` (never both run)."""
+    return any(x[0] == y[0] and x[1] != y[1] for x, y in zip(a, b, strict=False))
+
+
+def _on_first_line(physical: str, offset: int, command: str) -> bool:
+    """Whether a command found at ``offset`` of a logical line starts on its first physical
+    line (a continued line's trailing backslash reads as a space in the logical line)."""
+    start = offset + len(command) - len(command.lstrip())
+    return start < len(physical) - (1 if physical.endswith("\\") else 0)
+
+
+def _launch_in(words: list[str], path: str, lineno: int, offset: int, command: str
+               ) -> tuple[LaunchLine | None, str | None]:
+    _, cmd = split_srun(words)
+    if cmd and program_name(cmd[0]) in _MPI:
+        return None, (f"{path}:{lineno}: {program_name(cmd[0])}: MPI launches cannot change "
+                      "size; use torchrun or srun python")
+    kind = launcher_kind(cmd, under_srun=program_name(words[0]) == "srun")
+    if kind is None:
+        return None, None
+    return LaunchLine(lineno, kind, tuple(words), offset, command.strip()), None
 
 
 def declared_workers(launch: LaunchLine) -> int | None:
@@ -145,20 +196,20 @@ def analyse(text: str, path: str) -> tuple[ScriptPlan | None, list[str]]:
     """A shell batch script -> its plan, or the ``FILE:LINE:`` problems that refuse it."""
     first = text.split("\n", 1)[0].strip()
     interpreter = tuple(first[2:].split()) if first.startswith("#!") else ()
-    launch, problems = find_launch(text, path)
+    launches, problems = find_launch(text, path)
     if not interpreter:
         problems.insert(0, f"{path}:1: no #! line: a batch script starts with its "
                            "interpreter, e.g. #!/bin/bash")
-    if launch is None or problems:
+    if not launches or problems:
         return None, problems
-    return ScriptPlan(interpreter, launch), []
+    return ScriptPlan(interpreter, launches[0], tuple(launches[1:])), []
 
 
 def render(text: str, plan: ScriptPlan) -> str:
-    """The script a node runs: the user's, with the launch line's command prefixed."""
+    """The script a node runs: the user's, with the launch line's command prefixed (each
+    alternative's too: the branch the shell takes runs through the launcher)."""
     lines = text.split("\n")
-    i = plan.launch.lineno - 1
-    m = _COMMAND_START.match(lines[i])
-    assert m is not None  # the pattern matches every string
-    lines[i] = m.group(1) + LAUNCH_PREFIX + lines[i][m.end():]
+    for launch in (plan.launch, *plan.alternatives):
+        i, at = launch.lineno - 1, launch.offset
+        lines[i] = lines[i][:at] + sh.prefix_command(lines[i][at:], LAUNCH_PREFIX)
     return "\n".join(lines)

@@ -1,0 +1,163 @@
+"""Just enough of the shell's grammar to find a launch line in a real batch script. Pure.
+
+Real scripts seldom write the launcher on the launch line itself. They build it in
+variables and run it through ``bash -c`` so that ``\\$SLURM_PROCID`` is expanded on each node
+(BigScience's, ml-engineering's, Hugging Face's recipes)::
+
+    export LAUNCHER="python -u -m torch.distributed.run --nproc_per_node $GPUS_PER_NODE ..."
+    srun $SRUN_ARGS --jobid $SLURM_JOB_ID bash -c "$LAUNCHER --node_rank \\$SLURM_PROCID $CMD"
+
+To see which launcher such a line runs, and how many workers it starts per node, this module
+splits a line into its simple commands and expands variables from the script's own plain
+assignments (``NAME=value``, ``export NAME=value``; ``${NAME:-default}``). That is a static
+reading, used only to recognise the line and show it in ``--test-only``: on the node the
+shell itself expands the line as written, and ``bash -c`` strings are run by bash.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+_ASSIGN = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
+_VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
+_SEPARATORS = (";", "&&", "||", "|", "&")
+#: where a command starts: after indentation, ``VAR=value`` words and ``exec``
+_COMMAND_START = re.compile(
+    r"""^(\s*(?:[A-Za-z_][A-Za-z0-9_]*=(?:"[^"]*"|'[^']*'|[^\s"'])*\s+)*)(exec\s+)?""")
+#: a value that is a command substitution: only the shell can know it (``$((`` is arithmetic)
+_SUBSTITUTION = re.compile(r"^\s*[\"']?(\$\((?!\()|`)")
+SHELLS = ("bash", "sh", "zsh", "ksh", "dash")
+
+
+def open_quote(line: str) -> bool:
+    """Whether ``line`` ends inside a quoted string (it goes on on the next line)."""
+    return _scan(line)[1]
+
+
+def segments(line: str) -> list[tuple[int, str]]:
+    """(offset, text) of each simple command of a line: split at ``;``, ``&&``, ``||``,
+    ``|`` and ``&`` outside quotes (``2>&1`` and ``>&2`` are redirections, not separators)."""
+    return _scan(line)[0]
+
+
+def _scan(line: str) -> tuple[list[tuple[int, str]], bool]:
+    """The simple commands of ``line`` and whether it ends inside quotes."""
+    out: list[tuple[int, str]] = []
+    start, i, quote = 0, 0, ""
+    while i < len(line):
+        c = line[i]
+        if quote:
+            if c == "\\" and quote == '"':
+                i += 1
+            elif c == quote:
+                quote = ""
+        elif c == "\\":
+            i += 1
+        elif c in "'\"":
+            quote = c
+        elif c == "#" and (i == 0 or line[i - 1].isspace()):
+            break  # a comment runs to the end of the line
+        else:
+            sep = next((s for s in _SEPARATORS if line.startswith(s, i)), None)
+            redirect = c == "&" and (line[i - 1:i] in (">", "<") or line[i + 1:i + 2] == ">")
+            if sep and not redirect:
+                out.append((start, line[start:i]))
+                i += len(sep)
+                start = i
+                continue
+        i += 1
+    out.append((start, line[start:i]))
+    return [(off, text) for off, text in out if text.strip()], bool(quote)
+
+
+def _split(text: str) -> list[str] | None:
+    lex = shlex.shlex(text, posix=True)
+    lex.whitespace_split = True
+    lex.commenters = ""
+    try:
+        return list(lex)
+    except ValueError:
+        return None
+
+
+def words(command: str) -> list[str] | None:
+    """A simple command as words, leading ``VAR=value`` and ``exec`` dropped (None: not a
+    command shlex can read, e.g. an unterminated quote)."""
+    out = _split(command)
+    if out is None:
+        return None
+    while out and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", out[0]):
+        out.pop(0)
+    if out and out[0] == "exec":
+        out.pop(0)
+    return out
+
+
+def expand(text: str, variables: dict[str, str]) -> str:
+    """``$NAME``, ``${NAME}`` and ``${NAME:-default}`` replaced from ``variables``; ``\\$``
+    is kept as ``$``. A name the script does not set is left as written (``${NAME:-x}``: its
+    default): it is set at run time (``$SLURM_PROCID``, ``$MASTER_ADDR=$(...)``)."""
+    def one(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(3)
+        if name in variables:
+            return variables[name]
+        return m.group(2) if m.group(2) is not None else m.group(0)
+
+    parts = text.split("\\$")
+    return "$".join(_VAR.sub(one, p) for p in parts)
+
+
+def assignments(lines: list[tuple[int, str]]) -> list[tuple[int, str, str]]:
+    """(line number, name, value) of each plain assignment, its value unquoted and not yet
+    expanded. A value that is a command substitution (``$(hostname)``) is skipped: the name
+    stays unknown. One inside a longer value is kept as written."""
+    out = []
+    for lineno, line in lines:
+        m = _ASSIGN.match(line)
+        if not m or _SUBSTITUTION.search(m.group(2)):
+            continue
+        value = _split(m.group(2))
+        if value is not None and len(value) <= 1:
+            out.append((lineno, m.group(1), value[0] if value else ""))
+    return out
+
+
+def variables_before(lines: list[tuple[int, str]], lineno: int) -> dict[str, str]:
+    """The script's variables as they stand before ``lineno`` (each value expanded with the
+    ones before it, as the shell does at the assignment)."""
+    table: dict[str, str] = {}
+    for at, name, value in assignments(lines):
+        if at >= lineno:
+            break
+        table[name] = expand(value, table)
+    return table
+
+
+def resolved_command(command: str, variables: dict[str, str]) -> list[str] | None:
+    """The words a command runs as the static reading sees them: variables expanded, and the
+    string of a ``bash -c STRING`` read as the command it runs (after ``srun`` options)."""
+    first = words(expand(command, variables))
+    if first is None:
+        return None
+    for i in range(len(first)):
+        at = shell_string(first[i:])
+        if at is not None:
+            inner = words(expand(first[i + at], variables))
+            return None if inner is None else first[:i] + inner
+    return first
+
+
+def prefix_command(command: str, prefix: str) -> str:
+    """``command`` with ``prefix`` put before its program (after ``VAR=value`` and ``exec``),
+    so that the shell still applies those assignments to it."""
+    m = _COMMAND_START.match(command)
+    assert m is not None  # the pattern matches every string
+    return m.group(1) + prefix + command[m.end():]
+
+
+def shell_string(cmd: list[str] | tuple[str, ...]) -> int | None:
+    """Index of the STRING of ``bash -c STRING ...`` at the start of ``cmd`` (None: not one)."""
+    if len(cmd) > 2 and cmd[0].rsplit("/", 1)[-1] in SHELLS and cmd[1] == "-c":
+        return 2
+    return None

@@ -1,0 +1,147 @@
+"""Launch lines as real batch scripts write them: built in variables, run through ``bash -c``,
+after ``clear;``, in ``if``/``else`` branches (the static reading of :mod:`shellwords`), and
+the ``bash -c`` string run by bash on the node, through the launcher."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+from malletrain.elastic.restart import shellwords as sh
+from malletrain.elastic.restart.launchers import (
+    LAUNCH_PREFIX,
+    Generation,
+    plan_launch,
+    split_srun,
+)
+from malletrain.elastic.restart.script import analyse, declared_workers, logical_lines, render
+
+# the shape of BigScience's and ml-engineering's launchers (written for this test)
+VARIABLES_SCRIPT = """#!/bin/bash
+#SBATCH --nodes=2
+GPUS_PER_NODE=8
+MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1)
+export LAUNCHER="python -u -m torch.distributed.run \\
+    --nproc_per_node $GPUS_PER_NODE \\
+    --rdzv_endpoint $MASTER_ADDR:6000 \\
+    --role \\$(hostname -s): \\
+    "
+export CMD="train.py --steps ${STEPS:-100}"
+SRUN_ARGS=" \\
+    --wait=60
+    "
+clear; srun $SRUN_ARGS --jobid $SLURM_JOB_ID bash -c "$LAUNCHER --node_rank \\$SLURM_PROCID \\
+$CMD" 2>&1 | tee -a log.txt
+"""
+
+
+def test_a_launcher_built_in_variables_and_run_by_bash_c_is_found():
+    plan, problems = analyse(VARIABLES_SCRIPT, "job.sh")
+    assert problems == []
+    assert plan is not None and plan.launch.kind == "torchrun"
+    assert plan.launch.lineno == 14
+    assert declared_workers(plan.launch) == 8
+    # the static reading: $GPUS_PER_NODE and ${STEPS:-100} known, $MASTER_ADDR (a command
+    # substitution) and $SLURM_PROCID (set at run time) left as written
+    words = plan.launch.words
+    assert words[:4] == ("srun", "--wait=60", "--jobid", "$SLURM_JOB_ID")
+    assert "$MASTER_ADDR:6000" in words and words[-3:] == ("train.py", "--steps", "100")
+
+
+def test_render_prefixes_the_command_after_clear_and_keeps_the_pipe():
+    plan, _ = analyse(VARIABLES_SCRIPT, "job.sh")
+    assert plan is not None
+    out = render(VARIABLES_SCRIPT, plan).split("\n")
+    assert out[13] == ("clear; " + LAUNCH_PREFIX + "srun $SRUN_ARGS --jobid $SLURM_JOB_ID bash"
+                       " -c \"$LAUNCHER --node_rank \\$SLURM_PROCID \\")
+    original = VARIABLES_SCRIPT.split("\n")
+    assert out[:13] == original[:13] and out[14:] == original[14:]
+
+
+def test_launch_lines_in_branches_of_one_if_are_alternatives():
+    text = ("#!/bin/bash\nif [ -n \"$SALLOC_MODE\" ]; then\n    srun torchrun a.py\n"
+            "else\n    srun torchrun b.py\nfi\n")
+    plan, problems = analyse(text, "j.sh")
+    assert problems == [] and plan is not None
+    assert [x.lineno for x in (plan.launch, *plan.alternatives)] == [3, 5]
+    rendered = render(text, plan).split("\n")
+    assert rendered[2] == "    " + LAUNCH_PREFIX + "srun torchrun a.py"
+    assert rendered[4] == "    " + LAUNCH_PREFIX + "srun torchrun b.py"
+    # two launch lines that can both run are still refused
+    _, problems = analyse("#!/bin/bash\nsrun torchrun a.py\nif x; then\n srun torchrun b.py\n"
+                          "fi\n", "j.sh")
+    assert problems == ["j.sh:4: a second launch line (the first is line 2): restart mode "
+                        "restarts one launch per node"]
+
+
+def test_quoted_strings_over_lines_here_strings_and_comment_markers():
+    text = ('#!/bin/bash\nexport CMD=" \\\n  train.py --x 1\n  "\n# <<< conda initialize <<<\n'
+            'LR=`bc <<< "3/10"`\nsrun torchrun $CMD\n')
+    lines = logical_lines(text)
+    assert [n for n, _ in lines] == [1, 2, 5, 6, 7, 8]
+    plan, problems = analyse(text, "j.sh")
+    assert problems == [] and plan is not None and plan.launch.lineno == 7
+    assert plan.launch.words[-3:] == ("train.py", "--x", "1")
+
+
+def test_segments_split_commands_not_redirections():
+    assert sh.segments("a 2>&1 | b; c && d >&2 & e # f; g") == [
+        (0, "a 2>&1 "), (8, " b"), (11, " c "), (16, " d >&2 "), (24, " e ")]
+    assert sh.segments("echo 'a;b' \"c|d\"") == [(0, "echo 'a;b' \"c|d\"")]
+
+
+def test_srun_python_c_is_a_check_not_a_launch_and_unexpanded_srun_args_are_skipped():
+    text = ("#!/bin/bash\nsrun --jobid $SLURM_JOBID python -c 'import torch'\n"
+            "srun $EXTRA python train.py\n")
+    plan, problems = analyse(text, "j.sh")
+    assert problems == [] and plan is not None and plan.launch.lineno == 3
+    assert split_srun(["srun", "$EXTRA", "--jobid", "$ID", "python", "x.py"]) == (
+        {"--jobid": "$ID"}, ["python", "x.py"])
+
+
+def test_python_m_accelerate_commands_launch_is_accelerate():
+    g = Generation(nnodes=2, node_rank=1, master_addr="n1", master_port=4000, nodes=("n1", "n2"),
+                   workers_per_node=4)
+    launch = plan_launch(["python", "-u", "-m", "accelerate.commands.launch", "--machine_rank",
+                          "7", "--config_file", "a.yaml", "train.py"], g)
+    assert launch.kind == "accelerate"
+    assert launch.argv[:3] == ("python", "-u", "-m") and launch.argv[3] == (
+        "accelerate.commands.launch")
+    assert "--machine_rank" in launch.argv and "7" not in launch.argv
+    assert launch.argv[-3:] == ("--config_file", "a.yaml", "train.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_bash_c_runs_through_bash_and_reaches_torchrun_at_the_generation_size(tmp_path):
+    """The launcher as a process on one 'node': ``srun bash -c STRING``, where STRING names
+    torchrun for another size and ``$SLURM_PROCID``, and uses ``$(...)``. Bash runs it; the
+    launcher it reaches rewrites torchrun; the worker sees the generation's world."""
+    script = tmp_path / "w.py"
+    script.write_text("import json, os, sys\n"
+                      "json.dump({'argv': sys.argv[1:], 'world': os.environ['WORLD_SIZE'],"
+                      " 'rank': os.environ['RANK'], 'procid': os.environ['SLURM_PROCID']},"
+                      " open(sys.argv[1], 'w'))\n")
+    out = tmp_path / "out.json"
+    env = {"MALLETRAIN_NNODES": "1", "MALLETRAIN_NODE_RANK": "0",
+           "MALLETRAIN_MASTER_ADDR": "127.0.0.1", "MALLETRAIN_MASTER_PORT": str(_free_port()),
+           "MALLETRAIN_NODES": "localhost", "MALLETRAIN_WORKERS_PER_NODE": "1",
+           "MALLETRAIN_PYTHON": sys.executable,
+           "PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"}
+    string = (f"{sys.executable} -m torch.distributed.run --nnodes 16 --nproc_per_node 1 "
+              f"--node_rank $SLURM_PROCID --rdzv_endpoint nowhere:1 {script} {out} "
+              "--tag $(echo rank$SLURM_PROCID)")
+    res = subprocess.run([sys.executable, "-m", "malletrain.elastic.restart.launch", "--",
+                          "srun", "--jobid", "12", "bash", "-c", string],
+                         env=env, timeout=120, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got == {"argv": [str(out), "--tag", "rank0"], "world": "1", "rank": "0",
+                   "procid": "0"}
