@@ -213,8 +213,10 @@ def _describe(read: ReadScript) -> str:
             if spec.stop_signal != "TERM" else "SIGTERM")
     lines += [f"mode: restart (the script is restarted at every size change; stopped with "
               f"{stop})",
-              f"launch line {launch.lineno} ({launch.kind}): " + " ".join(launch.words),
-              "each node runs the script as written, its launch line at the current size"]
+              f"launch line {launch.lineno} ({launch.kind}): " + " ".join(launch.words)]
+    lines += [f"  or, in another branch, line {x.lineno} ({x.kind})"
+              for x in read.plan.alternatives]
+    lines.append("each node runs the script as written, its launch line at the current size")
     return "\n".join(lines)
 
 
