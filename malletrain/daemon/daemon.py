@@ -166,7 +166,9 @@ class Daemon:
             self.observe_s = time.monotonic() - t0  # the loop backs off when Slurm is slow
         except Exception as exc:
             self.observe_s = time.monotonic() - t0
-            log.warning("no Slurm snapshot this tick (and none recent to fall back on): %s", exc)
+            # the cache falls back on its last good snapshot after Slurm errors and odd
+            # answers; what reaches here is that, with none recent, or a fault of our own
+            log.warning("no Slurm snapshot this tick: %s (%s)", exc, type(exc).__name__)
             self._publish_metrics(None, slurm_up=False)
             return None
         world = self._observe(snap)

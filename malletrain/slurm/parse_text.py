@@ -71,8 +71,8 @@ def parse_key_values(line: str) -> dict[str, str]:
     """One ``scontrol show ... -o`` line -> {key: value}; values may contain spaces."""
     out: dict[str, str] = {}
     matches = list(_KEY_RE.finditer(line))
-    for m, nxt in zip(matches, [*matches[1:], None], strict=True):
-        end = nxt.start() if nxt is not None else len(line)
+    ends = [m.start() for m in matches[1:]] + [len(line)]
+    for m, end in zip(matches, ends[:len(matches)], strict=True):  # no key: no field
         key = m.group(1)
         if key not in out:
             out[key] = line[m.end():end].strip()

@@ -375,3 +375,36 @@ def test_the_daemons_backend_reads_the_job_list_with_a_fresh_token(release):
     second = [e["SQUEUE_FORMAT"] for e in rec.envs if "SQUEUE_FORMAT" in e][1]
     assert second != jobs_calls[0]  # a new token for every call: none to guess
     assert all("SQUEUE_FORMAT" not in " ".join(c) for c in rec.calls)  # never in argv
+
+
+def test_an_odd_periodic_answer_is_asked_again_not_kept_for_its_period():
+    """Found by benchmarks/faults.py (slurm-garbage): wrappers answering garbage during one
+    tick made every tick fail for the next 15-300 s, because the garbage answer of a
+    periodic call was kept. Now it is kept only once a snapshot built from it parsed."""
+    now = [1000.0]
+    good = golden_answers("busy")
+    garbage = '{"jobs": [{"job_id": "x", "nodes": 7}], "meta":'
+    mode = ["good"]
+    rec = Recorder(lambda argv: good[tuple(argv)] if mode[0] == "good" or (argv[0] == "sinfo"
+                   and argv[1] == "--version") else (0, garbage, ""))
+    backend = CliBackend(runner=rec, clock=lambda: now[0], release=SLURM_22_05)
+    backend.snapshot()
+    now[0] += 16  # the reservations are due again
+    mode[0] = "garbage"
+    with pytest.raises(SlurmParseError):
+        backend.snapshot()
+    mode[0] = "good"
+    now[0] += 1
+    rec.calls.clear()
+    snap = backend.snapshot()  # not the garbage: asked again, and parsed
+    assert any(c[:3] == ["scontrol", "show", "reservation"] for c in rec.calls)
+    assert snap.node("n1").switch == "s1"
+
+
+def test_a_scontrol_line_without_any_key_is_a_parse_error_not_a_crash():
+    from malletrain.slurm.parse_text import parse_key_values, parse_partitions
+
+    assert parse_key_values('{"jobs": [{"job_id": "x"}], "meta":') == {}
+    assert parse_key_values("A=1 B=two words") == {"A": "1", "B": "two words"}
+    with pytest.raises(SlurmParseError, match="line without PartitionName"):
+        parse_partitions('{"jobs": [{"job_id": "x", "nodes": 7}], "meta":')
