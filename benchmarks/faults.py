@@ -142,6 +142,12 @@ class Suite:
                   self.env).stdout
         return int(out.strip().split(";")[0])
 
+    def _in_queue(self, slurm_id: int) -> bool:
+        """Whether a job is still pending, running or completing (holding its nodes)."""
+        out = run(["squeue", "--noheader", "--format=%i", f"--jobs={slurm_id}",
+                   "--states=PENDING,RUNNING,COMPLETING"], self.env, check=False).stdout
+        return str(slurm_id) in out.split()
+
     def _regular_wait(self, slurm_id: int, timeout_s: float = 120) -> float:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -389,9 +395,12 @@ def slurm_hang(s: Suite, r: Run) -> None:
 
 
 def preempt_during_grow(s: Suite, r: Run) -> None:
-    """A regular job asking for every node right when the daemon places a slot."""
+    """A regular job asking for every node right when the daemon places a slot; the fault
+    lasts until that job has ended and given the nodes back (3 s)."""
     _regrowing(s, r)
-    s._regular_wait(s._submit_regular())
+    regular = s._submit_regular()
+    s._regular_wait(regular)
+    s._wait(lambda: not s._in_queue(regular), 60, "the regular job to end", r.daemon)
 
 
 def state_disk_full(s: Suite, r: Run) -> None:
