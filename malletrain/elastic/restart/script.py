@@ -38,7 +38,6 @@ class LaunchLine:
     #: ``bash -c`` string read as the command it runs (for --test-only and the worker count)
     words: tuple[str, ...]
     offset: int = 0  # where the command starts in its line (after ``clear;`` and the like)
-    text: str = ""  # the command as written
 
 
 @dataclass(frozen=True)
@@ -97,16 +96,16 @@ def find_launch(text: str, path: str) -> tuple[list[LaunchLine], list[str]]:
     lines = logical_lines(text)
     firsts = dict(enumerate(text.split("\n"), start=1))
     branches = _Branches()
+    variables: dict[str, str] = {}  # as they stand before the line read (one pass)
     for lineno, line in lines:
         if lineno == 1 or line.lstrip().startswith("#"):
             continue
-        variables = sh.variables_before(lines, lineno)
         for offset, command in sh.segments(line):
             command = branches.follow(command)
             words = sh.resolved_command(command, variables) if command.strip() else None
             if not words:
                 continue
-            launch, problem = _launch_in(words, path, lineno, offset, command)
+            launch, problem = _launch_in(words, path, lineno, offset)
             if problem:
                 problems.append(problem)
             elif launch is not None and not _on_first_line(firsts[lineno], offset, command):
@@ -114,6 +113,7 @@ def find_launch(text: str, path: str) -> tuple[list[LaunchLine], list[str]]:
                                 "line of its command line, not after a backslash continuation")
             elif launch is not None:
                 found.append((launch, branches.path()))
+        sh.assign(line, variables)
     if not found and not problems:
         problems.append(f"{path}:1: no launch line: restart mode runs the one line that starts "
                         "training (srun torchrun ..., torchrun ..., srun python ..., "
@@ -165,7 +165,7 @@ def _on_first_line(physical: str, offset: int, command: str) -> bool:
     return start < len(physical) - (1 if physical.endswith("\\") else 0)
 
 
-def _launch_in(words: list[str], path: str, lineno: int, offset: int, command: str
+def _launch_in(words: list[str], path: str, lineno: int, offset: int
                ) -> tuple[LaunchLine | None, str | None]:
     _, cmd = split_srun(words)
     if cmd and program_name(cmd[0]) in _MPI:
@@ -174,7 +174,7 @@ def _launch_in(words: list[str], path: str, lineno: int, offset: int, command: s
     kind = launcher_kind(cmd, under_srun=program_name(words[0]) == "srun")
     if kind is None:
         return None, None
-    return LaunchLine(lineno, kind, tuple(words), offset, command.strip()), None
+    return LaunchLine(lineno, kind, tuple(words), offset), None
 
 
 def declared_workers(launch: LaunchLine) -> int | None:

@@ -108,30 +108,17 @@ def expand(text: str, variables: dict[str, str]) -> str:
     return "$".join(_VAR.sub(one, p) for p in parts)
 
 
-def assignments(lines: list[tuple[int, str]]) -> list[tuple[int, str, str]]:
-    """(line number, name, value) of each plain assignment, its value unquoted and not yet
-    expanded. A value that is a command substitution (``$(hostname)``) is skipped: the name
-    stays unknown. One inside a longer value is kept as written."""
-    out = []
-    for lineno, line in lines:
-        m = _ASSIGN.match(line)
-        if not m or _SUBSTITUTION.search(m.group(2)):
-            continue
-        value = _split(m.group(2))
-        if value is not None and len(value) <= 1:
-            out.append((lineno, m.group(1), value[0] if value else ""))
-    return out
-
-
-def variables_before(lines: list[tuple[int, str]], lineno: int) -> dict[str, str]:
-    """The script's variables as they stand before ``lineno`` (each value expanded with the
-    ones before it, as the shell does at the assignment)."""
-    table: dict[str, str] = {}
-    for at, name, value in assignments(lines):
-        if at >= lineno:
-            break
-        table[name] = expand(value, table)
-    return table
+def assign(line: str, variables: dict[str, str]) -> None:
+    """Apply ``line`` to ``variables`` if it is a plain assignment (``NAME=value``,
+    ``export NAME=value``): its value unquoted and expanded with the variables before it, as
+    the shell does. A value that is a command substitution (``$(hostname)``) is not known
+    statically: the name is left out. One inside a longer value is kept as written."""
+    m = _ASSIGN.match(line)
+    if not m or _SUBSTITUTION.search(m.group(2)):
+        return
+    value = _split(m.group(2))
+    if value is not None and len(value) <= 1:
+        variables[m.group(1)] = expand(value[0] if value else "", variables)
 
 
 def resolved_command(command: str, variables: dict[str, str]) -> list[str] | None:
