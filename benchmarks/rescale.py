@@ -16,6 +16,9 @@ training state), 2 <-> 3 workers on CPU/gloo, all on this host. Measured in ONE 
   up   = a third agent is launched -> first step at world size 3
   down = the third agent's process group gets SIGTERM (preemption) -> first step at size 2
 
+``--device cuda`` runs every member and baseline worker on this host's GPU (cuda:0), over gloo
+with CUDA tensors: NCCL refuses two ranks on one GPU, and every member shares the one GPU.
+
 Each transition is done ``--cycles`` times; the median is reported. Last line:
 ``rescale down_s=<x> up_s=<y> baseline_down_s=<a> baseline_up_s=<b>``.
 
@@ -113,7 +116,8 @@ def run_malletrain(tmp: Path, cycles: int) -> dict[str, list[float]]:
         logs[member] = tmp / f"mt-{member}.jsonl"
         env = child_env(MALLETRAIN_COORDINATOR=coord.address, MALLETRAIN_JOB_ID=job,
                         MALLETRAIN_JOB_SECRET=coord.job_secret(job),
-                        MALLETRAIN_MEMBER_ID=member, MALLETRAIN_STATE_DIR=str(state))
+                        MALLETRAIN_MEMBER_ID=member, MALLETRAIN_STATE_DIR=str(state),
+                        MALLETRAIN_BACKEND="gloo")  # one host: members may share one GPU
         with open(tmp / f"mt-{member}.err", "w") as err:
             procs[member] = subprocess.Popen(
                 [sys.executable, str(EXAMPLE), *MODEL_ARGS, "--lr", LR, "--dataset-size", "256",
@@ -322,6 +326,8 @@ def main() -> int:
     ap.add_argument("--cycles", type=int, default=2, help="up/down cycles per system")
     ap.add_argument("--hidden", type=int, default=12288,
                     help="hidden width (default: the 96 MiB model; smaller for a smoke run)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="where every member's model lives (cuda: this host's first GPU)")
     ap.add_argument("--keep", action="store_true", help="keep the logs (path printed)")
     ap.add_argument("--skip-baseline", action="store_true",
                     help="malletrain only (no last line; for a quick check)")
@@ -330,6 +336,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="alternations with --against-commit")
     args = ap.parse_args()
     MODEL_ARGS[3] = str(args.hidden)
+    MODEL_ARGS.extend(["--device", "cuda:0" if args.device == "cuda" else "cpu"])
     tmp = Path(tempfile.mkdtemp(prefix="mt-rescale-"))
     print(f"logs in {tmp}", flush=True)
     if args.against_commit:
@@ -344,7 +351,8 @@ def main() -> int:
               f"(training stall: up {fmt(mt['up_stall'])} down {fmt(mt['down_stall'])})",
               flush=True)
         print(f"malletrain evicted-to-zero snapshot save_s={mt['save'][0]:.2f} "
-              f"restore_load_s={mt['restore'][0]:.2f} (hidden={args.hidden})", flush=True)
+              f"restore_load_s={mt['restore'][0]:.2f} (hidden={args.hidden}, "
+              f"device={args.device})", flush=True)
         if args.skip_baseline:
             return 0
         bl = run_baseline(tmp, args.cycles)

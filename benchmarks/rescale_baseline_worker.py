@@ -33,19 +33,20 @@ def main() -> int:
     ap.add_argument("--ckpt-every", type=int, default=5)
     ap.add_argument("--jsonl", type=Path, required=True)
     ap.add_argument("--max-steps", type=int, default=10_000)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda:N (gloo with CUDA tensors)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=30))
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(args.dim, args.hidden), nn.ReLU(),
-                          nn.Linear(args.hidden, args.dim))
+                          nn.Linear(args.hidden, args.dim)).to(args.device)
     opt = torch.optim.SGD(model.parameters(), lr=0.001 * world, momentum=0.9)
     step = 0
     load_s = 0.0
     if args.ckpt.exists():
         t0 = time.time()
-        state = torch.load(args.ckpt, map_location="cpu", weights_only=True)
+        state = torch.load(args.ckpt, map_location=args.device, weights_only=True)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         for g in opt.param_groups:
@@ -60,7 +61,7 @@ def main() -> int:
                               "load_s": load_s, "t": t_start, "restart": restart}) + "\n")
         while step < args.max_steps:
             t0 = time.time()
-            x = torch.randn(args.batch, args.dim, generator=g)
+            x = torch.randn(args.batch, args.dim, generator=g).to(args.device)
             loss = (ddp(x) - x).pow(2).mean()
             opt.zero_grad()
             loss.backward()
