@@ -10,7 +10,9 @@ tick because the same difference is still there.
 Each job's actions run in order; different jobs' run side by side (:data:`ACTION_WORKERS`),
 the jobs that give nodes back first. One after another, the Slurm calls of a tick that
 places hundreds of slots (500 jobs submitted at once, ``benchmarks/load.py``) took a
-minute, and a node given back to a regular job waited behind them.
+minute, and a node given back to a regular job waited behind them. :meth:`Actuator.apply`
+applies a tick's actions and returns; the service applies them off the tick instead
+(:mod:`malletrain.daemon.action_queue`, one :meth:`Actuator.apply_job` per job).
 """
 
 from __future__ import annotations
@@ -48,6 +50,11 @@ ACTION_WORKERS = 8
 _URGENT = (Park, Leave, Publish, Hold, Cancel)
 
 
+def is_urgent(action: Action) -> bool:
+    """Whether the action gives a node back or stops a job (its job's group goes first)."""
+    return isinstance(action, _URGENT)
+
+
 class MembershipPort(Protocol):
     """What the actuator needs from the coordinator (the elastic Coordinator satisfies it)."""
 
@@ -65,8 +72,8 @@ class Outcome:
     published: int = 0
     preemptions: int = 0
     yields_s: list[float] = field(default_factory=list)
-    #: (job, old size, new size) of each membership published.
-    rescales: list[tuple[str, int, int]] = field(default_factory=list)
+    #: (job, old size, new size, when) of each membership published.
+    rescales: list[tuple[str, int, int, float]] = field(default_factory=list)
     #: (job, new state) of each transition done.
     transitions: list[tuple[str, JobPhase]] = field(default_factory=list)
 
@@ -99,19 +106,20 @@ class Actuator:
         for action in actions:
             groups.setdefault(action.job_id, []).append(action)
         ordered = sorted(groups.values(),
-                         key=lambda seq: not any(isinstance(a, _URGENT) for a in seq))
+                         key=lambda seq: not any(is_urgent(a) for a in seq))
         out = Outcome()
         if self.workers <= 1 or len(ordered) <= 1:
             for seq in ordered:
-                out.add(self._apply_job(seq))
+                out.add(self.apply_job(seq))
             return out
         with ThreadPoolExecutor(max_workers=min(self.workers, len(ordered)),
                                 thread_name_prefix="actuator") as pool:
-            for part in pool.map(self._apply_job, ordered):
+            for part in pool.map(self.apply_job, ordered):
                 out.add(part)
         return out
 
-    def _apply_job(self, actions: Sequence[Action]) -> Outcome:
+    def apply_job(self, actions: Sequence[Action]) -> Outcome:
+        """One job's actions, in order; a failed one is logged and the next one runs."""
         out = Outcome()
         for action in actions:
             with job_context(action.job_id):
@@ -226,7 +234,7 @@ class Actuator:
         log.info("membership epoch %d: %d -> %d member(s) %s", epoch, a.old_size, new,
                  list(a.members))
         out.published += 1
-        out.rescales.append((a.job_id, a.old_size, new))
+        out.rescales.append((a.job_id, a.old_size, new, self._clock()))
 
     def _cancel(self, a: Cancel, out: Outcome) -> None:
         self._slurm("cancel", lambda: self.backend.cancel(a.slurm_job_id), a.job_id,

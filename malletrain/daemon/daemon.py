@@ -7,7 +7,10 @@ One tick (:meth:`Daemon.tick`):
   what the coordinator says (:class:`~malletrain.daemon.monitor.JobMonitor`, which also feeds
   progress to the Profiling Advisor);
 * ``decide(world, policy) -> TickPlan`` (pure, :mod:`malletrain.daemon.tick`);
-* act: :class:`~malletrain.daemon.actuator.Actuator` applies and records the actions;
+* act: :class:`~malletrain.daemon.actuator.Actuator` applies and records the actions: in
+  the tick (the default, for tests and tools), or, in the service
+  (``act_in_background=True``), on worker threads off the tick
+  (:mod:`malletrain.daemon.action_queue`), whose outcomes the next tick takes in;
 * publish a metrics snapshot (read by Prometheus at scrape time) and save what was learned.
 
 The loop around it (signals, reload, sleeping) is :mod:`malletrain.daemon.loop`; the
@@ -29,7 +32,8 @@ from malletrain.core.cluster import ClusterSnapshot
 from malletrain.core.lifecycle import JobPhase
 from malletrain.core.policies import make_policy
 from malletrain.core.profiler import ProfilingAdvisor
-from malletrain.daemon.actuator import Actuator
+from malletrain.daemon.action_queue import ActionQueue
+from malletrain.daemon.actuator import ACTION_WORKERS, Actuator, Outcome, is_urgent
 from malletrain.daemon.channel import Peer
 from malletrain.daemon.coordinator_proc import ensure_coordinator
 from malletrain.daemon.learned import LearnedState
@@ -38,6 +42,7 @@ from malletrain.daemon.requests import JobRow, RequestHandler
 from malletrain.daemon.slots import SlotStatus, parse_tag
 from malletrain.daemon.store import JobRecord, Store
 from malletrain.daemon.tick import DecideSettings, TickPlan, World, decide
+from malletrain.daemon.tick.actions import Action
 from malletrain.ops.metrics import JobStatus, Metrics, MetricsSnapshot
 from malletrain.ops.settings import Settings
 from malletrain.slurm.backend import SlurmBackend, SnapshotCache
@@ -74,6 +79,7 @@ class Daemon:
         coordinator: Any = None,
         decide_overrides: Mapping[str, float] | None = None,
         wake: Any = None,
+        act_in_background: bool = False,
     ) -> None:
         self.settings = settings
         self.backend = backend
@@ -91,6 +97,10 @@ class Daemon:
         self.monitor = JobMonitor(self.advisor, self.store, on_bad_record=self._bad_record)
         self.actuator = Actuator(backend, self.store, self.coordinator,
                                  on_slurm_call=self._slurm_call)
+        self.actions: ActionQueue[Action, Outcome] | None = (
+            ActionQueue(self.actuator.apply_job, Outcome, workers=ACTION_WORKERS,
+                        job_of=lambda a: a.job_id, urgent=is_urgent)
+            if act_in_background else None)
         self._last_plan: TickPlan | None = None
         #: what ``malletrain jobs`` shows, written by the tick, read by the channel's threads
         self._rows_lock = threading.Lock()
@@ -161,6 +171,10 @@ class Daemon:
     def tick(self) -> TickPlan | None:
         """Observe, decide, act: one whole tick (level-triggered; see the module doc)."""
         t0 = time.monotonic()
+        busy = frozenset[str]()
+        if self.actions is not None:
+            busy = self.actions.settle()  # before the snapshot: see action_queue.py
+            self._absorb(self.actions.take())
         try:
             snap = self.cache.refresh()
             self.observe_s = time.monotonic() - t0  # the loop backs off when Slurm is slow
@@ -176,9 +190,9 @@ class Daemon:
         plan = decide(world, self.policy)
         if self.metrics is not None:
             self.metrics.observe_decision(time.monotonic() - td)
-        self._remember_slots(plan)
+        self._remember_slots(plan, busy)
         self._log_plan(plan, world)
-        self._act(plan)
+        self._act(plan, busy)
         self._last_plan = plan
         self.seen_job_ids = frozenset(j.job_id for j in snap.jobs)
         self.holds_nodes = bool(plan.held_nodes) or any(plan.targets.values())
@@ -227,12 +241,25 @@ class Daemon:
             if note not in seen:  # a standing condition is logged when it starts, not per tick
                 log.info("%s", note)
 
-    def _act(self, plan: TickPlan) -> None:
-        """The actuator applies the plan; the advisor and the metrics hear what happened."""
-        outcome = self.actuator.apply(plan.actions)
-        for jid, old, new in outcome.rescales:
+    def _act(self, plan: TickPlan, busy: frozenset[str]) -> None:
+        """Apply the plan now, or hand it to the workers. The jobs ``busy`` when the
+        snapshot was taken are left out: their view mixed Slurm before their group's calls
+        with the store after its marks; the next tick decides for them again."""
+        if self.actions is None:
+            self._absorb(self.actuator.apply(plan.actions))
+            return
+        settled = [a for a in plan.actions if a.job_id not in busy]
+        self.actions.offer(settled)
+        if len(settled) < len(plan.actions):
+            log.debug("%d action(s) of busy jobs left for the next tick",
+                      len(plan.actions) - len(settled))
+
+    def _absorb(self, outcome: Outcome) -> None:
+        """The advisor and the metrics hear what applied actions did (on the tick's thread:
+        only it touches the advisor)."""
+        for jid, old, new, at_s in outcome.rescales:
             if old != new:
-                self.advisor.rescaled(jid, time.time(), old, new)
+                self.advisor.rescaled(jid, at_s, old, new)
         for jid, state in outcome.transitions:
             if state in (JobPhase.COMPLETED, JobPhase.CANCELLED, JobPhase.FAILED):
                 self._job_done(jid)
@@ -242,10 +269,15 @@ class Daemon:
             for y in outcome.yields_s:
                 self.metrics.observe_yield(y)
 
-    def _remember_slots(self, plan: TickPlan) -> None:
-        """Record what each slot was seen doing (preemption = running, then ended unasked)."""
+    def _remember_slots(self, plan: TickPlan, busy: frozenset[str]) -> None:
+        """Record what each slot was seen doing (preemption = running, then ended unasked);
+        not for a ``busy`` job, whose view may predate what its actions just recorded."""
         nodes: dict[str, tuple[str, ...]] = {}
         for jid, views in plan.slot_views.items():
+            if jid in busy:
+                with self._rows_lock:
+                    nodes[jid] = self._job_nodes.get(jid, ())
+                continue
             recs = {r.slot: r for r in self.store.slots(jid)}
             mine = []
             for v in views:
@@ -345,6 +377,10 @@ class Daemon:
             ))
         return out
 
-    def close(self) -> None:
+    def close(self, timeout_s: float | None = None) -> None:
+        """Finish the actions in flight (up to ``timeout_s``), save what was learned."""
+        if self.actions is not None:
+            self.actions.close(timeout_s)
+            self._absorb(self.actions.take())
         self._save_learned()
         self.store.close()

@@ -1,11 +1,12 @@
 """The service's main loop: signals, reload, metrics server, systemd notifications.
 
-Signals: SIGTERM/SIGINT stop the loop after the tick in progress (its Slurm actions finish
-and are recorded); SIGHUP reloads the config between ticks. Between ticks the loop sleeps
-``tick_interval_s`` (shorter while nodes are being given back: ``TickPlan.follow_up``;
-longer while slurmctld answers slowly: :func:`next_sleep_s`), and
-wakes early on a submission, a cancellation or a new pending job at Slurm (the arrival
-probe, :mod:`malletrain.daemon.arrivals`).
+Signals: SIGTERM/SIGINT stop the loop after the tick in progress (the Slurm actions in
+flight finish and are recorded, for up to half of ``daemon.stop_timeout_s``); SIGHUP
+reloads the config between ticks. Between ticks the loop sleeps ``tick_interval_s``
+(shorter while nodes are being given back: ``TickPlan.follow_up``; longer while slurmctld
+answers slowly: :func:`next_sleep_s`), and wakes early on a submission, a cancellation or a
+new pending job at Slurm (the arrival probe, :mod:`malletrain.daemon.arrivals`). A tick's
+actions are applied off the tick (:mod:`malletrain.daemon.action_queue`).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def run_daemon(settings: Settings, config_path: str | None, backend: SlurmBacken
     metrics = Metrics(registry)
     server = serve(settings.metrics.address, registry) if settings.metrics.enabled else None
     daemon = Daemon(settings, backend, metrics=metrics, decide_overrides=decide_overrides,
-                    wake=signals.wake)
+                    wake=signals.wake, act_in_background=True)
     channel = ChannelServer(settings.submit.socket_path, daemon.handle).start()
     probe = ArrivalProbe(backend.pending_job_ids, signals.wake,
                          settings.slurm.arrival_probe_s).start()
@@ -93,7 +94,8 @@ def run_daemon(settings: Settings, config_path: str | None, backend: SlurmBacken
         probe.stop()
         if server is not None:
             server.stop()
-        daemon.close()
+        # the actions in flight finish and are recorded, inside the stop deadline
+        daemon.close(timeout_s=settings.daemon.stop_timeout_s / 2)
         signals.restore()
     return 0
 

@@ -23,9 +23,14 @@ from malletrain.daemon.store import JobRecord, Store
 from malletrain.errors import PermanentError, RetryableError
 from malletrain.ops.settings import Settings
 from malletrain.slurm.backend import SlurmBackend
+from malletrain.slurm.coalesce import CoalescedJobs
 from malletrain.slurm.privacy import Privacy
 
 log = logging.getLogger(__name__)
+
+#: Slurm job ids are 32-bit; a larger one would fail the whole batched lookup it joins
+#: before each caller's retry alone isolates it.
+MAX_SLURM_JOB_ID = 2**32
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,8 @@ class RequestHandler:
         self.settings = settings  # replaced on reload
         self.store = store
         self.backend = backend
+        #: attaches arriving together share one ``squeue --jobs=`` (slurm/coalesce.py)
+        self._slot_jobs = CoalescedJobs(lambda ids: self.backend.jobs(ids))
         self.coordinator = coordinator
         self.state_dir = state_dir
         self.rows = rows
@@ -138,8 +145,8 @@ class RequestHandler:
             raise PermanentError(f"job {rec.job_id} is {rec.state.value}, not submitting")
         ids = req.get("slots")
         if (not isinstance(ids, list) or len(ids) != rec.spec.max_nodes
-                or not all(isinstance(i, int) and not isinstance(i, bool) and i > 0
-                           for i in ids) or len(set(ids)) != len(ids)):
+                or not all(isinstance(i, int) and not isinstance(i, bool)
+                           and 0 < i < MAX_SLURM_JOB_ID for i in ids) or len(set(ids)) != len(ids)):
             raise PermanentError(f"slots: expected {rec.spec.max_nodes} distinct Slurm job ids")
         self._check_slots(peer, rec, ids)
         self.store.add_slots(rec.job_id, list(ids))
@@ -152,7 +159,7 @@ class RequestHandler:
         """Every slot job is the user's own, tagged, pending, single-node, scavenging."""
         # fresh (the slots were submitted a moment ago) and only these: a whole snapshot
         # per attach made 100 concurrent submissions wait seconds (benchmarks/load.py)
-        found = {j.job_id: j for j in self.backend.jobs(ids)}
+        found = {j.job_id: j for j in self._slot_jobs.jobs(ids)}
         for k, sid in enumerate(ids):
             sj = found.get(sid)
             problem = None
