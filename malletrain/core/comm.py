@@ -1,0 +1,130 @@
+"""Communication-aware step model: a step's compute and synchronisation, per node count.
+
+Why: a throughput curve fitted to measured sizes only (:mod:`malletrain.core.profile`) says
+nothing about a size never run but an optimistic bound. A data-parallel step splits into
+compute (each node's share of the batch: the same per step when each node trains a fixed
+local batch, the way DDP and malletrain's workers do) and the gradient all-reduce, whose
+time grows with the node count in a known shape. Measuring the two apart at a few sizes
+predicts the others (the communication-optimisation survey's model; Pollux's measurements
+of step and sync time are its test data here, ``benchmarks/hetero.py``).
+
+The model, per step, with ``n`` nodes::
+
+    step_s(n) = compute_s + sync_s(n),   sync_s(n) = a + b * g(n)
+    g(n) = log2(n)        (tree / latency-bound all-reduce)   or
+    g(n) = (n - 1) / n    (ring, bandwidth-bound: 2 (n-1)/n of the gradient crosses each link)
+
+fitted over the sizes of two nodes and more (one node synchronises inside the node, if at
+all: its own measured time is used for it). ``a, b >= 0`` by weighted least squares on the
+sizes' mean sync times, for each shape; the shape with the smaller residual wins (log2 on
+a tie: two sizes fit both exactly). With one multi-node size, log2 through the origin
+(``a = 0``): it grows without bound, so a prediction errs on the cautious side. Throughput at ``n`` is
+``n * samples_per_step_per_node / step_s(n)``. The fit carries the residual's standard
+deviation, so a caller can tell how far to trust it (:meth:`CommFit.sync_sd_s`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+SHAPES: dict[str, Callable[[int], float]] = {
+    "log2": lambda n: math.log2(n),
+    "ring": lambda n: (n - 1) / n,
+}
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Mean times of one node count's measured steps."""
+
+    compute_s: float
+    sync_s: float
+    #: samples per step on each node (the local batch)
+    samples_per_node: float
+    #: how much evidence (steps or seconds): the fit's weight
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class CommFit:
+    compute_s: float
+    sync_a_s: float
+    sync_b_s: float
+    shape: str
+    samples_per_node: float
+    #: standard deviation of the sync residuals (seconds); 0 with an exact fit
+    residual_s: float
+    sizes: tuple[int, ...]
+    #: measured sync time on one node (None: not measured; then the fit's a)
+    one_node_sync_s: float | None = None
+
+    def sync_s(self, n: int) -> float:
+        if n == 1:
+            return self.one_node_sync_s if self.one_node_sync_s is not None else self.sync_a_s
+        return self.sync_a_s + self.sync_b_s * SHAPES[self.shape](n)
+
+    def step_s(self, n: int) -> float:
+        return self.compute_s + self.sync_s(n)
+
+    def rate(self, n: int) -> float:
+        """Predicted samples per second of the whole job at ``n`` nodes."""
+        if n <= 0:
+            return 0.0
+        return n * self.samples_per_node / self.step_s(n)
+
+    def sync_sd_s(self) -> float:
+        return self.residual_s
+
+
+def _fit_shape(points: list[tuple[int, float, float]], g: Callable[[int], float]
+               ) -> tuple[float, float, float]:
+    """Weighted least squares of sync = a + b g(n) with a, b >= 0: (a, b, rms residual)."""
+    sw = sum(w for _, _, w in points)
+    xs = [(g(n), y, w) for n, y, w in points]
+    mx = sum(x * w for x, _, w in xs) / sw
+    my = sum(y * w for _, y, w in xs) / sw
+    sxx = sum(w * (x - mx) ** 2 for x, _, w in xs)
+    b = sum(w * (x - mx) * (y - my) for x, y, w in xs) / sxx if sxx > 0 else 0.0
+    b = max(0.0, b)
+    a = my - b * mx
+    if a < 0:  # refit through the origin
+        a = 0.0
+        sxx0 = sum(w * x * x for x, _, w in xs)
+        b = max(0.0, sum(w * x * y for x, y, w in xs) / sxx0) if sxx0 > 0 else 0.0
+    rss = sum(w * (a + b * x - y) ** 2 for x, y, w in xs) / sw
+    return a, b, math.sqrt(rss)
+
+
+def _through_origin(points: list[tuple[int, float, float]], g: Callable[[int], float]
+                    ) -> tuple[float, float, float]:
+    sxx = sum(w * g(n) ** 2 for n, _, w in points)
+    b = sum(w * g(n) * y for n, y, w in points) / sxx if sxx > 0 else 0.0
+    sw = sum(w for _, _, w in points)
+    rss = sum(w * (b * g(n) - y) ** 2 for n, y, w in points) / sw
+    return 0.0, max(0.0, b), math.sqrt(rss)
+
+
+def fit_comm(measured: Mapping[int, StepTimes]) -> CommFit | None:
+    """The model through the measured node counts; None without a size above 1 (a single
+    node says nothing about synchronisation across nodes)."""
+    sizes = sorted(n for n, t in measured.items() if n > 0 and t.weight > 0)
+    multi = [n for n in sizes if n >= 2]
+    if not multi:
+        return None
+    total_w = sum(measured[n].weight for n in sizes)
+    compute = sum(measured[n].compute_s * measured[n].weight for n in sizes) / total_w
+    per_node = sum(measured[n].samples_per_node * measured[n].weight for n in sizes) / total_w
+    points = [(n, measured[n].sync_s, measured[n].weight) for n in multi]
+    one = measured[1].sync_s if 1 in sizes else None
+    if len(multi) < 2:
+        a, b, res = _through_origin(points, SHAPES["log2"])
+        return CommFit(compute, a, b, "log2", per_node, res, tuple(sizes), one)
+    best: CommFit | None = None
+    for shape, g in SHAPES.items():
+        a, b, res = _fit_shape(points, g)
+        fit = CommFit(compute, a, b, shape, per_node, res, tuple(sizes), one)
+        if best is None or res < best.residual_s - 1e-12:
+            best = fit
+    return best
