@@ -18,9 +18,10 @@ fitted over the sizes of two nodes and more (one node synchronises inside the no
 all: its own measured time is used for it). ``a, b >= 0`` by weighted least squares on the
 sizes' mean sync times, for each shape; the shape with the smaller residual wins (log2 on
 a tie: two sizes fit both exactly). With one multi-node size, log2 through the origin
-(``a = 0``): it grows without bound, so a prediction errs on the cautious side. Throughput at ``n`` is
-``n * samples_per_step_per_node / step_s(n)``. The fit carries the residual's standard
-deviation, so a caller can tell how far to trust it (:meth:`CommFit.sync_sd_s`).
+(``a = 0``): it grows without bound, so a prediction errs on the cautious side.
+Throughput at ``n`` is ``n * samples_per_step_per_node / step_s(n)``. The fit carries the
+residual's standard deviation, so a caller can tell how far to trust it
+(:meth:`CommFit.sync_sd_s`).
 """
 
 from __future__ import annotations

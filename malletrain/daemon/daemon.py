@@ -24,7 +24,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -196,8 +196,9 @@ class Daemon:
         self._last_plan = plan
         self.seen_job_ids = frozenset(j.job_id for j in snap.jobs)
         self.holds_nodes = bool(plan.held_nodes) or any(plan.targets.values())
-        self._publish_metrics(plan, slurm_up=not self.cache.stale, snap=snap)
-        self._save_learned()
+        live = [j for j in world.jobs if not j.state.terminal]  # one store read a tick
+        self._publish_metrics(plan, slurm_up=not self.cache.stale, snap=snap, jobs=live)
+        self._save_learned(live)
         pruned = self.store.prune_ended(self.settings.state.keep_ended_jobs)
         if pruned:
             log.info("deleted %d ended job(s) beyond state.keep_ended_jobs", pruned)
@@ -318,13 +319,15 @@ class Daemon:
         except Exception as exc:
             log.warning("coordinator forget %s: %s", job_id, exc)
 
-    def _save_learned(self) -> None:
+    def _save_learned(self, live: Sequence[JobRecord] | None = None) -> None:
+        if live is None:
+            live = self.store.jobs(include_terminal=False)
         self.learned.save_policy(self.policy)
-        self.learned.save_profiles(
-            self.advisor, {j.spec.kind for j in self.store.jobs(include_terminal=False)})
+        self.learned.save_profiles(self.advisor, {j.spec.kind for j in live})
 
     def _publish_metrics(self, plan: TickPlan | None, *, slurm_up: bool,
-                         snap: ClusterSnapshot | None = None) -> None:
+                         snap: ClusterSnapshot | None = None,
+                         jobs: Sequence[JobRecord] = ()) -> None:
         if self.metrics is None:
             return
         if plan is None or snap is None:
@@ -344,16 +347,16 @@ class Daemon:
         # whoever can scrape the metrics is not known: where Slurm keeps jobs private, the
         # per-job series do not say whose job it is
         private = self.privacy.get().private_jobs
-        jobs = tuple(
+        statuses = tuple(
             JobStatus(job_id=j.job_id, user="" if private else j.user, state=j.state.value,
                       nodes=len(job_nodes.get(j.job_id, ())), samples_per_s=j.samples_per_s,
                       samples_total=j.samples_total, rescales_up=j.rescales_up,
                       rescales_down=j.rescales_down)
-            for j in self.store.jobs(include_terminal=False)
+            for j in jobs
         )
         self.metrics.publish(MetricsSnapshot(
             time_s=time.time(), total_nodes=total, idle_nodes=len(plan.free_nodes),
-            scavenged_nodes=scavenged, predicted_idle_node_seconds=predicted, jobs=jobs,
+            scavenged_nodes=scavenged, predicted_idle_node_seconds=predicted, jobs=statuses,
             slurm_up=slurm_up,
         ))
 

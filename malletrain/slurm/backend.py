@@ -221,10 +221,10 @@ class CliBackend:
         At most three calls a tick in steady state (:func:`~.versions.every_tick`), plus a
         periodic one when its answer is older than :data:`~.versions.PERIODIC_S`.
         In parallel mode the clients run at once, so a tick costs about one call's
-        latency; results are still checked in :meth:`snapshot_commands` order, so the
-        first failure reported is the same as in sequential mode.  Sequentially, a JSON
-        answer with errors stops the tick at once (each further call would wait seconds
-        more for a dead slurmctld).
+        latency; failures are reported in :meth:`snapshot_commands` order (a JSON
+        answer's errors when it is parsed, or when a later call failed). Sequentially,
+        a JSON answer with errors stops the tick at once (each further call would wait
+        seconds more for a dead slurmctld).
         """
         commands = self.due_commands()
         token = secrets.token_hex(12)  # the job list's record marker, new for every call
@@ -251,11 +251,19 @@ class CliBackend:
         try:
             futures = {key: pool.submit(self._check, argv, extra_env=envs.get(key))
                        for key, argv in commands.items()}
+            # a JSON answer's "errors" are checked when it is parsed: decoding each
+            # multi-megabyte answer here as well doubled the tick's JSON work at 5,000
+            # nodes (benchmarks/load.py). Only when a later call failed are the earlier
+            # answers checked here, so the failure reported is the first in order.
             outputs = {}
             for key, future in futures.items():
-                outputs[key] = future.result()
-                if key.endswith("_json"):
-                    check_json_errors(outputs[key], " ".join(commands[key]))
+                try:
+                    outputs[key] = future.result()
+                except Exception:
+                    for done, text in outputs.items():
+                        if done.endswith("_json"):
+                            check_json_errors(text, " ".join(commands[done]))
+                    raise
             return outputs
         finally:
             pool.shutdown(wait=False, cancel_futures=True)

@@ -30,11 +30,12 @@ time limits are minutes, times epoch seconds, 0 means unset; ``scontrol`` prints
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar, cast
 
 from malletrain.core.cluster import (
     ClusterSnapshot,
@@ -111,23 +112,37 @@ def slurm_version(text: str) -> str | None:
 
 # ----------------------------------------------------------------------------- snapshot
 
+T = TypeVar("T")
+#: the last parse of each periodic answer (partitions, reservations, topology): the same
+#: text comes back every tick until its period ends, and re-parsing the topology of 5,000
+#: nodes each tick cost the daemon ~25 ms (``benchmarks/load.py``)
+_LAST_PARSE: dict[Callable[..., Any], tuple[str, Any, tuple[str, ...]]] = {}
+
+
+def _periodic(parse: Callable[[str, list[str]], T], text: str, warns: list[str]) -> T:
+    """``parse(text, warns)``, answered from the last call when the text is the same."""
+    last = _LAST_PARSE.get(parse)
+    if last is not None and (last[0] is text or last[0] == text):
+        warns.extend(last[2])
+        return cast(T, last[1])
+    mine: list[str] = []
+    result = parse(text, mine)
+    _LAST_PARSE[parse] = (text, result, tuple(mine))
+    warns.extend(mine)
+    return result
+
 
 def build_snapshot(taken_at: float, texts: SnapshotTexts) -> ClusterSnapshot:
     """One :class:`ClusterSnapshot` from one tick's outputs (pure; golden-file tested)."""
     warns: list[str] = []
-    nodes = parse_nodes_json(texts.nodes_json, warns)
+    switches = _periodic(parse_topology, texts.topology, warns)
+    nodes = parse_nodes_json(texts.nodes_json, warns, switches=switches)
     if texts.squeue_json:
         jobs = parse_squeue_json(texts.squeue_json, parse_planned(texts.planned, warns), warns)
     else:
         jobs = parse_jobs_plain(texts.jobs_plain, texts.jobs_token, warns)
-    partitions = parse_partitions(texts.partitions, warns)
-    reservations = parse_reservations(texts.reservations, warns)
-    switches = parse_topology(texts.topology, warns)
-    if switches:
-        nodes = tuple(
-            dataclasses.replace(n, switch=switches[n.name]) if n.name in switches else n
-            for n in nodes
-        )
+    partitions = _periodic(parse_partitions, texts.partitions, warns)
+    reservations = _periodic(parse_reservations, texts.reservations, warns)
     for w in warns:
         log.debug("snapshot warning: %s", w)
     return ClusterSnapshot(

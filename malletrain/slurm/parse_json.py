@@ -172,8 +172,10 @@ def node_state(base: str, flags: frozenset[str]) -> NodeState:
     return state
 
 
-def parse_nodes_json(text: str, warnings: list[str] | None = None) -> tuple[Node, ...]:
-    """Nodes from 22.05's ``sinfo --json`` or 23.02+'s ``scontrol show nodes --json``.
+def parse_nodes_json(text: str, warnings: list[str] | None = None, *,
+                     switches: Mapping[str, str] | None = None) -> tuple[Node, ...]:
+    """Nodes from 22.05's ``sinfo --json`` or 23.02+'s ``scontrol show nodes --json``;
+    ``switches`` names each node's leaf switch (``scontrol show topology``), if known.
 
     Both list one object per node under ``nodes``; their value shapes differ
     (:mod:`malletrain.slurm.shapes`). 23.02+'s ``sinfo --json`` lists groups of nodes
@@ -202,11 +204,13 @@ def parse_nodes_json(text: str, warnings: list[str] | None = None) -> tuple[Node
             warns.append(f"{source.command}: node {name} listed twice; kept the first")
             continue
         seen.add(name)
-        nodes.append(_node(rec, name, source, warns))
+        nodes.append(_node(rec, name, source, warns,
+                           switches.get(name) if switches is not None else None))
     return tuple(nodes)
 
 
-def _node(rec: Mapping[str, Any], name: str, source: shapes.Source, warns: list[str]) -> Node:
+def _node(rec: Mapping[str, Any], name: str, source: shapes.Source, warns: list[str],
+          switch: str | None) -> Node:
     """One node record; its state is either shape's (string + flags, or a list)."""
     where = f"{source.command}: node {name}"
     base, *rest = shapes.states(rec, "state", source, where)
@@ -227,6 +231,7 @@ def _node(rec: Mapping[str, Any], name: str, source: shapes.Source, warns: list[
         gres=_field(rec, "gres", str, "", where, warns),
         reason=_field(rec, "reason", str, "", where, warns),
         last_busy_at=_epoch(shapes.number(rec, "last_busy", source, where)),
+        switch=switch,
     )
 
 
