@@ -30,6 +30,8 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from malletrain.core.model import ThroughputModel
+
 SHAPES: dict[str, Callable[[int], float]] = {
     "log2": lambda n: math.log2(n),
     "ring": lambda n: (n - 1) / n,
@@ -129,3 +131,29 @@ def fit_comm(measured: Mapping[int, StepTimes]) -> CommFit | None:
         if best is None or res < best.residual_s - 1e-12:
             best = fit
     return best
+
+
+def temper(model: ThroughputModel, fit: CommFit | None, span: int = 4, most: int = 64
+           ) -> ThroughputModel:
+    """The curve beyond its last point made no more optimistic than the step model predicts.
+
+    The Profiling Advisor extends a curve past the largest measured size optimistically
+    (so that larger sizes get tried). Where the job's measured synchronisation says a size
+    will scale worse, the allocator should believe that instead: points are added from
+    the last point up to ``span`` times its size (at most ``most`` more), each the lower of
+    the optimistic extension and the last point's rate scaled as the model predicts. The
+    prediction only lowers the curve, so a poor fit never makes a size look better than
+    the advisor thought; ``measured_max_nodes`` is kept, so they stay unmeasured sizes.
+    """
+    if fit is None or not model.points:
+        return model
+    n0, r0 = model.points[-1]
+    p0 = fit.rate(n0)
+    if n0 < 1 or p0 <= 0:
+        return model
+    pts = list(model.points)
+    prev = r0
+    for n in range(n0 + 1, min(span * n0, n0 + most) + 1):
+        prev = max(prev, min(model.rate(n), r0 * fit.rate(n) / p0))
+        pts.append((n, prev))
+    return ThroughputModel(tuple(pts), model.optimistic_slope, model.measured_max_nodes)

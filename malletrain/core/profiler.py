@@ -1,34 +1,29 @@
 """Job Profiling Advisor: learns each job's throughput-vs-nodes curve and rescale costs online.
 
-Pure logic: the caller owns the clock and passes timestamps, so the daemon (its workers'
-progress reports) and the simulator (the progress each job really made) make the same
-calls: ``observe(job_id, t_s, nodes, samples_total)`` at every report,
-``rescaled(job_id, t_s, old_nodes, new_nodes)`` at every size change; the daemon keeps
-``profile_dict(kind)`` in SQLite and gives it back with ``load_profile(kind, data)``.
+Pure logic: the caller owns the clock, so the daemon (its workers' progress reports) and the
+simulator (the progress each job really made) make the same calls:
+``observe(job_id, t_s, nodes, samples_total)`` at every report, ``rescaled(job_id, t_s,
+old_nodes, new_nodes)`` at every size change, ``step_times(...)`` where the workers split
+their steps into compute and all-reduce wait; the daemon keeps ``profile_dict(kind)`` in
+SQLite and gives it back with ``load_profile(kind, data)``.
 
-``samples_total`` is the job's cumulative, *net* progress counter (what its
-workers report): work lost to a rescale shows as samples missing from it (a
-pause in the daemon, a deduction in the simulator). That gap is how the real
-cost of a rescale is measured.
+``samples_total`` is the job's cumulative, *net* progress: work lost to a rescale shows as
+samples missing from it (a pause live, a deduction in the simulator); that gap is how the
+real cost of a rescale is measured. Learned per job, and pooled per job *kind* (a new job of
+a known kind starts from its predecessors' profile):
 
-What it learns, per job (and pooled per job *kind*, so a new job of a known
-kind starts from its predecessors' profile):
+* the throughput at every size the job ran at, passively; the first ``warmup_s`` seconds
+  after any size change are discarded unless nothing else was measured at that size;
+* the real scale-up and scale-down cost, in seconds of the rate before the change: after a
+  change from n to m at t_r, the first clean interval at m gives r_m; the samples missing
+  at t are ``r_m * (t - t_r) - (S(t) - S(t_r))``, divided by the rate at n;
+* a monotone concave model (:func:`malletrain.core.profile.fit_curve`), optimistic beyond
+  the largest measured size so that the allocator tries larger sizes when that pays,
+  tempered there by the communication-aware step model where steps were split
+  (:func:`malletrain.core.comm.temper`).
 
-* the throughput at every size the job ran at, passively (scavenging forces
-  size changes anyway); the first ``warmup_s`` seconds after any size change are
-  discarded (warm-up, rendezvous, first slow steps), unless nothing else was
-  ever measured at that size;
-* the real scale-up and scale-down cost, in the allocator's units (seconds of
-  the rate before the change): after a change from n to m at t_r, the first
-  clean interval at m gives m's rate r_m; the samples missing at time t are
-  ``r_m * (t - t_r) - (S(t) - S(t_r))``, divided by the rate at n;
-* a monotone concave model (:func:`malletrain.core.profile.fit_curve`), optimistic
-  beyond the largest measured size, so that the allocator tries larger sizes when that
-  pays and the measurement replaces the optimism.
-
-A job never measured gets a prior: its kind's profile, else linear scaling at the
-median per-node rate of the jobs already measured (so it competes as an average
-job until its first measurement), else 1 sample/s per node.
+A job never measured gets a prior: its kind's profile, else linear scaling at the median
+per-node rate of the jobs already measured, else 1 sample/s per node.
 """
 
 from __future__ import annotations
@@ -38,6 +33,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from malletrain.core.comm import fit_comm, temper
 from malletrain.core.model import ThroughputModel
 from malletrain.core.profile import (
     PROFILE_VERSION,
@@ -153,6 +149,12 @@ class ProfilingAdvisor:
         st.last_n = nodes
         st.last_samples = samples_total
 
+    def step_times(self, job_id: str, nodes: int, step_s: float, sync_s: float,
+                   samples_per_node: float) -> None:
+        """A report's mean step at ``nodes`` nodes and the part it waited for the all-reduce."""
+        self._job(job_id).profile.add_step(nodes, step_s, sync_s, samples_per_node)
+        self._touch(job_id)
+
     def rescaled(self, job_id: str, t_s: float, old_nodes: int, new_nodes: int) -> None:
         """The job changed from ``old_nodes`` to ``new_nodes`` at ``t_s``."""
         st = self._job(job_id)
@@ -252,6 +254,7 @@ class ProfilingAdvisor:
                 for n, s in src.items():
                     if n not in mine:
                         dst[n] = WeightedSum(s.total, s.weight)
+            prof.steps = {n: list(v) for n, v in total.steps.items() if n not in own.steps}
             for name in ("scale_up_s", "scale_down_s", "start_s"):
                 if getattr(own, name).weight <= 0:
                     tot = getattr(total, name)
@@ -283,9 +286,8 @@ class ProfilingAdvisor:
         rates = prof.rates(self.settings.min_warmup_evidence_s)
         if rates:
             st = self.settings
-            fitted = fit_curve(
-                rates, st.optimism, st.explore_fraction, st.concave, st.optimistic_below
-            )
+            fitted = temper(fit_curve(rates, st.optimism, st.explore_fraction, st.concave,
+                                      st.optimistic_below), fit_comm(prof.step_times()))
             if hit is not None and hit[1] is prof:
                 self._cache[job_id] = (hit[0], prof, fitted)
             return fitted
@@ -346,12 +348,7 @@ class ProfilingAdvisor:
 
     def _population_rate_per_node(self) -> float:
         per_node = []
-        for job_id in self._jobs:
-            rates = self._jobs[job_id].profile.rates(self.settings.min_warmup_evidence_s)
-            if rates:
-                n = max(rates)
-                per_node.append(rates[n][0] / n)
-        for prof in self._kinds.values():
+        for prof in [st.profile for st in self._jobs.values()] + list(self._kinds.values()):
             rates = prof.rates(self.settings.min_warmup_evidence_s)
             if rates:
                 n = max(rates)
@@ -370,12 +367,8 @@ class ProfilingAdvisor:
         for st in self._jobs.values():
             if st.kind == kind:
                 prof.merge(st.profile)
-        if (
-            not prof.clean
-            and not prof.dirty
-            and prof.scale_up_s.weight == 0
-            and prof.start_s.weight == 0
-        ):
+        if (not prof.clean and not prof.dirty and not prof.steps
+                and prof.scale_up_s.weight == 0 and prof.start_s.weight == 0):
             return None
         return prof.to_dict()
 

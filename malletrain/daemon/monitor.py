@@ -130,6 +130,9 @@ class JobMonitor:
         if last is None or prog.samples_total > last[1]:
             self._last_progress[job.job_id] = (prog.time_s, prog.samples_total)
             self.advisor.observe(job.job_id, prog.time_s, nodes, float(prog.samples_total))
+            if prog.sync_time_s is not None and prog.step_time_s > 0:  # native mode only
+                self.advisor.step_times(job.job_id, nodes, prog.step_time_s, prog.sync_time_s,
+                                        prog.samples_per_s * prog.step_time_s / nodes)
         total = prog.samples_total if cv.finished_samples is None else cv.finished_samples
         self.store.update_job(job.job_id, samples_total=int(total),
                               samples_per_s=float(prog.samples_per_s),

@@ -148,6 +148,9 @@ class ProgressReport:
     step_time_s: float  # mean wall time of one step over the last report interval
     time_s: float  # unix time of the report
     members: tuple[str, ...] = ()
+    #: mean seconds a step waited for the gradient all-reduce (None: not measured, e.g.
+    #: restart mode, where malletrain does not see the script's steps)
+    sync_time_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -143,7 +143,7 @@ def decode_progress(raw: bytes | str) -> ProgressReport:
     what = "progress report"
     d = _load(raw, what, frozenset({"epoch", "step", "samples_total", "samples_per_s",
                                     "world_size", "step_time_s", "time_s"}),
-              frozenset({"members"}))
+              frozenset({"members", "sync_time_s"}))
     return ProgressReport(
         epoch=_count(d, "epoch", what), step=_count(d, "step", what),
         samples_total=_count(d, "samples_total", what),
@@ -151,6 +151,8 @@ def decode_progress(raw: bytes | str) -> ProgressReport:
         world_size=_count(d, "world_size", what, hi=MAX_MEMBERS * MAX_LOCAL_WORLD_SIZE),
         step_time_s=_number(d, "step_time_s", what), time_s=_number(d, "time_s", what),
         members=_members(d, "members", what),
+        sync_time_s=(None if d.get("sync_time_s") is None
+                     else _number(d, "sync_time_s", what)),
     )
 
 

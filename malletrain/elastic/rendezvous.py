@@ -220,6 +220,7 @@ class Rendezvous(WorkerState):
                 init_sync=False,
                 device_ids=[self.device.index] if self.device.type == "cuda" else None,
             )
+            self._ddp.register_comm_hook(None, self.sync_timer.hook)
             group = dist.distributed_c10d._get_default_group()
             try:
                 group.set_timeout(timedelta(seconds=self.config.step_timeout_s))

@@ -25,6 +25,7 @@ from malletrain.elastic import protocol as p
 from malletrain.elastic.config import ElasticConfig
 from malletrain.elastic.jobstore import JobStore
 from malletrain.elastic.rules import ScalingRule
+from malletrain.elastic.synctime import SyncTimer
 from malletrain.elastic.transfer import Stateful
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ class WorkerState(ABC):
     rank: int
     world_size: int
     _ddp: DistributedDataParallel | None
+    sync_timer: SyncTimer
     _formed_epoch: int
     _registered_seq: int
     #: monotonic start of the collective work in flight (a step, or the boundary check);

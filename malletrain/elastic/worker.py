@@ -52,6 +52,7 @@ from malletrain.elastic.sampler import DataStream, split_step, step_count
 from malletrain.elastic.signals import SigtermWatch, exit_now
 from malletrain.elastic.state import FAST_EXIT, ExitReason, Leave
 from malletrain.elastic.statesync import StateSync
+from malletrain.elastic.synctime import SyncTimer
 from malletrain.elastic.transfer import Stateful
 from malletrain.elastic.watcher import Watcher
 from malletrain.errors import ConfigError
@@ -183,6 +184,9 @@ class ElasticJob(Rendezvous, StateSync):
         self._report_t = time.monotonic()
         self._report_step = 0
         self._report_samples = 0
+        self._report_sync_s = 0.0
+        #: times each step's wait for the gradient all-reduce (a DDP comm hook)
+        self.sync_timer = SyncTimer()
         self.sigterm = SigtermWatch(
             self.config.sigterm_deadline_s,
             last_word=lambda: self.link.announce("sigterm", self.epoch or None, self.step,
@@ -265,6 +269,7 @@ class ElasticJob(Rendezvous, StateSync):
         first = self._first_of_epoch
         self._first_of_epoch = False
         self._step_started = time.monotonic()
+        self.sync_timer.end_step()  # what a failed step left behind is not this step's
         return Step(
             index=self.step,
             epoch=self.epoch,
@@ -279,6 +284,7 @@ class ElasticJob(Rendezvous, StateSync):
 
     def _commit(self, step: Step) -> None:
         self._step_started = None
+        self._report_sync_s += self.sync_timer.end_step()
         self.step += 1
         self.samples_total += step.global_count
         self.has_state = True
@@ -304,8 +310,10 @@ class ElasticJob(Rendezvous, StateSync):
             step_time_s=elapsed / steps if steps else 0.0,
             time_s=time.time(),
             members=self.membership.members if self.membership else (),
+            sync_time_s=self._report_sync_s / steps if steps else None,
         )
         self._report_t, self._report_step, self._report_samples = now, self.step, self.samples_total
+        self._report_sync_s = 0.0
         return report
 
     def _boundary(self) -> bool:

@@ -99,6 +99,11 @@ def test_grow_and_shrink_1_2_3_2_1_identical_replicas_gapless_exact(cluster):
                  is not None and (p.epoch, p.world_size) == (epoch, size), 5,
                  f"a progress report at world size {size}", cluster)
         cluster.wait_step(w[members[0]], w[members[0]].last_step() + 8)
+        # ... and says how long a step waited for the gradient all-reduce (synctime.py)
+        wait_for(lambda size=size: (p := cluster.coord.progress(cluster.job_id)) is not None
+                 and p.world_size == size and p.sync_time_s is not None
+                 and 0 < p.sync_time_s < p.step_time_s, 10,
+                 f"a report with the sync time at world size {size}", cluster)
     wait_for(lambda: cluster.coord.is_finished(cluster.job_id), 120, "the job to finish",
              cluster)
     for m in w.values():

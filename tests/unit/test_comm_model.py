@@ -51,3 +51,51 @@ def test_weights_favour_the_better_measured_sizes_and_residuals_are_reported() -
     assert fit is not None
     assert fit.sync_s(16) == pytest.approx(0.4, rel=0.05)
     assert fit.sync_sd_s() > 0
+
+
+def test_temper_lowers_the_optimistic_extension_where_sync_says_so() -> None:
+    from malletrain.core.comm import temper
+    from malletrain.core.model import ThroughputModel
+
+    curve = ThroughputModel(((1, 100.0), (2, 190.0)), optimistic_slope=90.0,
+                            measured_max_nodes=2)
+    # a step of 0.4 s compute; sync 0.4 s at 2 nodes, growing as log2: 8 nodes ~ 1.2 s
+    fit = fit_comm(times({1: 0.0, 2: 0.4}, per_node=40.0))
+    tempered = temper(curve, fit)
+    assert tempered.rate(2) == 190.0 and tempered.measured_max_nodes == 2
+    want_8 = 190.0 * fit.rate(8) / fit.rate(2)
+    assert tempered.rate(8) == pytest.approx(want_8) and want_8 < curve.rate(8)
+    # a job whose sync is negligible keeps the advisor's optimism
+    flat = fit_comm(times({1: 0.0, 2: 0.001}))
+    assert temper(curve, flat).rate(8) == pytest.approx(curve.rate(8))
+    assert temper(curve, None) is curve
+
+
+def test_the_advisor_keeps_step_splits_per_kind_and_through_storage() -> None:
+    from malletrain.core.profiler import ProfilingAdvisor
+
+    adv = ProfilingAdvisor()
+    adv.register("j1", "bert")
+    for t in range(0, 400, 20):  # long enough at 2 nodes to be clean
+        adv.observe("j1", float(t), 2, 8.0 * t)
+        adv.step_times("j1", 2, step_s=1.0, sync_s=0.5, samples_per_node=4.0)
+    before = adv.model("j1").rate(6)
+    data = adv.to_dict()
+    again = ProfilingAdvisor.from_dict(data)
+    again.register("j2", "bert")  # a new job of the kind inherits the split
+    for t in range(0, 400, 20):
+        again.observe("j2", float(t), 2, 8.0 * t)
+    assert again.model("j2").rate(6) == pytest.approx(before)
+    untempered = ProfilingAdvisor()
+    for t in range(0, 400, 20):
+        untempered.observe("j3", float(t), 2, 8.0 * t)
+    assert before < untempered.model("j3").rate(6)  # the sync-heavy job looks worse at 6
+
+
+@pytest.mark.parametrize("bad", [{"2": [1.0, 2.0]}, {"2": [1.0, -1.0, 1.0, 1.0]},
+                                 {"x": [1.0, 1.0, 1.0, 1.0]}, [1, 2]])
+def test_a_malformed_stored_step_split_is_refused_by_name(bad: object) -> None:
+    from malletrain.core.profile import PROFILE_VERSION, Profile
+
+    with pytest.raises(ValueError, match="steps"):
+        Profile.from_dict({"version": PROFILE_VERSION, "steps": bad})
