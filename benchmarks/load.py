@@ -275,6 +275,24 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
+def daemon_request_p99_s(port: int, op: str) -> float:
+    """The daemon's own p99 time for one request kind, as its histogram's bucket bound (the
+    clients' round trips add the wait for a CPU on a machine they keep busy)."""
+    query = "name[]=malletrain_request_duration_seconds_bucket"
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics?{query}", timeout=10).read()
+    buckets = []
+    for line in text.decode().splitlines():
+        if line.startswith("malletrain_request_duration_seconds_bucket{") and \
+                f'op="{op}"' in line:
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float(le), float(line.rsplit(" ", 1)[1])))
+    buckets.sort()
+    if not buckets or buckets[-1][1] == 0:
+        return 0.0
+    total = buckets[-1][1]
+    return next(le for le, count in buckets if count >= 0.99 * total)
+
+
 def cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -362,7 +380,10 @@ def main() -> int:
               f"max {1000 * max(ticks):.1f} ms; {running} slots running")
         print(f"daemon calls in {m['wall_s']:.0f} s: {m['calls']}")
         print(f"submit request p99 {1000 * p99([a for a, _ in submitted]):.1f} ms, attach "
-              f"p99 {1000 * p99([b for _, b in submitted]):.1f} ms")
+              f"p99 {1000 * p99([b for _, b in submitted]):.1f} ms (round trips); the "
+              f"daemon's own p99: submit <= "
+              f"{1000 * daemon_request_p99_s(port, 'submit'):.0f} ms, attach <= "
+              f"{1000 * daemon_request_p99_s(port, 'attach'):.0f} ms (histogram buckets)")
         print(f"load nodes={args.nodes} jobs={len(submitted)} tick_p99_ms={1000 * p99(ticks):.1f} "
               f"cpu_fraction={m['cpu_fraction']:.3f} "
               f"slurm_calls_per_tick={m['calls_per_tick']:.2f} "

@@ -143,7 +143,12 @@ class Daemon:
             log.info("allocation policy is now %s", new.policy)
 
     def handle(self, peer: Peer, req: Mapping[str, Any]) -> dict[str, Any]:
-        return self.requests.handle(peer, req)
+        t0 = time.monotonic()
+        try:
+            return self.requests.handle(peer, req)
+        finally:
+            if self.metrics is not None:
+                self.metrics.observe_request(req.get("op"), time.monotonic() - t0)
 
     def _instance_id(self) -> str:
         path = self.settings.state.database_path.parent / "instance"

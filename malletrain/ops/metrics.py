@@ -44,6 +44,8 @@ Usage (daemon)::
     metrics.observe_yield(seconds_from_slurm_wanting_the_node_to_release)
     # around every Slurm command (or: with metrics.slurm_call("observe"): ...):
     metrics.observe_slurm_call("squeue", seconds, ok=False)
+    # each request on the submit channel:
+    metrics.observe_request("attach", seconds)
     ...
     server.stop()
 """
@@ -76,6 +78,10 @@ DECISION_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25
 TICK_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 #: One Slurm CLI call (sinfo/squeue take ~10 ms on a small cluster).
 SLURM_CALL_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: users' requests on the submit channel (the daemon's own time, from request to answer)
+REQUEST_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: the request kinds with a series of their own (anything else is "other")
+REQUEST_OPS = frozenset({"submit", "attach", "abort", "cancel", "jobs"})
 
 
 @dataclass(frozen=True)
@@ -230,6 +236,10 @@ class Metrics:
         self.bad_records = Counter(
             f"{p}_bad_records", "Records from jobs' workers refused for failing their schema, "
             "by kind (the job's id is in the log).", ["record"], registry=registry)
+        self.request_seconds = Histogram(
+            f"{p}_request_duration_seconds", "Time the daemon took to answer a user's "
+            "request on the submit channel, by request.", ["op"],
+            buckets=REQUEST_BUCKETS_S, registry=registry)
         self.config_reloads = Counter(
             f"{p}_config_reloads", "SIGHUP config reloads, by result (ok/rejected).",
             ["result"], registry=registry)
@@ -283,6 +293,11 @@ class Metrics:
         finally:
             self.observe_slurm_call(call, time.monotonic() - t0, ok=ok)
 
+    def observe_request(self, op: object, seconds: float) -> None:
+        """One request answered (``op`` as the user sent it: unknown ones count as other)."""
+        label = op if isinstance(op, str) and op in REQUEST_OPS else "other"
+        self.request_seconds.labels(op=label).observe(seconds)
+
     def count_reload(self, ok: bool) -> None:
         self.config_reloads.labels(result="ok" if ok else "rejected").inc()
 
@@ -292,7 +307,7 @@ class Metrics:
         sources: list[SnapshotCollector | Counter | Histogram] = [
             self._collector, self.decision_seconds, self.tick_seconds, self.yield_seconds,
             self.preemptions, self.slurm_calls, self.slurm_call_errors,
-            self.slurm_call_seconds, self.config_reloads,
+            self.slurm_call_seconds, self.request_seconds, self.config_reloads,
         ]
         names: set[str] = set()
         for source in sources:

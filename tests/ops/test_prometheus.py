@@ -276,6 +276,10 @@ def test_daemon_as_operator_scraped_by_prometheus(daemon, clean_cluster, prometh
     assert idle_in_slurm(cluster) == n - 2
     wait_for("sum(malletrain_slurm_calls_total)", lambda v: (v or 0) > 0)
     assert prom.value("sum(malletrain_slurm_call_errors_total)") in (None, 0.0)
+    # the submit command's two requests, as the daemon timed them
+    for op in ("submit", "attach"):
+        wait_for(f'malletrain_request_duration_seconds_count{{op="{op}"}}',
+                 lambda v: (v or 0) >= 1)
     mark("malleable job on 2 scavenged nodes")
 
     # mt-bob's regular job wants every node. Either the daemon sees it planned and parks the

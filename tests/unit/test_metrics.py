@@ -87,6 +87,9 @@ def test_event_api_counts_and_histograms(served):
     metrics.observe_slurm_call("squeue", 10.0, ok=False)
     metrics.observe_slurm_call("sbatch", 0.05, ok=False)
     metrics.count_reload(ok=False)
+    metrics.observe_request("attach", 0.03)
+    metrics.observe_request("steal", 0.001)  # not a request kind: no series of its own
+    metrics.observe_request(7, 0.001)
     got = scrape(server.url)
     assert got[("malletrain_decision_duration_seconds_count", ())] == 3
     assert got[("malletrain_decision_duration_seconds_bucket", (("le", "0.005"),))] == 2
@@ -100,6 +103,10 @@ def test_event_api_counts_and_histograms(served):
     assert got[("malletrain_slurm_call_errors_total", (("call", "sbatch"),))] == 1
     assert got[("malletrain_config_reloads_total", (("result", "rejected"),))] == 1
     assert got[("malletrain_config_reloads_total", (("result", "ok"),))] == 0
+    attach_le_50ms = (("le", "0.05"), ("op", "attach"))
+    assert got[("malletrain_request_duration_seconds_bucket", attach_le_50ms)] == 1
+    assert got[("malletrain_request_duration_seconds_count", (("op", "other"),))] == 2
+    assert not any(k[1] == (("op", "steal"),) for k in got)
 
 
 def test_names_follow_prometheus_conventions():
