@@ -174,6 +174,26 @@ def test_reconcile_a_member_off_target_leaves_and_parked_slots_fill_the_target()
     assert d.waiting_for == 2 and d.notes == []
 
 
+def test_reconcile_a_node_given_back_stops_a_restart_job_at_once_a_native_one_leaves():
+    cv = {"m1": CoordView(members=(M0,), live={M0: Registration("n1", NOW - 60)})}
+    for mode, leaves in (("native", True), ("restart", False)):
+        job = record("m1", JobPhase.RUNNING, max_nodes=1)
+        job = dataclasses.replace(job, spec=dataclasses.replace(
+            job.spec, mode=mode, stop_grace_s=30 if mode == "restart" else 0))
+        w = world([node("n1")], [slot_job(11, "m1", 0, JobState.RUNNING, nodes=["n1"])],
+                  [SlotRecord("m1", 0, 11)], [job], coord=cv)
+        d = reconcile(JobContext.of(w, job, (), {}, giving_back={"n1"}), job_slots(w)["m1"])
+        if leaves:  # its step boundary comes in a fraction of a second, progress kept
+            assert d.actions == [Leave("m1", 0)]
+        else:  # its --signal grace could hold the node 30 s: Slurm's SIGTERM instead
+            (park,) = d.actions
+            assert isinstance(park, Park) and park.node == "n1" and "regular job" in park.why
+        assert d.leaving_needed
+    # a restart-mode job's node re-planned for another malleable job still stops gracefully
+    d = reconcile(_ctx(w, job), job_slots(w)["m1"])
+    assert d.actions == [Leave("m1", 0)]
+
+
 def test_reconcile_a_placed_slot_no_longer_wanted_is_held_and_an_ended_one_parked():
     job = record("m1", JobPhase.RUNNING, max_nodes=2)
     w = world([node("n1"), node("n2")],

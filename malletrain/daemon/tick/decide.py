@@ -35,7 +35,8 @@ def decide(world: World, policy: Policy) -> TickPlan:
     notes = [n for js in slots.values() for n in js.changed] + list(pool.give_back.notes)
     windows = pool.windows
     for job in screened.managed:
-        ctx = JobContext.of(world, job, allocation.targets.get(job.job_id, ()), windows)
+        ctx = JobContext.of(world, job, allocation.targets.get(job.job_id, ()), windows,
+                            pool.give_back.nodes)
         diff = reconcile(ctx, slots[job.job_id])
         actions += diff.actions
         notes += diff.notes
