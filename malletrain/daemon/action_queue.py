@@ -8,17 +8,17 @@ job's actions over and goes on; worker threads apply them.
 
 The rules that keep this level-triggered and safe:
 
-* **Each tick starts from a settled queue** (:meth:`settle`, before the snapshot): the
-  groups still queued are withdrawn (nothing of them was done; this tick decides again,
-  from a fresher view), and the jobs whose group is running are returned. Queued groups
-  left in place made two ticks decide the same nodes: a placement not yet started has no
-  mark in the store, so the next tick offered its node to another job (``load.py`` saw
-  four times the placements and parks of the synchronous tick).
-* **A decision sees a settled job.** The daemon offers no actions for a job whose group was
-  running when the snapshot was taken: the snapshot (Slurm, before the group's calls) and
-  the store (after its marks) could disagree, and the tick would undo or repeat what the
-  group did. The next tick decides for that job again. :meth:`offer` drops a busy job's
-  group too.
+* **A decision sees a settled job.** The daemon offers no actions for a job that had a
+  group queued or running when the tick's snapshot was taken (:meth:`busy_jobs`, before
+  the snapshot): its view would mix Slurm before the group's calls with the store after
+  its marks, and the tick would undo or repeat what the group did. The next tick decides
+  for that job again. :meth:`offer` drops a busy job's group too.
+* **Nodes a queued group will take are marked when it is queued** (the daemon marks each
+  placement in the store as it offers it; ``Actuator.reserve``): a placement not yet run
+  had no mark, so the next tick offered its node to another job. Withdrawing the queued
+  groups at each tick instead made every tick act on a world its predecessor had half
+  changed, and the plans swung: ``load.py`` saw three to four times the placements and
+  parks of the synchronous tick.
 * **One group per job, in order**, on one worker.
 * **Urgent groups first.** A group that gives a node back or stops a job (the actuator's
   ``is_urgent``) is taken before any other queued group, whatever their order.
@@ -99,14 +99,6 @@ class ActionQueue(Generic[ActT, OutT]):
                 heapq.heappush(self._heap, (not urgent, q.seq, job))
             self._cond.notify_all()
         return dropped
-
-    def settle(self) -> frozenset[str]:
-        """Withdraw the queued groups; return the jobs whose group is running."""
-        with self._cond:
-            self._queued.clear()
-            self._heap.clear()
-            self._cond.notify_all()
-            return frozenset(self._running)
 
     def busy_jobs(self) -> frozenset[str]:
         """Jobs with a group queued or running."""

@@ -118,6 +118,16 @@ class Actuator:
                 out.add(part)
         return out
 
+    def reserve(self, actions: Sequence[Action]) -> None:
+        """Mark the nodes the placements among ``actions`` will take, before they run (for
+        actions applied later, off the tick: see action_queue.py). A placement marks its
+        slot again when it runs, and clears the mark if Slurm refuses it."""
+        now = self._clock()
+        for a in actions:
+            if isinstance(a, Place):
+                self.store.mark_slot(a.job_id, a.slot, placed_node=a.node, placed_at_s=now,
+                                     leaving_since_s=None)
+
     def apply_job(self, actions: Sequence[Action]) -> Outcome:
         """One job's actions, in order; a failed one is logged and the next one runs."""
         out = Outcome()

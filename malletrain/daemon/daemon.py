@@ -178,7 +178,7 @@ class Daemon:
         t0 = time.monotonic()
         busy = frozenset[str]()
         if self.actions is not None:
-            busy = self.actions.settle()  # before the snapshot: see action_queue.py
+            busy = self.actions.busy_jobs()  # before the snapshot: see action_queue.py
             self._absorb(self.actions.take())
         try:
             snap = self.cache.refresh()
@@ -190,7 +190,7 @@ class Daemon:
             log.warning("no Slurm snapshot this tick: %s (%s)", exc, type(exc).__name__)
             self._publish_metrics(None, slurm_up=False)
             return None
-        world = self._observe(snap)
+        world = replace(self._observe(snap), busy=busy)
         td = time.monotonic()
         plan = decide(world, self.policy)
         if self.metrics is not None:
@@ -255,6 +255,7 @@ class Daemon:
             self._absorb(self.actuator.apply(plan.actions))
             return
         settled = [a for a in plan.actions if a.job_id not in busy]
+        self.actuator.reserve(settled)  # the next tick must see these nodes as taken
         self.actions.offer(settled)
         if len(settled) < len(plan.actions):
             log.debug("%d action(s) of busy jobs left for the next tick",

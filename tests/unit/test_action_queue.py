@@ -132,19 +132,3 @@ def test_close_waits_for_what_is_in_flight_then_gives_up_on_the_rest() -> None:
     gate.set()
     assert q.drain(10)
     assert rec.order == ["a:place"]
-
-
-def test_settle_withdraws_what_is_queued_and_names_what_runs() -> None:
-    rec = Recorder()
-    gate = rec.gate("a")
-    q = queue(rec, workers=1)
-    q.offer(["a:place"])
-    assert rec.started["a"].wait(5)
-    q.offer(["b:place", "c:park"])
-    assert q.settle() == {"a"}  # b and c withdrawn: the next tick decides them again
-    assert q.busy_jobs() == {"a"}
-    q.offer(["b:place node2"])
-    gate.set()
-    assert q.drain(10)
-    assert rec.order == ["a:place", "b:place node2"]
-    q.close(5)

@@ -71,3 +71,15 @@ def test_jobs_giving_nodes_back_go_first(tmp_path):
     act.apply([Place("m1", 0, 1, "n1", 5), Park("m2", 0, 3, "given back to job 7")])
     assert backend.calls == [("requeuehold", 3), ("update", 1), ("release", 1)]
     store.close()
+
+
+def test_reserve_marks_the_nodes_of_queued_placements_before_they_run(tmp_path):
+    store = _store(tmp_path, {"m1": [1, 2]})
+    backend = Recorder()
+    act = Actuator(backend, store, coordinator=None, clock=lambda: 42.0)  # type: ignore[arg-type]
+    act.reserve([Place("m1", 1, 2, "n7", 5), Park("m1", 0, 1, "given back")])
+    slots = {s.slot: s for s in store.slots("m1")}
+    assert (slots[1].placed_node, slots[1].placed_at_s) == ("n7", 42.0)
+    assert slots[0].placed_node is None  # a park marks nothing ahead
+    assert backend.calls == []  # nothing ran: the next tick sees n7 as taken all the same
+    store.close()

@@ -447,3 +447,25 @@ def test_leaving_nodes_another_jobs_due_plan_names_do_not_serve_a_later_job():
     assert sorted(plan.notes) == [
         "n3: given back to job 28 (pending, not planned to start yet)",
         "n4: given back to job 28 (pending, not planned to start yet)"]
+
+
+def test_a_busy_job_keeps_its_nodes_gets_no_actions_and_no_one_is_planned_onto_them():
+    """Its placement on n1 is still being applied (off the tick): n1 is its, whatever the
+    policy would now prefer, and m2 gets only n2."""
+    import dataclasses
+
+    slots = [SlotRecord("m1", 0, 11, placed_node="n1", placed_at_s=NOW - 1),
+             SlotRecord("m1", 1, 12), SlotRecord("m2", 0, 21), SlotRecord("m2", 1, 22)]
+    jobs = [slot_job(11, "m1", 0, JobState.PENDING, "JobHeldUser"),
+            slot_job(12, "m1", 1, JobState.PENDING, "JobHeldUser"),
+            slot_job(21, "m2", 0, JobState.PENDING, "JobHeldUser"),
+            slot_job(22, "m2", 1, JobState.PENDING, "JobHeldUser")]
+    w = world([node("n1"), node("n2")], jobs, slots,
+              [record("m1", JobPhase.STARTING), record("m2", seq=2)])
+    plan = decide(dataclasses.replace(w, busy=frozenset({"m1"})), POLICY)
+    assert plan.targets["m1"] == ("n1",)
+    assert not [a for a in plan.actions if a.job_id == "m1"]
+    assert [p.node for p in kinds(plan, Place) if p.job_id == "m2"] == ["n2"]
+    # not busy: the equal share moves things as it likes (here it keeps n1 for m1 as well)
+    free = decide(w, POLICY)
+    assert any(a.job_id == "m1" for a in free.actions)

@@ -48,13 +48,17 @@ def policy_jobs(managed: tuple[JobRecord, ...], slots: Mapping[str, JobSlots],
     return tuple(out)
 
 
-def allocate(now_s: float, pool: Pool, jobs: tuple[MalleableJob, ...], policy: Policy
-             ) -> Allocation:
+def allocate(now_s: float, pool: Pool, jobs: tuple[MalleableJob, ...], policy: Policy,
+             pinned: Mapping[str, tuple[str, ...]] | None = None) -> Allocation:
+    """The policy's targets for ``jobs``; ``pinned`` jobs keep what they hold, and their
+    nodes are not offered to the others."""
+    pinned = pinned or {}
     if not jobs:
-        return Allocation()
-    plan = policy.decide(AllocationInput(
-        now_s=now_s, nodes=pool.free + pool.held + pool.leaving, jobs=jobs))
-    offered = pool.offered
+        return Allocation(None, dict(pinned))
+    taken = {n for ns in pinned.values() for n in ns}
+    nodes = tuple(n for n in pool.free + pool.held + pool.leaving if n.name not in taken)
+    plan = policy.decide(AllocationInput(now_s=now_s, nodes=nodes, jobs=jobs))
+    offered = pool.offered - taken
     # zero-window leftovers are offered to keep the hole model honest, never to be used
-    return Allocation(plan, {k: tuple(n for n in v if n in offered)
-                             for k, v in plan.assignments.items()})
+    targets = {k: tuple(n for n in v if n in offered) for k, v in plan.assignments.items()}
+    return Allocation(plan, {**targets, **pinned})

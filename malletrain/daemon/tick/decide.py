@@ -9,6 +9,10 @@ cancellation only makes the next tick come sooner. The data flows one way::
              (slots)  (managed)  (windows, (policy:     (slot actions:    (publish,
                                  give-back) targets)    place, park...)   phases)
 
+Jobs whose earlier actions are still being applied (``World.busy``) are pinned: the
+policy does not see them or their nodes, their target is what they hold, and they get no
+actions this tick.
+
 The caller (:mod:`malletrain.daemon.daemon`) applies the actions through the actuator.
 """
 
@@ -29,12 +33,15 @@ def decide(world: World, policy: Policy) -> TickPlan:
     slots = job_slots(world)
     screened = screen(world, slots)
     pool = build_pool(world, screened.managed, slots)
-    jobs = policy_jobs(screened.managed, slots, pool.holdings.held, world.models)
-    allocation = allocate(world.now_s, pool, jobs, policy)
-    actions: list[Action] = list(screened.actions)
+    free = tuple(j for j in screened.managed if j.job_id not in world.busy)
+    pinned = {j.job_id: pool.holdings.held[j.job_id] for j in screened.managed
+              if j.job_id in world.busy}
+    jobs = policy_jobs(free, slots, pool.holdings.held, world.models)
+    allocation = allocate(world.now_s, pool, jobs, policy, pinned)
+    actions: list[Action] = [a for a in screened.actions if a.job_id not in world.busy]
     notes = [n for js in slots.values() for n in js.changed] + list(pool.give_back.notes)
     windows = pool.windows
-    for job in screened.managed:
+    for job in free:
         ctx = JobContext.of(world, job, allocation.targets.get(job.job_id, ()), windows,
                             pool.give_back.nodes)
         diff = reconcile(ctx, slots[job.job_id])

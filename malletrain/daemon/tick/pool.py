@@ -99,7 +99,9 @@ def holdings(world: World, managed: tuple[JobRecord, ...], slots: Mapping[str, J
                 mine.append(v.node)
                 if sigtermed(v.slot, cv):
                     freeing.add(v.node)
-            elif v.status is SlotStatus.PLACING and rec.placed_node:
+            elif rec.placed_node and (v.status is SlotStatus.PLACING or (
+                    v.status is SlotStatus.PARKED and job.job_id in world.busy)):
+                # (a busy job's placement marked but not yet released: still its node)
                 mine.append(rec.placed_node)
                 placing.add(rec.placed_node)
             elif v.status in (SlotStatus.RUNNING, SlotStatus.ENDING) and v.node:

@@ -101,6 +101,11 @@ class World:
     #: node -> when its current hole began (idle in Slurm or scavenged by us since then);
     #: kept by the caller from the previous tick's :attr:`TickPlan.hole_start_s`.
     hole_start_s: Mapping[str, float] = field(default_factory=dict)
+    #: jobs whose actions of an earlier tick are still being applied (the service applies
+    #: them off the tick: daemon/action_queue.py). Pinned: they keep the nodes they hold
+    #: and get no actions, so no other job is planned onto a node such a job may still take
+    #: or leave (the daemon saw ten times the placements and parks without this).
+    busy: frozenset[str] = frozenset()
 
     def coord_of(self, job_id: str) -> CoordView:
         return self.coord.get(job_id, CoordView())
