@@ -26,7 +26,10 @@ scavenger slots there), after ``--latency-ms`` per call.
    ``malletrain_tick_duration_seconds_sum`` between scrapes one tick apart; the daemon's
    CPU is read from ``/proc/PID/stat`` (all its threads, the scrapes' answers included);
    Slurm calls per tick are counted by the replay (the daemon's own calls: the tick's,
-   its actions', the arrival probe's).
+   its actions', the arrival probe's). At the end, the daemon's own p99 time per request
+   (``malletrain_request_duration_seconds``, to its histogram's bucket) is printed beside
+   the clients' round trips, which also hold the wait for a CPU on a machine the clients
+   keep busy.
 
 Last line: ``load nodes=N jobs=J tick_p99_ms=T cpu_fraction=F slurm_calls_per_tick=C
 submit_p99_ms=S rss_mb=M``. Targets (issue 18): tick p99 < 100 ms, < 2 % of a core,
