@@ -12,7 +12,8 @@ The rules that keep this level-triggered and safe:
   group queued or running when the tick's snapshot was taken (:meth:`busy_jobs`, before
   the snapshot): its view would mix Slurm before the group's calls with the store after
   its marks, and the tick would undo or repeat what the group did. The next tick decides
-  for that job again. :meth:`offer` drops a busy job's group too.
+  for that job again (``World.busy``: the decision gives it none). :meth:`offer` drops a
+  busy job's group too.
 * **Nodes a queued group will take are marked when it is queued** (the daemon marks each
   placement in the store as it offers it; ``Actuator.reserve``): a placement not yet run
   had no mark, so the next tick offered its node to another job. Withdrawing the queued
@@ -25,8 +26,7 @@ The rules that keep this level-triggered and safe:
 * **Outcomes are collected, not returned**: the daemon takes what finished since its last
   look at the start of each tick (:meth:`take`), so the advisor and the metrics hear it.
 
-``drain`` waits until nothing is queued or running (a stopping daemon, and the synchronous
-``Daemon.tick`` that tests and tools use).
+``drain`` waits until nothing is queued or running (``close``, when the daemon stops).
 """
 
 from __future__ import annotations

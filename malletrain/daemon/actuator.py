@@ -122,11 +122,13 @@ class Actuator:
         """Mark the nodes the placements among ``actions`` will take, before they run (for
         actions applied later, off the tick: see action_queue.py). A placement marks its
         slot again when it runs, and clears the mark if Slurm refuses it."""
-        now = self._clock()
         for a in actions:
             if isinstance(a, Place):
-                self.store.mark_slot(a.job_id, a.slot, placed_node=a.node, placed_at_s=now,
-                                     leaving_since_s=None)
+                self._mark_placed(a)
+
+    def _mark_placed(self, a: Place) -> None:
+        self.store.mark_slot(a.job_id, a.slot, placed_node=a.node, placed_at_s=self._clock(),
+                             leaving_since_s=None)
 
     def apply_job(self, actions: Sequence[Action]) -> Outcome:
         """One job's actions, in order; a failed one is logged and the next one runs."""
@@ -177,8 +179,7 @@ class Actuator:
 
     def _place(self, a: Place, out: Outcome) -> None:
         # Mark first: if we die after the release, the next tick knows why it runs there.
-        self.store.mark_slot(a.job_id, a.slot, placed_node=a.node, placed_at_s=self._clock(),
-                             leaving_since_s=None)
+        self._mark_placed(a)
 
         def place() -> None:
             self.backend.update(a.slurm_job_id, NodeList=a.node,

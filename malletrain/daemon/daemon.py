@@ -197,7 +197,7 @@ class Daemon:
             self.metrics.observe_decision(time.monotonic() - td)
         self._remember_slots(plan, busy)
         self._log_plan(plan, world)
-        self._act(plan, busy)
+        self._act(plan)
         self._last_plan = plan
         self.seen_job_ids = frozenset(j.job_id for j in snap.jobs)
         self.holds_nodes = bool(plan.held_nodes) or any(plan.targets.values())
@@ -247,19 +247,14 @@ class Daemon:
             if note not in seen:  # a standing condition is logged when it starts, not per tick
                 log.info("%s", note)
 
-    def _act(self, plan: TickPlan, busy: frozenset[str]) -> None:
-        """Apply the plan now, or hand it to the workers. The jobs ``busy`` when the
-        snapshot was taken are left out: their view mixed Slurm before their group's calls
-        with the store after its marks; the next tick decides for them again."""
+    def _act(self, plan: TickPlan) -> None:
+        """Apply the plan now, or hand it to the workers (``decide`` gave the jobs that
+        were busy at the snapshot no actions: ``World.busy``)."""
         if self.actions is None:
             self._absorb(self.actuator.apply(plan.actions))
             return
-        settled = [a for a in plan.actions if a.job_id not in busy]
-        self.actuator.reserve(settled)  # the next tick must see these nodes as taken
-        self.actions.offer(settled)
-        if len(settled) < len(plan.actions):
-            log.debug("%d action(s) of busy jobs left for the next tick",
-                      len(plan.actions) - len(settled))
+        self.actuator.reserve(plan.actions)  # the next tick must see these nodes as taken
+        self.actions.offer(plan.actions)
 
     def _absorb(self, outcome: Outcome) -> None:
         """The advisor and the metrics hear what applied actions did (on the tick's thread:

@@ -38,8 +38,6 @@ class CoalescedJobs:
         self._cond = threading.Condition()
         self._open: _Batch | None = None  # gathering ids while a query runs
         self._running = False
-        #: queries made (for tests and metrics)
-        self.queries = 0
 
     def jobs(self, job_ids: Sequence[int]) -> tuple[Job, ...]:
         wanted = [int(i) for i in job_ids]
@@ -51,7 +49,7 @@ class CoalescedJobs:
         if batch.error is not None:
             if batch.callers == 1:
                 raise batch.error
-            return tuple(self._count(self._fetch(wanted)))  # alone: its own error, if any
+            return tuple(self._fetch(wanted))  # alone: its own error, if any
         return tuple(batch.found[i] for i in wanted if i in batch.found)
 
     def _join(self, wanted: list[int]) -> _Batch:
@@ -71,16 +69,11 @@ class CoalescedJobs:
 
     def _run(self, batch: _Batch) -> None:
         try:
-            batch.found = {j.job_id: j for j in self._count(self._fetch(sorted(batch.ids)))}
+            batch.found = {j.job_id: j for j in self._fetch(sorted(batch.ids))}
         except Exception as exc:
             batch.error = exc
         with self._cond:
             batch.done = True
             self._running = False
             self._cond.notify_all()
-
-    def _count(self, found: Sequence[Job]) -> Sequence[Job]:
-        with self._cond:
-            self.queries += 1
-        return found
 

@@ -122,7 +122,7 @@ _LAST_PARSE: dict[Callable[..., Any], tuple[str, Any, tuple[str, ...]]] = {}
 def _periodic(parse: Callable[[str, list[str]], T], text: str, warns: list[str]) -> T:
     """``parse(text, warns)``, answered from the last call when the text is the same."""
     last = _LAST_PARSE.get(parse)
-    if last is not None and (last[0] is text or last[0] == text):
+    if last is not None and last[0] == text:
         warns.extend(last[2])
         return cast(T, last[1])
     mine: list[str] = []
