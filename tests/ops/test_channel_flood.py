@@ -43,8 +43,8 @@ print(f"{time.monotonic() - t0:.2f} {answer['jobs']}", flush=True)
 """
 
 
-#: a client that comes back while the server is out of file descriptors (as ``malletrain``'s
-#: own retries do): one call can fail while the flood still holds every descriptor
+#: a client that comes back while the server is out of file descriptors (the channel marks
+#: such answers retryable): one call can fail while the flood still holds every descriptor
 ASK_UNTIL_SERVED = """
 import sys, time
 from malletrain.daemon.channel import call
