@@ -6,7 +6,8 @@ user name or uid sent in a request, only the peer credentials.
 
 Protocol: one request per connection, one JSON object per line each way, at most
 :data:`MAX_REQUEST_BYTES`. Requests ``{"op": "submit"|"attach"|"jobs"|"cancel", ...}``;
-answers ``{"ok": true, ...}`` or ``{"ok": false, "error": "...", "retryable": bool}``. A
+answers ``{"ok": true, ...}`` or ``{"ok": false, "error": "...", "retryable": bool}`` (and
+``"busy": true`` when refused unread: a client may send it again). A
 malformed request gets an error answer, never a crash of the daemon.
 """
 
@@ -39,6 +40,9 @@ _SERVER_READ_TIMEOUT_S = 10.0
 #: without end gets "busy" answers, and everyone else is still served (issue 15)
 MAX_CONNECTIONS_PER_UID = 16
 MAX_CONNECTIONS = 256
+#: the answer to a connection refused unread (the client may send it again)
+_BUSY = b'{"ok": false, "error": "the daemon is busy with your other requests; try again", ' \
+        b'"retryable": true, "busy": true}\n'
 #: accept() errors that mean "out of resources right now" (file descriptors, memory)
 _TRANSIENT_ACCEPT_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS,
                                       errno.ENOMEM, errno.ECONNABORTED, errno.EPROTO})
@@ -130,8 +134,7 @@ class ChannelServer:
             self._log_full(f"submit channel: too many connections; refusing uid {peer.uid}")
             with conn, contextlib.suppress(OSError):
                 conn.setblocking(False)
-                conn.send(b'{"ok": false, "error": "the daemon is busy with your other '
-                          b'requests; try again", "retryable": true}\n')
+                conn.send(_BUSY)
             return
         threading.Thread(target=self._one, args=(conn, peer), name="submit-conn",
                          daemon=True).start()
@@ -207,22 +210,54 @@ class DaemonUnavailable(RetryableError):
     """The daemon's socket is missing or not answering."""
 
 
-def call(path: Path, request: Mapping[str, Any], timeout_s: float = CLIENT_TIMEOUT_S
-         ) -> dict[str, Any]:
-    """Send one request, return the answer; raise UserError subclasses on failure."""
+class _NotActedOn(DaemonUnavailable):
+    """The daemon cannot have acted on the request: not reached, or refused it as busy."""
+
+
+#: how long the command-line tools keep trying a daemon that restarts or is busy
+CLIENT_RETRY_S = 30.0
+
+
+def call(path: Path, request: Mapping[str, Any], timeout_s: float = CLIENT_TIMEOUT_S,
+         retry_s: float = 0.0, idempotent: bool = False,
+         on_retry: Callable[[UserError], None] | None = None) -> dict[str, Any]:
+    """Send one request, return the answer; raise UserError subclasses on failure.
+
+    With ``retry_s``, a call the daemon cannot have acted on (no socket, refused, answered
+    busy: a restart or a flood) is tried again, with a growing pause, until ``retry_s`` has
+    passed, as ``sbatch`` retries a slurmctld that is not answering. A call that reached the
+    daemon and got no answer is tried again only if ``idempotent`` (a read, a cancel): a
+    submit may have been done. ``on_retry`` is told of each failure that is retried.
+    """
+    end = time.monotonic() + retry_s
+    pause_s = 0.2
+    while True:
+        try:
+            return _call_once(path, request, timeout_s)
+        except DaemonUnavailable as exc:
+            again = isinstance(exc, _NotActedOn) or idempotent
+            if not again or time.monotonic() + pause_s > end:
+                raise
+            if on_retry is not None:
+                on_retry(exc)
+        time.sleep(pause_s)
+        pause_s = min(2.0, pause_s * 2)
+
+
+def _call_once(path: Path, request: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout_s)
     try:
         sock.connect(str(path))
     except (FileNotFoundError, ConnectionRefusedError) as exc:
         sock.close()
-        raise DaemonUnavailable(
+        raise _NotActedOn(
             f"the malletrain daemon is not running (no socket at {path}: {exc.strerror}); "
             "set MALLETRAIN_SOCKET or ask your administrator"
         ) from None
     except OSError as exc:
         sock.close()
-        raise DaemonUnavailable(f"cannot reach the malletrain daemon at {path}: {exc}") from None
+        raise _NotActedOn(f"cannot reach the malletrain daemon at {path}: {exc}") from None
     with sock:
         try:
             sock.sendall((json.dumps(dict(request)) + "\n").encode())
@@ -233,6 +268,8 @@ def call(path: Path, request: Mapping[str, Any], timeout_s: float = CLIENT_TIMEO
         raise DaemonUnavailable("the malletrain daemon sent a malformed answer")
     if not answer.get("ok"):
         message = str(answer.get("error", "unknown error"))
+        if answer.get("busy") is True:
+            raise _NotActedOn(message)
         if answer.get("retryable"):
             raise RetryableError(message)
         raise PermanentError(message)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from malletrain.daemon.channel import call
+from malletrain.daemon.channel import CLIENT_RETRY_S, call
 from malletrain.daemon.directives import (
     ScriptErrors,
     build_spec,
@@ -43,6 +43,36 @@ DEFAULT_SOCKET = "/run/malletrain/submit.sock"
 
 def socket_path(args: argparse.Namespace) -> Path:
     return Path(args.socket or os.environ.get("MALLETRAIN_SOCKET") or DEFAULT_SOCKET)
+
+
+def retry_s() -> float:
+    """How long to keep trying a daemon that restarts or is busy: ``$MALLETRAIN_RETRY_S``."""
+    text = os.environ.get("MALLETRAIN_RETRY_S", "")
+    if not text:
+        return CLIENT_RETRY_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 3600:
+        raise SpecError(f"MALLETRAIN_RETRY_S={text!r}: expected seconds from 0 to 3600")
+    return value
+
+
+def _call(sock: Path, request: dict[str, Any], idempotent: bool = True) -> dict[str, Any]:
+    """One request to the daemon, tried again while it restarts or is busy (as ``sbatch``
+    waits for slurmctld), saying so once on stderr."""
+    told = False
+    window_s = retry_s()
+
+    def tell(exc: UserError) -> None:
+        nonlocal told
+        if not told:
+            print(f"malletrain: {exc}; trying again for up to {window_s:.0f} s",
+                  file=sys.stderr)
+            told = True
+
+    return call(sock, request, retry_s=window_s, idempotent=idempotent, on_retry=tell)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -233,7 +263,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     for w in read.warnings:
         print(f"malletrain submit: warning: {w}", file=sys.stderr)
     sock = socket_path(args)
-    answer = call(sock, {"op": "submit", "spec": spec.to_dict()})
+    answer = _call(sock, {"op": "submit", "spec": spec.to_dict()}, idempotent=False)
     job_id = str(answer["job_id"])
     backend = CliBackend()
     slurm_ids: list[int] = []
@@ -246,13 +276,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
                                account=answer.get("account"),
                                script_text=read.text if read.plan else None)
             slurm_ids.append(backend.submit(slot))
-        call(sock, {"op": "attach", "job_id": job_id, "slots": slurm_ids})
+        _call(sock, {"op": "attach", "job_id": job_id, "slots": slurm_ids})
     except (UserError, KeyboardInterrupt) as exc:
         for sid in slurm_ids:
             with contextlib.suppress(UserError):
                 backend.cancel(sid)
         with contextlib.suppress(UserError):
-            call(sock, {"op": "abort", "job_id": job_id})
+            _call(sock, {"op": "abort", "job_id": job_id})
         if isinstance(exc, KeyboardInterrupt):
             raise
         raise type(exc)(f"job {job_id} not submitted: {exc}") from None
@@ -283,7 +313,7 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    rows = call(socket_path(args), {"op": "jobs"})["jobs"]
+    rows = _call(socket_path(args), {"op": "jobs"})["jobs"]
     if not args.all:
         rows = [r for r in rows if r["state"] not in ("completed", "cancelled", "failed")]
     if args.json:
@@ -297,7 +327,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     bad = 0
     for job_id in args.job_ids:
         try:
-            answer = call(socket_path(args), {"op": "cancel", "job_id": job_id})
+            answer = _call(socket_path(args), {"op": "cancel", "job_id": job_id})
             print(f"{job_id}: {answer.get('state', 'cancelling')}")
         except PermanentError as exc:
             print(f"malletrain cancel: error: {exc}", file=sys.stderr)

@@ -141,9 +141,13 @@ class RequestHandler:
         rec = self._own(peer, req)
         if rec.uid != peer.uid:
             raise PermanentError("only the job's owner attaches its slot jobs")
-        if rec.state is not JobPhase.SUBMITTING:
-            raise PermanentError(f"job {rec.job_id} is {rec.state.value}, not submitting")
         ids = req.get("slots")
+        if rec.state is not JobPhase.SUBMITTING:
+            # a client that sends its attach again (the answer was lost) gets the same answer
+            if isinstance(ids, list) and ids and ids == [
+                    s.slurm_job_id for s in self.store.slots(rec.job_id)]:
+                return {"job_id": rec.job_id}
+            raise PermanentError(f"job {rec.job_id} is {rec.state.value}, not submitting")
         if (not isinstance(ids, list) or len(ids) != rec.spec.max_nodes
                 or not all(isinstance(i, int) and not isinstance(i, bool)
                            and 0 < i < MAX_SLURM_JOB_ID for i in ids) or len(set(ids)) != len(ids)):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -45,6 +46,8 @@ class Rendezvous(WorkerState):
                 self._store_failed(exc)
                 time.sleep(0.5)
                 continue
+            if cfg is not None:
+                self._newest_members = cfg.members
             if cfg is None:
                 if self._registered_seq < 0:
                     self._register()
@@ -76,18 +79,35 @@ class Rendezvous(WorkerState):
     def _check_sigterm_waiting(self) -> None:
         """SIGTERM while not in a formed group: announce and leave.
 
-        Rank 0 of the last group this process was in saves a snapshot first if it holds
-        trained state: the others may be gone too (evicted to zero while re-forming), and a
-        snapshot older than a live replica is never used, so saving is always safe.
+        The first holder of the last group's state (:meth:`_saves_for_the_group`) saves a
+        snapshot first: the others may be gone too (evicted to zero while re-forming).
         """
         if self.sigterm.at is None:
             return
         self._teardown()
-        if self.rank == 0 and self._formed_epoch > 0:
+        if self._saves_for_the_group(self._newest_members):
             self._save_snapshot()
         self._announce("sigterm")
         self.exit_reason = ExitReason.SIGTERM
         raise Leave
+
+    def _saves_for_the_group(self, still: Sequence[str] | None) -> bool:
+        """Whether this process writes the snapshot when the job may lose its last replica.
+
+        The first member (by rank) of this process's last group that is still in ``still``
+        (the newest membership it read before leaving) saves, from its local rank 0: rank 0
+        itself when it is there, else the next one. Rank 0 alone was not enough: a shrink
+        that removed rank 0's member, then an eviction (or SIGTERM to all) while the rest
+        re-formed, left no snapshot and lost the job (seen once in the coordinator-kill9
+        fault scenario). Unsure (nothing read, or none of the group in it): save. Saving is
+        always safe: a snapshot older than a live replica is never used, and of two saved at
+        once the newer is kept (:func:`.snapshot.remove_older`).
+        """
+        if self._formed_epoch == 0 or self.membership is None or self.config.local_rank != 0:
+            return False
+        group = self.membership.members
+        kept = [m for m in group if still is not None and m in still]
+        return not kept or kept[0] == self.member_id
 
     def _finished_elsewhere(self) -> None:
         self._teardown()
@@ -146,8 +166,10 @@ class Rendezvous(WorkerState):
         else:
             m = cfg
         if m is not None and m.source == "publish":
-            if not cfg.members and self.rank == 0:
-                self._save_snapshot()
+            if not cfg.members:
+                before = self.link.js.membership(m.epoch - 1) if m.epoch > 1 else None
+                if self._saves_for_the_group(before.members if before else None):
+                    self._save_snapshot()
             self._announce("removed")
             self.exit_reason = ExitReason.EVICTED if not cfg.members else ExitReason.REMOVED
             raise Leave
@@ -236,6 +258,7 @@ class Rendezvous(WorkerState):
         for group_params in self.optimizer.param_groups:
             group_params["lr"] = lr
         self.epoch, self.membership, self._formed_epoch = e, cfg, e
+        self._newest_members = cfg.members
         self._first_of_epoch = True
         self.last_reconfig = {
             "epoch": float(e),

@@ -6,7 +6,7 @@ only if its step is newer than every live replica's (the runtime compares steps 
 membership change), so neither a snapshot of another job nor an older one of this job can
 overwrite fresher state. Writes go to a temporary name in the same directory, are fsync'ed
 and renamed, so a reader never sees a partial file; older snapshots of the job are removed
-after a newer one is in place.
+after a newer one is in place (never a newer one: members may save at the same time).
 
 The state directory is shared by every user's jobs (sticky, like /tmp), so a snapshot is
 private and checked: it is created ``O_CREAT|O_EXCL|O_NOFOLLOW`` with mode 0600, and a file
@@ -108,13 +108,17 @@ def save(state_dir: Path, job_id: str, step: int, payload: dict[str, Any],
 
 
 def remove_older(state_dir: Path, job_id: str, keep_step: int | None) -> None:
-    """Delete this job's snapshots other than ``keep_step`` (None: delete all)."""
+    """Delete this job's snapshots older than ``keep_step`` (None: delete all).
+
+    Only older ones: two members that both save (each may be the last holder of the state
+    when SIGTERM reaches them while re-forming) must not delete each other's newer file.
+    """
     pattern = re.compile(rf"^{re.escape(job_id)}\.step(\d+){re.escape(_SUFFIX)}$")
     if not state_dir.is_dir():
         return
     for entry in os.scandir(state_dir):
         m = pattern.match(entry.name)
-        if (m and (keep_step is None or int(m.group(1)) != keep_step)
+        if (m and (keep_step is None or int(m.group(1)) < keep_step)
                 and private_file_problem(entry.path) is None):  # never another user's file
             try:
                 os.unlink(entry.path)

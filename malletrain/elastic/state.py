@@ -82,6 +82,8 @@ class WorkerState(ABC):
     _ddp: DistributedDataParallel | None
     sync_timer: SyncTimer
     _formed_epoch: int
+    #: members of the newest epoch this process read while re-forming (None: none yet)
+    _newest_members: tuple[str, ...] | None
     _registered_seq: int
     #: monotonic start of the collective work in flight (a step, or the boundary check);
     #: the watcher aborts an NCCL group that overruns ``step_timeout_s``

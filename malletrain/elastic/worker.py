@@ -171,6 +171,7 @@ class ElasticJob(Rendezvous, StateSync):
         self.world_size = 0
         self._ddp = None
         self._formed_epoch = 0  # last epoch this process formed a group in (0: never)
+        self._newest_members: tuple[str, ...] | None = None
         self.exit_reason: ExitReason | None = None
         #: (epoch, phase -> seconds) of the last reconfiguration, for logs and benchmarks
         self.last_reconfig: dict[str, float] = {}

@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from malletrain.devstack import PYTHON, as_user, run
+
 from .harness import EXAMPLE, Daemon, check_python_reachable, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
@@ -53,8 +55,15 @@ def test_bad_specs_get_one_clear_line_and_nothing_is_submitted(daemon, clean_clu
             assert where in res.stderr
     assert not clean_cluster.active_job_ids()  # nothing reached Slurm
     # a wrong socket is one clear line too
-    res = d.cli("mt-alice", "jobs", "--socket", "/nonexistent/sock", check=False)
+    # ... after trying again for $MALLETRAIN_RETRY_S (a restarting daemon), said once
+    t0 = time.monotonic()
+    res = run(as_user("mt-alice", ["env", "MALLETRAIN_RETRY_S=2", PYTHON, "-m", "malletrain.cli",
+                                   "jobs", "--socket", "/nonexistent/sock"]),
+              clean_cluster.env, check=False)
     assert res.returncode == 75 and "daemon is not running" in res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 2 and "trying again for up to 2 s" in lines[0], res.stderr
+    assert 1.5 < time.monotonic() - t0 < 10
 
 
 def test_a_user_cannot_attach_or_cancel_someone_elses_jobs(daemon, clean_cluster):

@@ -292,6 +292,45 @@ def test_evicted_to_zero_saves_and_restores_never_a_stale_or_foreign_snapshot(cl
     assert not list(state.glob("job1.step*.mtsnap")), "snapshots of a finished job remain"
 
 
+@pytest.mark.parametrize("how", ["evicted", "sigterm"])
+def test_evicted_while_reforming_after_rank_0_left_still_saves(cluster, tmp_path, how):
+    """Rank 0's member is removed; before the next epoch forms, the job is evicted to zero
+    (or its last member gets SIGTERM). The first member still in the job saves: rank 0
+    alone saving lost the job once in the coordinator-kill9 fault scenario."""
+    total = 4000
+    state = tmp_path / "state"
+    cluster.state_dir = state
+    args = _args(total, "--step-sleep", "0.02")
+    w = {m: cluster.launch(m, *args) for m in ("m0", "m1", "m2", "m9")}
+    cluster.wait_registered("m0", "m1", "m2", "m9")
+    w["m9"].proc.send_signal(signal.SIGSTOP)  # a newcomer that will not arrive in time
+    e1 = cluster.coord.publish(cluster.job_id, ["m0", "m1", "m2"])
+    for m in ("m0", "m1", "m2"):
+        cluster.wait_epoch(w[m], e1)
+    cluster.wait_step(w["m1"], 15)
+    cluster.coord.publish(cluster.job_id, ["m1", "m9"])  # m1 waits for m9 to arrive
+    for m in ("m0", "m2"):
+        assert w[m].proc.wait(30) == 0 and w[m].exit_record()["reason"] == "removed"
+    time.sleep(1.0)  # m1 has read the new epoch and waits in it
+    assert w["m1"].proc.poll() is None
+    if how == "evicted":
+        cluster.coord.publish(cluster.job_id, [])
+    else:
+        w["m1"].proc.send_signal(signal.SIGTERM)
+    assert w["m1"].proc.wait(30) == 0
+    w["m9"].proc.kill()
+    saved = sorted(state.glob("job1.step*.mtsnap"))
+    assert len(saved) == 1, (saved, cluster.stderr_tail())
+    saved_step = w["m1"].exit_record()["step"]
+    assert saved_step >= 15 and saved[0].name == f"job1.step{saved_step:012d}.mtsnap"
+
+    w3 = cluster.launch("m3", *args)
+    cluster.wait_registered("m3")
+    e4 = cluster.coord.publish(cluster.job_id, ["m3"])
+    cluster.wait_epoch(w3, e4)
+    assert w3.epochs()[-1]["step"] == saved_step  # restored, not started over
+
+
 def test_torchrun_member_with_two_local_ranks_next_to_a_single_rank_member(cluster):
     """The launch the daemon uses: torchrun --nnodes=1 --nproc-per-node=K per node slot."""
     total = 900

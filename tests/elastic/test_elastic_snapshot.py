@@ -58,6 +58,19 @@ def test_mismatched_or_corrupt_files_are_rejected_and_set_aside(tmp_path):
     assert ref is not None and ref.step == 5 and snapshot.load(ref, "job", KEY) is not None
 
 
+def test_a_later_save_of_an_older_step_keeps_the_newer_file(tmp_path):
+    """Two members may save at once (SIGTERM while re-forming): the slower, staler one
+    must not delete the newer snapshot the faster one put in place."""
+    snapshot.save(tmp_path, "job", 25, _payload(2.0), KEY)
+    snapshot.save(tmp_path, "job", 24, _payload(1.0), KEY)
+    ref = snapshot.find_latest(tmp_path, "job")
+    assert ref is not None and ref.step == 25
+    assert sorted(p.name for p in tmp_path.glob("job.*")) == [
+        "job.step000000000024.mtsnap", "job.step000000000025.mtsnap"]
+    snapshot.save(tmp_path, "job", 30, _payload(3.0), KEY)  # a newer one clears both
+    assert [p.name for p in tmp_path.glob("job.*")] == ["job.step000000000030.mtsnap"]
+
+
 def test_remove_all_of_a_job(tmp_path):
     snapshot.save(tmp_path, "job", 5, _payload(1.0), KEY)
     snapshot.save(tmp_path, "keep", 5, _payload(1.0), KEY)

@@ -78,3 +78,83 @@ def test_a_stale_socket_file_is_replaced(tmp_path):
     finally:
         srv.stop()
     assert not path.exists()
+
+
+def test_a_restarting_daemon_is_waited_for(tmp_path):
+    """The socket appears 0.6 s after the first try (a daemon restarting): served, and the
+    caller was told once per failed try."""
+    import threading
+    path = tmp_path / "s.sock"
+    told: list[str] = []
+    servers: list[ChannelServer] = []
+    timer = threading.Timer(0.6, lambda: servers.append(ChannelServer(path, handler).start()))
+    timer.start()
+    try:
+        ans = call(path, {"op": "whoami"}, retry_s=10, on_retry=lambda e: told.append(str(e)))
+        assert ans["uid"] == os.getuid()
+        assert told and all("daemon is not running" in t for t in told)
+    finally:
+        timer.join()
+        for s in servers:
+            s.stop()
+
+
+class _Scripted:
+    """A raw server answering each connection with the next of ``answers`` (None: read the
+    request, then close without answering), counting the requests it read."""
+
+    def __init__(self, path, answers):
+        import threading
+        self.answers, self.requests = list(answers), 0
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(path))
+        self.sock.listen()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        for answer in self.answers:
+            conn, _ = self.sock.accept()
+            with conn:
+                conn.makefile().readline()
+                self.requests += 1
+                if answer is not None:
+                    conn.sendall(answer)
+
+    def close(self):
+        self.sock.close()
+
+
+def test_busy_is_sent_again_and_a_lost_answer_only_for_idempotent_requests(tmp_path):
+    from malletrain.daemon.channel import _BUSY
+    ok = b'{"ok": true, "job_id": "7"}\n'
+    srv = _Scripted(tmp_path / "a.sock", [_BUSY, _BUSY, ok])
+    assert call(srv.sock.getsockname(), {"op": "submit"}, retry_s=10)["job_id"] == "7"
+    assert srv.requests == 3
+    srv.close()
+    # a submit whose answer was lost may have been done: never sent twice
+    srv = _Scripted(tmp_path / "b.sock", [None, ok])
+    with pytest.raises(DaemonUnavailable, match="did not answer"):
+        call(srv.sock.getsockname(), {"op": "submit"}, retry_s=10)
+    assert srv.requests == 1
+    srv.close()
+    # a read is
+    srv = _Scripted(tmp_path / "c.sock", [None, ok])
+    assert call(srv.sock.getsockname(), {"op": "jobs"}, retry_s=10, idempotent=True)["ok"]
+    assert srv.requests == 2
+    srv.close()
+    # a retryable answer from the daemon itself (a quota) is the caller's to judge
+    srv = _Scripted(tmp_path / "d.sock", [b'{"ok": false, "error": "quota", '
+                                          b'"retryable": true}\n', ok])
+    with pytest.raises(RetryableError, match="quota"):
+        call(srv.sock.getsockname(), {"op": "jobs"}, retry_s=10, idempotent=True)
+    assert srv.requests == 1
+    srv.close()
+
+
+def test_no_daemon_gives_up_after_the_retry_window(tmp_path):
+    import time
+    t0 = time.monotonic()
+    with pytest.raises(DaemonUnavailable, match="daemon is not running"):
+        call(tmp_path / "missing.sock", {"op": "jobs"}, retry_s=1.0)
+    assert 0.5 < time.monotonic() - t0 < 3.0
