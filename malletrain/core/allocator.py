@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from malletrain.core.finish import finish_weights, slot_rate
+from malletrain.core.hetero import decide_by_type, is_typed
 from malletrain.core.holes import HoleLengthModel, HoleTracker
 from malletrain.core.knapsack import solve_counts
 from malletrain.core.model import AllocationInput, Plan
@@ -193,18 +194,37 @@ class MalleTrainPolicy:
         if self.work_units:
             inp = in_work_units(inp)
         self.holes.update(inp.now_s, inp.nodes)
-        counts, objective, w, growth_order = self.solve(inp)
-        windows = {n.name: float(w[i]) for i, n in enumerate(inp.nodes)}
-        assignments = assign_nodes(inp, counts, windows_s=windows, growth_order=growth_order)
+        if is_typed(inp):
+            # several node types, or jobs that see types: one type per job (core.hetero)
+            assignments, objective = decide_by_type(self, inp)
+        else:
+            assignments, objective = self.assign(inp)
         return Plan(
             assignments=assignments, objective=objective, decision_s=time.perf_counter() - t0
         )
 
-    def solve(self, inp: AllocationInput) -> tuple[dict[str, int], float, np.ndarray, list[str]]:
-        """The count problem alone: (counts, objective, node windows, growth order)."""
+    def assign(self, inp: AllocationInput, price_per_node_s: float = 0.0
+               ) -> tuple[dict[str, tuple[str, ...]], float]:
+        """Counts and node names for ``inp`` without learning from it: (assignments, objective)."""
+        counts, objective, w, growth_order = self.solve(inp, price_per_node_s)
+        windows = {n.name: float(w[i]) for i, n in enumerate(inp.nodes)}
+        return assign_nodes(inp, counts, windows_s=windows, growth_order=growth_order), objective
+
+    def solve(self, inp: AllocationInput, price_per_node_s: float = 0.0
+              ) -> tuple[dict[str, int], float, np.ndarray, list[str]]:
+        """The count problem alone: (counts, objective, node windows, growth order).
+
+        ``price_per_node_s``: each node a job holds costs this per second of its window (a
+        job at ``n`` nodes is charged for the ``n`` longest windows: an upper estimate).
+        """
         values, w, own_idx = self.value_table(inp)
         if not inp.jobs:
             return {}, 0.0, w, []
+        if price_per_node_s > 0 and values.shape[1] > 1:
+            longest = np.sort(w)[::-1][: values.shape[1] - 1]
+            charge = np.concatenate(([0.0], np.cumsum(longest)))
+            values = values.copy()
+            values[:, : charge.size] -= price_per_node_s * charge
         count_arr, objective = solve_counts(values, len(inp.nodes))
         if (
             self.finish_weight > 0
@@ -257,13 +277,17 @@ def in_work_units(inp: AllocationInput) -> AllocationInput:
     """
     jobs = []
     for job in inp.jobs:
-        unit = job.throughput.rate(1)
+        # one unit per job across its node types: its best one-node rate on any of them
+        unit = max([m.rate(1) for m in job.type_throughput.values()] + [job.throughput.rate(1)])
         if unit <= 0:
             jobs.append(job)
             continue
         left = None if job.remaining_samples is None else job.remaining_samples / unit
+        target = None if job.rate_target is None else job.rate_target / unit
+        by_type = {t: m.scaled(1.0 / unit) for t, m in job.type_throughput.items()}
         jobs.append(replace(job, throughput=job.throughput.scaled(1.0 / unit),
-                            remaining_samples=left))
+                            remaining_samples=left, type_throughput=by_type,
+                            rate_target=target))
     return replace(inp, jobs=tuple(jobs))
 
 

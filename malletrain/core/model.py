@@ -25,6 +25,9 @@ class IdleNode:
     idle_age_s: float = 0.0
     #: Network locality group (e.g. leaf switch) if known, so a job's nodes stay close.
     switch: str | None = None
+    #: Node type (a GPU model from the node's GRES, ``core.scavenger.node_type``); "" = the
+    #: one type of a homogeneous cluster. A job's throughput may differ per type.
+    node_type: str = ""
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,20 @@ class MalleableJob:
     #: ``total_samples`` minus the progress made). MalleTrainPolicy's ``finish_weight``
     #: reads it to value a job that can finish soon (its finish lets a queued job in).
     remaining_samples: float | None = None
+    #: Throughput per node type where it differs from ``throughput`` (the job's profile kept
+    #: per type). A job runs on one type at a time (``core.hetero``).
+    type_throughput: Mapping[str, ThroughputModel] = field(default_factory=dict)
+    #: The node types the job can use (its ``--gres`` type or ``--constraint``); None: any.
+    allowed_types: frozenset[str] | None = None
+    #: Cost objective: the throughput (the model's units) beyond which more is worth
+    #: nothing, so the plan meets it at the lowest price (``AllocationInput.prices``).
+    rate_target: float | None = None
+
+    def model_on(self, node_type: str) -> ThroughputModel | None:
+        """The job's throughput on nodes of ``node_type``; None where it cannot run."""
+        if self.allowed_types is not None and node_type not in self.allowed_types:
+            return None
+        return self.type_throughput.get(node_type, self.throughput)
 
 
 @dataclass(frozen=True)
@@ -105,6 +122,9 @@ class AllocationInput:
     #: Submitted malleable jobs waiting for an admission slot (not in ``jobs``): a job
     #: that finishes lets the next one in. ``None``: not known (a policy assumes some wait).
     queued_jobs: int | None = None
+    #: Price of a node-second per node type (absent: 0), in the plan's value units per
+    #: node-second; the plan maximises value minus price x node-seconds over the horizon.
+    prices: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

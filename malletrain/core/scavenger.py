@@ -65,6 +65,8 @@ class NodeWindow:
     idle_age_s: float
     #: Leaf switch (Slurm topology), if known.
     switch: str | None = None
+    #: Node type (:func:`node_type`): the GPU model of its GRES; "" for a node without GPUs.
+    node_type: str = ""
 
 
 def earliest_claims(
@@ -156,9 +158,27 @@ def node_windows(
                 claim=claim,
                 idle_age_s=age,
                 switch=node.switch,
+                node_type=node_type(node.gres),
             )
         )
     return tuple(out)
+
+
+def node_type(gres: str) -> str:
+    """A node's type from its Slurm GRES: the GPU model (``gpu:a100:4(S:0-1)`` -> ``a100``),
+    ``gpu`` for GPUs without a type (``gpu:4``), "" for none (``(null)``, ``""``).
+
+    Nodes of one type are interchangeable to a job; a job's throughput is kept per type
+    (``MalleableJob.type_throughput``) and it runs on one type at a time (``core.hetero``).
+    """
+    for item in gres.split(","):
+        parts = item.split("(", 1)[0].strip().split(":")
+        if parts[0] != "gpu":
+            continue
+        if len(parts) >= 3 or (len(parts) == 2 and not parts[1].isdigit()):
+            return parts[1].lower()
+        return "gpu"
+    return ""
 
 
 def idle_nodes(
@@ -177,5 +197,5 @@ def idle_nodes(
         if w.window_s is not None and w.window_s <= min_window_s:
             continue
         out.append(IdleNode(name=w.name, window_s=w.window_s, idle_age_s=w.idle_age_s,
-                            switch=w.switch))
+                            switch=w.switch, node_type=w.node_type))
     return tuple(out)

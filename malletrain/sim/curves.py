@@ -10,9 +10,11 @@ file's curves: :class:`LearnedCurves` only ever reads the advisor.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
 
+from malletrain.core.hetero import TypeSpeeds
 from malletrain.core.model import ThroughputModel
 from malletrain.sim.jobs import SimJob
 
@@ -20,15 +22,24 @@ log = logging.getLogger(__name__)
 
 
 class CurveProvider(Protocol):
+    """What a policy is told of each job. ``node_type``: the one type of the job's nodes on a
+    cluster of several types (None: untyped, or a mix)."""
+
     def model(self, job: SimJob) -> tuple[ThroughputModel, float, float]:
         """(throughput model, scale_up_s, scale_down_s) the policy is told for ``job``."""
         ...
 
-    def observe(self, job: SimJob, t_s: float, nodes: int, samples_total: float) -> None:
+    def type_models(self, job: SimJob, types: Sequence[str]) -> dict[str, ThroughputModel]:
+        """The policy's throughput model of ``job`` per node type (empty: not per type)."""
+        ...
+
+    def observe(self, job: SimJob, t_s: float, nodes: int, samples_total: float,
+                node_type: str | None = None) -> None:
         """``job`` had made ``samples_total`` (net, cumulative) by ``t_s`` on ``nodes`` nodes."""
         ...
 
-    def rescaled(self, job: SimJob, t_s: float, old_nodes: int, new_nodes: int) -> None: ...
+    def rescaled(self, job: SimJob, t_s: float, old_nodes: int, new_nodes: int,
+                 old_type: str | None = None, new_type: str | None = None) -> None: ...
 
     def forget(self, job: SimJob) -> None: ...
 
@@ -39,10 +50,15 @@ class TrueCurves:
     def model(self, job: SimJob) -> tuple[ThroughputModel, float, float]:
         return job.true_model, job.scale_up_s, job.scale_down_s
 
-    def observe(self, job: SimJob, t_s: float, nodes: int, samples_total: float) -> None:
+    def type_models(self, job: SimJob, types: Sequence[str]) -> dict[str, ThroughputModel]:
+        return job.true_models()
+
+    def observe(self, job: SimJob, t_s: float, nodes: int, samples_total: float,
+                node_type: str | None = None) -> None:
         return None
 
-    def rescaled(self, job: SimJob, t_s: float, old_nodes: int, new_nodes: int) -> None:
+    def rescaled(self, job: SimJob, t_s: float, old_nodes: int, new_nodes: int,
+                 old_type: str | None = None, new_type: str | None = None) -> None:
         return None
 
     def forget(self, job: SimJob) -> None:
@@ -57,6 +73,9 @@ class NoCurves(TrueCurves):
 
     def model(self, job: SimJob) -> tuple[ThroughputModel, float, float]:
         return ThroughputModel(()), self.DEFAULT_COST_S, self.DEFAULT_COST_S
+
+    def type_models(self, job: SimJob, types: Sequence[str]) -> dict[str, ThroughputModel]:
+        return {}
 
 
 def job_kind(name: str) -> str:
@@ -73,7 +92,10 @@ class LearnedCurves:
     """The Profiling Advisor, fed what the jobs really did; never reads ``job.curve``.
 
     The only things of a job it passes on are its name (and kind, from the name),
-    its node counts, the time and its net progress: the same as the daemon sees.
+    its node counts, the type of its nodes, the time and its net progress: the same as
+    the daemon sees. On a cluster of several types each job is profiled per type, as
+    ``<name>@<type>`` (pooled per ``<kind>@<type>``): its rates on one GPU model say
+    little about another's.
     """
 
     def __init__(self, pool_kinds: bool = True) -> None:
@@ -82,30 +104,49 @@ class LearnedCurves:
         self.advisor = ProfilingAdvisor()
         self.pool_kinds = pool_kinds
         self._known: set[str] = set()
+        self.speeds = TypeSpeeds()
 
-    def _register(self, job: SimJob) -> None:
-        if job.name not in self._known:
-            self._known.add(job.name)
-            self.advisor.register(job.name, job_kind(job.name) if self.pool_kinds else None)
+    def _key(self, job: SimJob, node_type: str | None) -> str:
+        key = job.name if node_type is None else f"{job.name}@{node_type}"
+        if key not in self._known:
+            self._known.add(key)
+            kind = job_kind(job.name) if self.pool_kinds else None
+            if kind is not None and node_type is not None:
+                kind = f"{kind}@{node_type}"
+            self.advisor.register(key, kind)
+        return key
+
+    def _told(self, key: str) -> ThroughputModel:
+        # how far the curve is measured: the policy explores beyond it on free nodes only
+        measured = max(self.advisor.measured_sizes(key), default=0)
+        return replace(self.advisor.model(key), measured_max_nodes=measured)
 
     def model(self, job: SimJob) -> tuple[ThroughputModel, float, float]:
-        self._register(job)
-        up, down = self.advisor.scale_costs(job.name)
-        # how far the curve is measured: the policy explores beyond it on free nodes only
-        measured = max(self.advisor.measured_sizes(job.name), default=0)
-        return replace(self.advisor.model(job.name), measured_max_nodes=measured), up, down
+        key = self._key(job, None)
+        up, down = self.advisor.scale_costs(key)
+        return self._told(key), up, down
 
-    def observe(self, job: SimJob, t_s: float, nodes: int, samples_total: float) -> None:
-        self._register(job)
-        self.advisor.observe(job.name, t_s, nodes, samples_total)
+    def type_models(self, job: SimJob, types: Sequence[str]) -> dict[str, ThroughputModel]:
+        # types the job never ran on: from the others' speed ratios (core.hetero.TypeSpeeds)
+        return self.speeds.fill(job.name, {t: self._told(self._key(job, t)) for t in types})
 
-    def rescaled(self, job: SimJob, t_s: float, old_nodes: int, new_nodes: int) -> None:
-        self._register(job)
-        self.advisor.rescaled(job.name, t_s, old_nodes, new_nodes)
+    def observe(self, job: SimJob, t_s: float, nodes: int, samples_total: float,
+                node_type: str | None = None) -> None:
+        self.advisor.observe(self._key(job, node_type), t_s, nodes, samples_total)
+
+    def rescaled(self, job: SimJob, t_s: float, old_nodes: int, new_nodes: int,
+                 old_type: str | None = None, new_type: str | None = None) -> None:
+        if old_type == new_type:
+            self.advisor.rescaled(self._key(job, old_type), t_s, old_nodes, new_nodes)
+            return
+        # a move between types: it stopped on one and started on the other
+        self.advisor.rescaled(self._key(job, old_type), t_s, old_nodes, 0)
+        self.advisor.rescaled(self._key(job, new_type), t_s, 0, new_nodes)
 
     def forget(self, job: SimJob) -> None:
-        self._known.discard(job.name)
-        self.advisor.forget(job.name)
+        for key in [k for k in self._known if k == job.name or k.startswith(job.name + "@")]:
+            self._known.discard(key)
+            self.advisor.forget(key)
 
 
 def provider_for(curves: str) -> CurveProvider:

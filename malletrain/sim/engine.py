@@ -39,6 +39,7 @@ from malletrain.core.model import AllocationInput, MalleableJob, Plan, Policy, T
 from malletrain.errors import PermanentError
 from malletrain.sim.curves import CurveProvider
 from malletrain.sim.jobs import SimJob
+from malletrain.sim.nodetypes import NodeTypes, charge
 from malletrain.sim.result import JobNodes, JobRun, Result, Sample
 from malletrain.sim.trace import IdleTrace, PlannedStart, TraceEvent
 from malletrain.sim.view import SnapshotView
@@ -66,6 +67,7 @@ class Simulator:
         max_concurrent_jobs: int = 10,
         until_s: float | None = None,
         progress: ProgressFn | None = None,
+        types: NodeTypes | None = None,
     ) -> None:
         self.trace = trace
         self.policy = policy
@@ -74,9 +76,18 @@ class Simulator:
         self.until_s = trace.end_s if until_s is None else min(until_s, trace.end_s)
         self.progress = progress
         runs = sorted(jobs, key=lambda j: j.submit_s)
-        self.runs = [JobRun(j, i) for i, j in enumerate(runs)]
+        self.types = types
+        typed = None if types is None else types.per_node
+        if typed is None and any(j.allowed_types is not None for j in runs):
+            raise PermanentError("jobs with only per-type curves need a cluster with node "
+                                 "types (Simulator(types=...))")
+        if typed is not None and len(typed) != len(trace.node_names):
+            raise PermanentError(f"{len(typed)} node types for {len(trace.node_names)} nodes")
+        self.runs = [JobRun(j, i, node_types=typed) for i, j in enumerate(runs)]
         n = len(trace.node_names)
-        self.view = SnapshotView(trace.node_names)
+        self.view = SnapshotView(trace.node_names,
+                                 typed if types is not None and not types.hidden else None)
+        self._told_types = () if types is None or types.hidden else tuple(sorted(set(typed or ())))
         self.index = {name: i for i, name in enumerate(trace.node_names)}
         self.idle = np.zeros(n, dtype=bool)
         self.idle_since = np.zeros(n)
@@ -111,11 +122,16 @@ class Simulator:
                 run.done = run.job.total_samples
                 run.finished_s = t0 + took
                 self.result.used_node_seconds += n * took
-                self.curves.observe(run.job, t0 + took, n, run.done)
+                self.curves.observe(run.job, t0 + took, n, run.done, self._type_of(run))
             else:
                 run.done += rate * dt
                 self.result.used_node_seconds += n * dt
-                self.curves.observe(run.job, t1, n, run.done)
+                self.curves.observe(run.job, t1, n, run.done, self._type_of(run))
+            charge(self.result, self.types, run.nodes, (run.finished_s or t1) - t0)
+
+    def _type_of(self, run: JobRun) -> str | None:
+        """The type of the job's nodes as the policy's profiles know it (None: untyped)."""
+        return None if not self._told_types else run.node_type()
 
     # -- one event ------------------------------------------------------------------
     def _apply_trace(self, ev: TraceEvent) -> None:
@@ -146,7 +162,8 @@ class Simulator:
                 run.done -= loss
                 self.result.samples_lost_preemption += loss
                 self.result.preemptions += 1
-                self.curves.rescaled(run.job, t, len(run.nodes), len(keep))
+                kind = self._type_of(run)
+                self.curves.rescaled(run.job, t, len(run.nodes), len(keep), kind, kind)
             self._set_nodes(run, keep, t, "trace")
         self.holder[busy] = -1
 
@@ -191,6 +208,7 @@ class Simulator:
                     if np.isnan(self.predicted_end[i]):
                         self.predicted_end[i] = t + node.window_s
         names = self.trace.node_names
+        told = bool(self._told_types)
         mjobs = []
         for run in self._active:
             model, up_s, down_s = self.curves.model(run.job)
@@ -206,6 +224,10 @@ class Simulator:
                     submit_order=run.order,
                     # declared by the user (total_samples), not the curve: every policy may see it
                     remaining_samples=max(0.0, run.job.total_samples - run.done),
+                    type_throughput=(self.curves.type_models(run.job, self._told_types)
+                                     if told else {}),
+                    allowed_types=run.job.allowed_types if told else None,
+                    rate_target=run.job.rate_target,
                 )
             )
         queued = 0
@@ -213,7 +235,11 @@ class Simulator:
             if self.trace.start_s + run.job.submit_s > t:
                 break
             queued += 1
-        inp = AllocationInput(now_s=t, nodes=nodes, jobs=tuple(mjobs), queued_jobs=queued)
+        prices = {}
+        if self.types is not None and told and self.types.objective == "cost":
+            prices = dict(self.types.prices)
+        inp = AllocationInput(now_s=t, nodes=nodes, jobs=tuple(mjobs), queued_jobs=queued,
+                              prices=prices)
         t0 = time.perf_counter()
         plan = self.policy.decide(inp)
         self.result.decision_s.append(time.perf_counter() - t0)
@@ -243,17 +269,19 @@ class Simulator:
                 self.result.starts += 1
                 if run.started_s is None:
                     run.started_s = t
-            self.curves.rescaled(run.job, t, len(old), len(new))
-            changes.append((run, sorted(new)))
-        for run, _ in changes:
+            old_type = self._type_of(run)
+            changes.append((run, sorted(new), old_type))
+        for run, _, _ in changes:
             if run.nodes:
                 self.holder[np.asarray(run.nodes, dtype=np.int64)] = -1
-        for run, new in changes:
+        for run, new, old_type in changes:
             if new:
                 self.holder[np.asarray(new, dtype=np.int64)] = run.order
             run.changed_s = t
             self.result.job_nodes.append(JobNodes(t, run.job.name, len(new)))
+            old_n = len(run.nodes)
             run.nodes = new
+            self.curves.rescaled(run.job, t, old_n, len(new), old_type, self._type_of(run))
 
     def _checked_plan(self, plan: Plan, t: float) -> dict[str, list[int]]:
         """Job -> node indices of ``plan``; a PolicyError for anything a policy may not do."""

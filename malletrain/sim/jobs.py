@@ -12,6 +12,15 @@ Format (``jobs:`` list)::
         scale_down_s: 12
         curve: [[1, 217.0], [2, 424.0], [4, 849.0]]   # [nodes, samples_per_s] of the whole job
 
+On a cluster of several node types (``Simulator(node_types=...)``) a job may give its
+throughput per type instead, and then runs only on those types::
+
+        curves: {p100: [[1, 98.0], [2, 190.0]], v100: [[1, 281.0], [2, 507.0]]}
+
+(``curve`` and ``curves`` together: ``curve`` holds on every type not named). A job on
+nodes of two types runs at the slower type's rate for its size: a synchronous step waits
+for its slowest worker.
+
 ``submit_s`` counts from the start of the replay (``--start-s``). ``curve`` is the
 job's true throughput, linear between points. Only the simulator
 and the ``*-known-curves``/``freetrain`` policies see it; the ``malletrain`` policy
@@ -41,15 +50,43 @@ class SimJob:
     scale_up_s: float
     scale_down_s: float
     curve: tuple[tuple[int, float], ...]
+    #: (node type, curve) where the throughput differs per type (``curves:``)
+    type_curves: tuple[tuple[str, tuple[tuple[int, float], ...]], ...] = ()
+    #: Cost objective: the throughput beyond which more is worth nothing (``rate_target:``)
+    rate_target: float | None = None
 
     @property
     def true_model(self) -> ThroughputModel:
         return ThroughputModel(self.curve)
 
+    def true_models(self) -> dict[str, ThroughputModel]:
+        """The true throughput per node type named in ``curves:``."""
+        return {t: ThroughputModel(c) for t, c in self.type_curves}
+
+    @property
+    def allowed_types(self) -> frozenset[str] | None:
+        """Only the types of ``curves:`` when there is no ``curve`` for the rest."""
+        return frozenset(t for t, _ in self.type_curves) if not self.curve else None
+
+    def rate_on(self, types: set[str], n: int) -> float:
+        """True rate on ``n`` nodes of ``types``: the slowest type's (0 where it cannot run)."""
+        if not self.type_curves:
+            return self.true_model.rate(n)
+        models = dict(self.type_curves)
+        rates = [ThroughputModel(models[t]).rate(n) if t in models
+                 else (ThroughputModel(self.curve).rate(n) if self.curve else 0.0)
+                 for t in types]
+        return min(rates, default=0.0)
+
+    def unit_rate(self) -> float:
+        """The job's one-node rate, on its fastest type: the unit of one-worker-seconds."""
+        return max(m.rate(1) for m in [self.true_model, *self.true_models().values()])
+
     def best_per_node_rate(self) -> float:
         """The most samples/s one node of this job can give (the linear upper bound)."""
-        model = self.true_model
-        return max(model.rate(n) / n for n in range(max(1, self.min_nodes), self.max_nodes + 1))
+        models = [self.true_model, *self.true_models().values()]
+        return max(m.rate(n) / n for m in models
+                   for n in range(max(1, self.min_nodes), self.max_nodes + 1))
 
 
 _REQUIRED = (
@@ -62,6 +99,8 @@ _REQUIRED = (
     "scale_down_s",
     "curve",
 )
+#: optional fields
+_OPTIONAL = ("curves", "rate_target")
 
 
 def _line(node: yaml.Node | None) -> int | None:
@@ -111,9 +150,9 @@ def _parse_job(path: str, item: Any, node: yaml.Node, seen: set[str]) -> SimJob:
         raise input_error(path, _line(node), "jobs[]", "each job must be a mapping")
     fields = {k.value: v for k, v in node.value}
     for key in _REQUIRED:
-        if key not in item:
+        if key not in item and not (key == "curve" and "curves" in item):
             raise input_error(path, _line(node), key, "missing")
-    unknown = sorted(set(item) - set(_REQUIRED))
+    unknown = sorted(set(item) - set(_REQUIRED) - set(_OPTIONAL))
     if unknown:
         raise input_error(path, _line(fields[unknown[0]]), unknown[0], "unknown field")
     jname = item["name"]
@@ -141,8 +180,23 @@ def _parse_job(path: str, item: Any, node: yaml.Node, seen: set[str]) -> SimJob:
     total = num("total_samples", positive=True)
     up = num("scale_up_s")
     down = num("scale_down_s")
-    curve = _parse_curve(path, item["curve"], fields["curve"])
-    return SimJob(jname, submit, lo, hi, total, up, down, curve)
+    curve = _parse_curve(path, item["curve"], fields["curve"]) if "curve" in item else ()
+    by_type = _parse_type_curves(path, item["curves"], fields["curves"]) if "curves" in item else ()
+    target = num("rate_target", positive=True) if "rate_target" in item else None
+    return SimJob(jname, submit, lo, hi, total, up, down, curve, by_type, target)
+
+
+def _parse_type_curves(path: str, value: Any, node: yaml.Node
+                       ) -> tuple[tuple[str, tuple[tuple[int, float], ...]], ...]:
+    if not isinstance(value, dict) or not value or not isinstance(node, yaml.MappingNode):
+        raise input_error(path, _line(node), "curves", "expected {node_type: curve, ...}")
+    out = []
+    for key, cnode in node.value:
+        name = str(key.value)
+        if not name:
+            raise input_error(path, _line(key), "curves", "a node type must be named")
+        out.append((name, _parse_curve(path, value[key.value], cnode)))
+    return tuple(sorted(out))
 
 
 def _parse_curve(path: str, value: Any, node: yaml.Node) -> tuple[tuple[int, float], ...]:
@@ -179,7 +233,6 @@ def dump_jobs(jobs: list[SimJob]) -> str:
     """Render a job set as YAML (the inverse of :func:`parse_jobs`)."""
     lines = ["jobs:"]
     for j in jobs:
-        curve = ", ".join(f"[{n}, {_yaml_float(r)}]" for n, r in j.curve)
         lines += [
             f"  - name: {j.name}",
             f"    submit_s: {j.submit_s:g}",
@@ -188,9 +241,19 @@ def dump_jobs(jobs: list[SimJob]) -> str:
             f"    total_samples: {_yaml_float(j.total_samples)}",
             f"    scale_up_s: {j.scale_up_s:g}",
             f"    scale_down_s: {j.scale_down_s:g}",
-            f"    curve: [{curve}]",
         ]
+        if j.curve:
+            lines.append(f"    curve: {_yaml_curve(j.curve)}")
+        if j.rate_target is not None:
+            lines.append(f"    rate_target: {_yaml_float(j.rate_target)}")
+        if j.type_curves:
+            lines.append("    curves:")
+            lines += [f"      {t}: {_yaml_curve(c)}" for t, c in j.type_curves]
     return "\n".join(lines) + "\n"
+
+
+def _yaml_curve(curve: tuple[tuple[int, float], ...]) -> str:
+    return "[" + ", ".join(f"[{n}, {_yaml_float(r)}]" for n, r in curve) + "]"
 
 
 def _yaml_float(x: float) -> str:

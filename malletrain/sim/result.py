@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,10 +23,23 @@ class JobRun:
     finished_s: float | None = None
     #: When the job's size last changed (profiling discards warm-up after it).
     changed_s: float = 0.0
+    #: The node type of each node of the trace, where it has several (set by the Simulator).
+    node_types: Sequence[str] | None = None
 
     @property
     def rate(self) -> float:
-        return self.job.true_model.rate(len(self.nodes)) if self.nodes else 0.0
+        if not self.nodes:
+            return 0.0
+        if self.node_types is None or not self.job.type_curves:
+            return self.job.true_model.rate(len(self.nodes))
+        return self.job.rate_on({self.node_types[i] for i in self.nodes}, len(self.nodes))
+
+    def node_type(self) -> str | None:
+        """The type of all its nodes; None when it holds none or several types."""
+        if self.node_types is None or not self.nodes:
+            return None
+        kinds = {self.node_types[i] for i in self.nodes}
+        return kinds.pop() if len(kinds) == 1 else None
 
 
 @dataclass(frozen=True)
@@ -75,6 +89,9 @@ class Result:
     wall_s: float = 0.0
     #: Per hole that had a predicted window when first offered: actual end - predicted end.
     window_errors_s: list[float] = field(default_factory=list)
+    #: On a cluster of several node types: node-seconds used per type, and their price.
+    type_node_seconds: dict[str, float] = field(default_factory=dict)
+    cost: float = 0.0
 
     def _window_stats(self) -> dict[str, object]:
         """How good the scavenger's windows were: the first prediction of each hole vs its end."""
@@ -104,7 +121,7 @@ class Result:
             if finished and len(finished) == len(self.jobs)
             else None
         )
-        unit_work = sum(r.done / r.job.true_model.rate(1) for r in self.jobs)
+        unit_work = sum(r.done / r.job.unit_rate() for r in self.jobs)
         return {
             "policy": self.policy,
             "trace": self.trace,
@@ -120,6 +137,8 @@ class Result:
                 self.used_node_seconds / self.idle_node_seconds if self.idle_node_seconds else 0.0
             ),
             "upper_bound_samples": self.upper_bound_samples,
+            "type_node_seconds": dict(sorted(self.type_node_seconds.items())),
+            "cost": self.cost,
             "rescales": self.rescales,
             "preemptions": self.preemptions,
             "starts": self.starts,

@@ -32,11 +32,15 @@ REGULAR_PARTITION = "batch"
 class SnapshotView:
     """Builds per-event snapshots over a fixed node set and asks the scavenger for windows."""
 
-    def __init__(self, node_names: Sequence[str]) -> None:
+    def __init__(self, node_names: Sequence[str], node_types: Sequence[str] | None = None
+                 ) -> None:
         self.node_names = tuple(node_names)
+        # a node's type reaches the scavenger as Slurm would give it: one GPU of that model
+        gres = [""] * len(self.node_names) if node_types is None else [
+            f"gpu:{t}:1" if t else "" for t in node_types]
         self._nodes = [
-            Node(name=n, state=NodeState.IDLE, partitions=(REGULAR_PARTITION,))
-            for n in self.node_names
+            Node(name=n, state=NodeState.IDLE, partitions=(REGULAR_PARTITION,), gres=g)
+            for n, g in zip(self.node_names, gres, strict=True)
         ]
         #: The last plan seen and its claims: a trace hands the same plan object on
         #: until the plan changes, so the claims are worked out once per plan.

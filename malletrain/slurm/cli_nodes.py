@@ -7,7 +7,8 @@ or the start of a reservation covering it), or ``unbounded`` when nothing is pla
 ``--json`` prints a list of objects: ``name``, ``state``, ``flags``, ``partitions``, ``idle``
 (usable now), ``idle_window_s`` (seconds; ``null`` = unbounded; ``0`` for a node that is not
 idle), ``claimed_by`` (``"job 42"``/``"reservation maint"``/``null``), ``claim_start_at``
-(epoch s or ``null``), ``reason`` and ``switch`` (leaf switch or ``null``).  Errors (Slurm
+(epoch s or ``null``), ``reason``, ``switch`` (leaf switch or ``null``) and ``type`` (the GPU
+model of its GRES, ``""`` without GPUs: ``core.scavenger.node_type``).  Errors (Slurm
 down, a client missing, output that does not parse) print one line and exit non-zero (75 =
 try again later).
 """
@@ -67,11 +68,12 @@ def _row(w: NodeWindow, reason: str) -> dict[str, Any]:
         "claim_start_at": w.claim.start_at if w.claim else None,
         "reason": reason,
         "switch": w.switch,
+        "type": w.node_type,
     }
 
 
 def format_table(objs: list[dict[str, Any]]) -> str:
-    header = ("NODE", "STATE", "FLAGS", "PARTITIONS", "SWITCH", "IDLE_WINDOW", "UNTIL")
+    header = ("NODE", "STATE", "FLAGS", "PARTITIONS", "SWITCH", "TYPE", "IDLE_WINDOW", "UNTIL")
     lines = [header]
     for o in objs:
         if not o["idle"]:
@@ -82,7 +84,8 @@ def format_table(objs: list[dict[str, Any]]) -> str:
             window = f"{o['idle_window_s']} s"
         lines.append((
             o["name"], o["state"], ",".join(o["flags"]) or "-", ",".join(o["partitions"]) or "-",
-            o["switch"] or "-", window, (o["claimed_by"] or "-") if o["idle"] else "-",
+            o["switch"] or "-", o["type"] or "-", window,
+            (o["claimed_by"] or "-") if o["idle"] else "-",
         ))
     widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
     return "\n".join(

@@ -36,7 +36,8 @@ def stop(signum, frame):
 signal.signal(signal.SIGUSR1, stop)
 orphan = subprocess.Popen(["sleep", "300"], start_new_session=True)  # escapes the group
 me["orphan"] = orphan.pid
-open(tag + ".json", "w").write(json.dumps(me))
+open(tag + ".tmp", "w").write(json.dumps(me))
+os.replace(tag + ".tmp", tag + ".json")  # the test reads it while this runs: whole or absent
 if os.path.exists(f"{out}/finish"):
     sys.exit(0)
 n = 0

@@ -38,11 +38,11 @@ def test_busy_rows_and_table():
     assert objs["n1"] | {"claimed_by": None, "claim_start_at": None} == {
         "name": "n1", "state": "allocated", "flags": [], "partitions": ["batch", "scavenger"],
         "idle": False, "idle_window_s": 0, "claimed_by": None, "claim_start_at": None,
-        "reason": "", "switch": "s1"}
+        "reason": "", "switch": "s1", "type": ""}
     assert objs["n6"]["state"] == "drained" and objs["n6"]["reason"] == "disk check"
     table = format_table(list(objs.values())).splitlines()
     assert table[0].split() == [
-        "NODE", "STATE", "FLAGS", "PARTITIONS", "SWITCH", "IDLE_WINDOW", "UNTIL"]
+        "NODE", "STATE", "FLAGS", "PARTITIONS", "SWITCH", "TYPE", "IDLE_WINDOW", "UNTIL"]
     n7 = next(line for line in table if line.startswith("n7")).split()
     assert n7[1:3] == ["idle", "PLANNED"] and n7[4] == "s2"
     assert n7[-2:] == ["job", "6"] and n7[-3] == "s"

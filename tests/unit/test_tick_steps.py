@@ -138,6 +138,28 @@ def test_allocate_caps_jobs_at_their_usable_slots_and_targets_only_offered_nodes
     assert allocate(NOW, pool, (), make_policy("equal-share")).plan is None
 
 
+def test_allocate_gives_a_gpu_job_only_nodes_of_its_gpu_model():
+    """Node types from Slurm's GRES (issue 19 §1): a job that asks for a100 GPUs is offered
+    only a100 nodes, a job that asks for any GPU only GPU nodes, a CPU job every node."""
+    from malletrain.daemon.spec import JobSpec
+    from malletrain.daemon.tick.allocate import allowed_types
+
+    def gpu_node(name, gres):
+        return dataclasses.replace(node(name), gres=gres)
+
+    a100 = dataclasses.replace(record("m1", JobPhase.QUEUED, max_nodes=4), spec=JobSpec(
+        script="/x/t.py", min_nodes=1, max_nodes=4, gpus_per_node=4, gpu_type="A100"))
+    w = world([gpu_node("n1", "gpu:v100:4"), gpu_node("n2", "gpu:a100:4(S:0-1)"),
+               gpu_node("n3", "gpu:a100:4"), node("n4")],
+              [slot_job(11 + k, "m1", k, JobState.PENDING, "JobHeldUser") for k in range(4)],
+              [SlotRecord("m1", k, 11 + k) for k in range(4)], [a100])
+    out = decide(w, make_policy("malletrain"))
+    assert sorted(out.targets["m1"]) == ["n2", "n3"]
+    any_gpu = JobSpec(script="/x/t.py", gpus_per_node=1)
+    assert allowed_types(any_gpu, frozenset({"a100", "v100"})) == {"a100", "v100"}
+    assert allowed_types(JobSpec(script="/x/t.py"), frozenset({"a100"})) is None
+
+
 def test_allocate_never_targets_a_zero_window_leftover():
     class Greedy:
         name = "greedy"

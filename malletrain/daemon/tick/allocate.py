@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from malletrain.core.model import AllocationInput, MalleableJob, Plan, Policy, ThroughputModel
 from malletrain.daemon.slots import SlotStatus
+from malletrain.daemon.spec import JobSpec
 from malletrain.daemon.store import JobRecord
 from malletrain.daemon.tick.pool import Pool
 from malletrain.daemon.tick.views import JobSlots
@@ -30,9 +31,20 @@ class Allocation:
     targets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
+def allowed_types(spec: JobSpec, gpu_types: frozenset[str]) -> frozenset[str] | None:
+    """The node types a job's slots can run on (``core.scavenger.node_type``): its GPU model
+    (``--gres=gpu:a100:4``), any GPU type for a job that asks for GPUs, any type otherwise.
+    Told to the allocator so that it never plans a slot onto a node Slurm would refuse it."""
+    if spec.gpu_type:
+        return frozenset({spec.gpu_type.lower()})
+    if spec.gpus_per_node > 0:
+        return gpu_types
+    return None
+
+
 def policy_jobs(managed: tuple[JobRecord, ...], slots: Mapping[str, JobSlots],
-                held: Mapping[str, tuple[str, ...]], models: Mapping[str, JobModel]
-                ) -> tuple[MalleableJob, ...]:
+                held: Mapping[str, tuple[str, ...]], models: Mapping[str, JobModel],
+                gpu_types: frozenset[str] = frozenset()) -> tuple[MalleableJob, ...]:
     out = []
     for job in managed:
         usable = sum(1 for v in slots[job.job_id].views if v.status in _PLACEABLE)
@@ -44,7 +56,8 @@ def policy_jobs(managed: tuple[JobRecord, ...], slots: Mapping[str, JobSlots],
             job_id=job.job_id, min_nodes=job.spec.min_nodes, max_nodes=max_n,
             nodes=held[job.job_id], throughput=model.throughput,
             scale_up_s=model.scale_up_s, scale_down_s=model.scale_down_s,
-            submit_order=job.seq, start_s=model.start_s, rate_noise=model.rate_noise))
+            submit_order=job.seq, start_s=model.start_s, rate_noise=model.rate_noise,
+            allowed_types=allowed_types(job.spec, gpu_types)))
     return tuple(out)
 
 

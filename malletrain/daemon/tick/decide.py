@@ -36,7 +36,9 @@ def decide(world: World, policy: Policy) -> TickPlan:
     free = tuple(j for j in screened.managed if j.job_id not in world.busy)
     pinned = {j.job_id: pool.holdings.held[j.job_id] for j in screened.managed
               if j.job_id in world.busy}
-    jobs = policy_jobs(free, slots, pool.holdings.held, world.models)
+    gpu_types = frozenset(n.node_type for n in pool.free + pool.held + pool.leaving
+                          if n.node_type)
+    jobs = policy_jobs(free, slots, pool.holdings.held, world.models, gpu_types)
     allocation = allocate(world.now_s, pool, jobs, policy, pinned)
     actions: list[Action] = [a for a in screened.actions if a.job_id not in world.busy]
     notes = [n for js in slots.values() for n in js.changed] + list(pool.give_back.notes)

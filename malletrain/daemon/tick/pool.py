@@ -14,7 +14,14 @@ from dataclasses import dataclass
 
 from malletrain.core.cluster import ClusterSnapshot, Job, JobState, NodeState
 from malletrain.core.model import IdleNode
-from malletrain.core.scavenger import UNUSABLE_FLAGS, Claim, earliest_claims, idle_nodes, is_idle
+from malletrain.core.scavenger import (
+    UNUSABLE_FLAGS,
+    Claim,
+    earliest_claims,
+    idle_nodes,
+    is_idle,
+    node_type,
+)
 from malletrain.daemon.slots import SlotStatus, parse_tag
 from malletrain.daemon.store import JobRecord
 from malletrain.daemon.tick.views import JobSlots, sigtermed
@@ -176,8 +183,11 @@ def build_pool(world: World, managed: tuple[JobRecord, ...], slots: Mapping[str,
     idle_age = {n.name: n.idle_age_s for n in idle_now}
     holes = {name: world.hole_start_s.get(name, now - idle_age.get(name, 0.0))
              for name in names}
+    gres = {n.name: n.gres for n in snap.nodes if n.name in holes}
+    kind = {name: node_type(g) for name, g in gres.items()}
     free = tuple(
-        IdleNode(n.name, n.window_s, idle_age_s=now - holes[n.name]) for n in idle_now
+        IdleNode(n.name, n.window_s, idle_age_s=now - holes[n.name], node_type=n.node_type)
+        for n in idle_now
         if n.name not in held_set and n.name in holes and n.name not in back.withheld
         and (n.window_s is None or n.window_s > s.min_slot_time_s)
     )
@@ -187,8 +197,9 @@ def build_pool(world: World, managed: tuple[JobRecord, ...], slots: Mapping[str,
         c = claims.get(node)
         return None if c is None else max(0.0, c.start_at - now)
 
-    held = tuple(IdleNode(n, window(n), idle_age_s=now - holes[n]) for n in sorted(kept))
+    held = tuple(IdleNode(n, window(n), idle_age_s=now - holes[n], node_type=kind.get(n, ""))
+                 for n in sorted(kept))
     offered = {n.name for n in free} | kept
-    leaving = tuple(IdleNode(n, 0.0, idle_age_s=now - holes[n])
+    leaving = tuple(IdleNode(n, 0.0, idle_age_s=now - holes[n], node_type=kind.get(n, ""))
                     for n in sorted(names - offered))
     return Pool(h, free, held, leaving, holes, back)

@@ -1,0 +1,258 @@
+"""Node types: each job runs on nodes of one type, chosen by a local search over types.
+
+Why one type per job: a synchronous data-parallel step waits for its slowest worker, so a
+job spread over two GPU models runs every worker at the slower model's pace (Gavel, OSDI'20,
+allocates per type for the same reason). So the plan has two levels:
+
+1. every job gets a node type it may use (``MalleableJob.model_on``);
+2. within each type, the exact count problem of :mod:`malletrain.core.allocator` decides the
+   counts and nodes of that type's jobs on that type's nodes, with each job's throughput on
+   that type, less the type's price (``AllocationInput.prices``) for the node-seconds used.
+
+The type assignment is a local search, level-triggered like the rest of the tick: jobs keep
+the type they run on, new jobs take the type where they add the most, then one job at a
+time moves to another type where the total gains more than the move costs (a scale-down
+at its present rate: it leaves every node it holds), until no move gains or ``MAX_PASSES``.
+Each (type, set of jobs) is solved once per decision (cached), so a pass costs at most
+jobs x types small exact solves.
+
+The cost objective (HeterPS's formulation, minimise cost under a throughput target): a job
+with ``rate_target`` values throughput only up to that target, so with prices the plan
+meets each target with the cheapest nodes it can and spends nothing beyond it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+import numpy as np
+
+from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
+
+log = logging.getLogger(__name__)
+
+#: Improvement passes over all jobs per decision (each accepts at most one move per job).
+MAX_PASSES = 3
+
+
+def is_typed(inp: AllocationInput) -> bool:
+    """Whether ``inp`` needs the per-type plan: mixed node types, or jobs or prices that
+    name types or targets. A homogeneous cluster takes the plain path, unchanged."""
+    if len({n.node_type for n in inp.nodes}) > 1 or inp.prices:
+        return True
+    return any(j.type_throughput or j.allowed_types is not None or j.rate_target is not None
+               for j in inp.jobs)
+
+
+def capped(model: ThroughputModel, target: float) -> ThroughputModel:
+    """``model`` with its rate held at ``target`` from the first size that reaches it."""
+    points: list[tuple[int, float]] = []
+    for n, r in model.points:
+        if r >= target:
+            points.append((n, target))
+            return ThroughputModel(tuple(points), 0.0, model.measured_max_nodes)
+        points.append((n, r))
+    if model.optimistic_slope > 0 and points:
+        last_n, last_r = points[-1]
+        reach = last_n + max(1, math.ceil((target - last_r) / model.optimistic_slope))
+        points.append((reach, target))
+        return ThroughputModel(tuple(points), 0.0, model.measured_max_nodes)
+    return model
+
+
+class CountSolver(Protocol):
+    """What the per-type plan needs of the allocator (``MalleTrainPolicy``)."""
+
+    def solve(self, inp: AllocationInput, price_per_node_s: float = 0.0
+              ) -> tuple[dict[str, int], float, np.ndarray, list[str]]: ...
+
+    def assign(self, inp: AllocationInput, price_per_node_s: float = 0.0
+               ) -> tuple[dict[str, tuple[str, ...]], float]: ...
+
+
+def decide_by_type(policy: CountSolver, inp: AllocationInput
+                   ) -> tuple[dict[str, tuple[str, ...]], float]:
+    """(assignments, objective) of the per-type plan (the module docstring says how)."""
+    search = _TypeSearch(policy, inp)
+    choice = search.choose()
+    return search.plan(choice)
+
+
+@dataclass
+class _TypeSearch:
+    policy: CountSolver
+    inp: AllocationInput
+    pools: dict[str, tuple[IdleNode, ...]] = field(init=False)
+    #: views[t][j]: job j as seen on type t (its model there, its nodes of that type)
+    views: dict[str, list[MalleableJob | None]] = field(init=False)
+    type_of: dict[str, str] = field(init=False)
+    _cache: dict[tuple[str, frozenset[int]], float] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        by_type: dict[str, list[IdleNode]] = {}
+        for node in self.inp.nodes:
+            by_type.setdefault(node.node_type, []).append(node)
+        self.pools = {t: tuple(ns) for t, ns in sorted(by_type.items())}
+        self.type_of = {n.name: n.node_type for n in self.inp.nodes}
+        self.views = {t: [_view(j, t, self.type_of) for j in self.inp.jobs] for t in self.pools}
+
+    def _eligible(self, j: int) -> list[str]:
+        return [t for t in self.pools if self.views[t][j] is not None]
+
+    def _current(self, j: int) -> str | None:
+        """The type job j runs on now (most of its nodes), if it may stay there."""
+        held = Counter(self.type_of[n] for n in self.inp.jobs[j].nodes if n in self.type_of)
+        for t, _ in sorted(held.items(), key=lambda kv: (-kv[1], kv[0])):
+            if self.views[t][j] is not None:
+                return t
+        return None
+
+    def value(self, t: str, members: frozenset[int]) -> float:
+        """Objective of type ``t``'s count problem with jobs ``members`` on its nodes."""
+        if not members:
+            return 0.0
+        key = (t, members)
+        if key not in self._cache:
+            _, objective, _, _ = self.policy.solve(self._sub(t, members), self._price(t))
+            self._cache[key] = objective
+        return self._cache[key]
+
+    def _sub(self, t: str, members: frozenset[int]) -> AllocationInput:
+        jobs = tuple(v for j in sorted(members) if (v := self.views[t][j]) is not None)
+        return AllocationInput(now_s=self.inp.now_s, nodes=self.pools[t], jobs=jobs,
+                               queued_jobs=self.inp.queued_jobs)
+
+    def _price(self, t: str) -> float:
+        return max(0.0, float(self.inp.prices.get(t, 0.0)))
+
+    def _leave_cost(self, j: int, now: str | None, t: str | None) -> float:
+        """A job moved off the type it runs on leaves all its nodes: a scale-down."""
+        if now is None or t == now:
+            return 0.0
+        view = self.views[now][j]
+        assert view is not None
+        return view.scale_down_s * view.throughput.rate(len(view.nodes))
+
+    def choose(self) -> list[str | None]:
+        """A type per job (None: it can use none of the types offered)."""
+        n_jobs = len(self.inp.jobs)
+        now = [self._current(j) for j in range(n_jobs)]
+        choice: list[str | None] = list(now)
+        members: dict[str, set[int]] = {t: set() for t in self.pools}
+        for j, t in enumerate(choice):
+            if t is not None:
+                members[t].add(j)
+        for j in sorted(range(n_jobs), key=lambda k: self.inp.jobs[k].submit_order):
+            if choice[j] is None and self._eligible(j):
+                t = max(self._eligible(j), key=lambda u: self._gain(u, members[u], j))
+                choice[j] = t
+                members[t].add(j)
+        for _ in range(MAX_PASSES):
+            if not self._improve(choice, members, now):
+                break
+        return choice
+
+    def _gain(self, t: str, members: set[int], j: int) -> float:
+        return self.value(t, frozenset(members | {j})) - self.value(t, frozenset(members))
+
+    def _improve(self, choice: list[str | None], members: dict[str, set[int]],
+                 now: list[str | None]) -> bool:
+        moved = False
+        for j in range(len(choice)):
+            here = choice[j]
+            if here is None:
+                continue
+            base = self.value(here, frozenset(members[here]))
+            without = self.value(here, frozenset(members[here] - {j}))
+            best_t, best_delta = here, 0.0
+            for t in self._eligible(j):
+                if t == here:
+                    continue
+                delta = (self._gain(t, members[t], j) + without - base
+                         - self._leave_cost(j, now[j], t) + self._leave_cost(j, now[j], here))
+                if delta > best_delta + 1e-9 * max(1.0, abs(base)):
+                    best_t, best_delta = t, delta
+            if best_t != here:
+                members[here].discard(j)
+                members[best_t].add(j)
+                choice[j] = best_t
+                moved = True
+        return moved
+
+    def plan(self, choice: list[str | None]) -> tuple[dict[str, tuple[str, ...]], float]:
+        """Node names per job for ``choice``; the objective net of the moves' costs."""
+        assignments: dict[str, tuple[str, ...]] = {j.job_id: () for j in self.inp.jobs}
+        objective = 0.0
+        for t in self.pools:
+            members = frozenset(j for j, c in enumerate(choice) if c == t)
+            if not members:
+                continue
+            got, value = self.policy.assign(self._sub(t, members), self._price(t))
+            assignments.update(got)
+            objective += value
+        now = [self._current(j) for j in range(len(choice))]
+        objective -= sum(self._leave_cost(j, now[j], c) for j, c in enumerate(choice))
+        return assignments, objective
+
+
+def _view(job: MalleableJob, t: str, type_of: dict[str, str]) -> MalleableJob | None:
+    model = job.model_on(t)
+    if model is None:
+        return None
+    if job.rate_target is not None:
+        model = capped(model, job.rate_target)
+    nodes = tuple(n for n in job.nodes if type_of.get(n) == t)
+    return replace(job, throughput=model, nodes=nodes, type_throughput={},
+                   allowed_types=None, rate_target=None)
+
+
+@dataclass
+class TypeSpeeds:
+    """A prior for the node types a job never ran on, from the jobs that ran on several.
+
+    A job measured on one GPU model says nothing by itself about another; the other jobs
+    do: the ratio of their rates on the two (same size) is mostly the hardware's. So a
+    type a job has not run on gets the curve of a type it has, times the median ratio over
+    the jobs measured on both; with no such job yet, times ``optimism`` (> 1), so that the
+    allocator tries the type (optimism under uncertainty) and learns the ratio. Pure: the
+    caller (the simulator's LearnedCurves, or the daemon) feeds it the advisor's models.
+    """
+
+    optimism: float = 1.25
+    #: job -> (type a, type b) -> rate on b / rate on a at a size measured on both
+    _ratios: dict[str, dict[tuple[str, str], float]] = field(default_factory=dict)
+
+    def fill(self, job_id: str, models: dict[str, ThroughputModel]) -> dict[str, ThroughputModel]:
+        """``models`` (per type, ``measured_max_nodes`` set) with the unmeasured ones filled."""
+        measured = {t: m for t, m in models.items() if m.measured_max_nodes}
+        mine = self._ratios.setdefault(job_id, {})
+        for a, ma in measured.items():
+            for b, mb in measured.items():
+                n = min(ma.measured_max_nodes or 0, mb.measured_max_nodes or 0)
+                if a != b and n > 0 and ma.rate(n) > 0:
+                    mine[(a, b)] = mb.rate(n) / ma.rate(n)
+        if not measured:
+            return dict(models)
+        out = dict(models)
+        for t in models:
+            if t in measured:
+                continue
+            guesses = []
+            for a, ma in measured.items():
+                ratio = self._median((a, t))
+                factor = self.optimism if ratio is None else ratio
+                guesses.append(replace(ma.scaled(factor), measured_max_nodes=0))
+            out[t] = max(guesses, key=lambda m: m.rate(1))
+        return out
+
+    def _median(self, pair: tuple[str, str]) -> float | None:
+        seen = sorted(r[pair] for r in self._ratios.values() if pair in r)
+        return seen[len(seen) // 2] if seen else None
+
+    def forget(self, job_id: str) -> None:
+        """Keep a finished job's ratios: they describe the hardware, not the job."""
+        return None
