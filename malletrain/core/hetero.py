@@ -74,6 +74,13 @@ class CountSolver(Protocol):
                ) -> tuple[dict[str, tuple[str, ...]], float]: ...
 
 
+def catch_up_target(target: float, owed: float, horizon_s: float) -> float:
+    """The rate to ask for now so that a job behind its target schedule (``owed`` samples
+    short of target x time admitted) is back on it within ``horizon_s``: a target is met on
+    average, so time without nodes (a reclaim, a busy machine) is made up afterwards."""
+    return target + max(0.0, owed) / max(horizon_s, 1.0)
+
+
 def decide_by_type(policy: CountSolver, inp: AllocationInput
                    ) -> tuple[dict[str, tuple[str, ...]], float]:
     """(assignments, objective) of the per-type plan (the module docstring says how)."""

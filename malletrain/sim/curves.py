@@ -105,6 +105,10 @@ class LearnedCurves:
         self.pool_kinds = pool_kinds
         self._known: set[str] = set()
         self.speeds = TypeSpeeds()
+        #: per job, its net samples at the last observation; per key, the samples made on
+        #: that key's node type (each typed profile sees only the progress made on its type)
+        self._done: dict[str, float] = {}
+        self._cum: dict[str, float] = {}
 
     def _key(self, job: SimJob, node_type: str | None) -> str:
         key = job.name if node_type is None else f"{job.name}@{node_type}"
@@ -132,7 +136,13 @@ class LearnedCurves:
 
     def observe(self, job: SimJob, t_s: float, nodes: int, samples_total: float,
                 node_type: str | None = None) -> None:
-        self.advisor.observe(self._key(job, node_type), t_s, nodes, samples_total)
+        key = self._key(job, node_type)
+        # the interval since the last observation ran on the present type (a move between
+        # types is a decision, and a decision is always followed by an observation)
+        delta = samples_total - self._done.get(job.name, 0.0)
+        self._done[job.name] = samples_total
+        self._cum[key] = self._cum.get(key, 0.0) + delta
+        self.advisor.observe(key, t_s, nodes, self._cum[key])
 
     def rescaled(self, job: SimJob, t_s: float, old_nodes: int, new_nodes: int,
                  old_type: str | None = None, new_type: str | None = None) -> None:
@@ -144,8 +154,10 @@ class LearnedCurves:
         self.advisor.rescaled(self._key(job, new_type), t_s, 0, new_nodes)
 
     def forget(self, job: SimJob) -> None:
+        self._done.pop(job.name, None)
         for key in [k for k in self._known if k == job.name or k.startswith(job.name + "@")]:
             self._known.discard(key)
+            self._cum.pop(key, None)
             self.advisor.forget(key)
 
 

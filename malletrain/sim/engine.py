@@ -39,7 +39,7 @@ from malletrain.core.model import AllocationInput, MalleableJob, Plan, Policy, T
 from malletrain.errors import PermanentError
 from malletrain.sim.curves import CurveProvider
 from malletrain.sim.jobs import SimJob
-from malletrain.sim.nodetypes import NodeTypes, charge
+from malletrain.sim.nodetypes import NodeTypes, charge, target_now
 from malletrain.sim.result import JobNodes, JobRun, Result, Sample
 from malletrain.sim.trace import IdleTrace, PlannedStart, TraceEvent
 from malletrain.sim.view import SnapshotView
@@ -157,14 +157,15 @@ class Simulator:
             keep = [i for i in run.nodes if i not in lost_nodes]  # stays sorted
             if len(keep) < run.job.min_nodes:
                 keep = []
+            old_n, old_type = len(run.nodes), self._type_of(run)
             if run.finished_s is None:
                 loss = run.job.scale_down_s * run.rate
                 run.done -= loss
                 self.result.samples_lost_preemption += loss
                 self.result.preemptions += 1
-                kind = self._type_of(run)
-                self.curves.rescaled(run.job, t, len(run.nodes), len(keep), kind, kind)
             self._set_nodes(run, keep, t, "trace")
+            if run.finished_s is None:  # a mix that lost one type is on a single type now
+                self.curves.rescaled(run.job, t, old_n, len(keep), old_type, self._type_of(run))
         self.holder[busy] = -1
 
     def _set_nodes(self, run: JobRun, nodes: list[int], t: float, cause: str) -> None:
@@ -227,7 +228,7 @@ class Simulator:
                     type_throughput=(self.curves.type_models(run.job, self._told_types)
                                      if told else {}),
                     allowed_types=run.job.allowed_types if told else None,
-                    rate_target=run.job.rate_target,
+                    rate_target=target_now(run, t),
                 )
             )
         queued = 0

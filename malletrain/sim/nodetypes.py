@@ -16,8 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from malletrain.sim.result import Result
+from malletrain.core.hetero import catch_up_target
+from malletrain.sim.result import JobRun, Result
 from malletrain.sim.trace import input_error
+
+#: a job behind its throughput target asks for enough to be back on it within this
+TARGET_CATCH_UP_S = 1800.0
 
 
 @dataclass(frozen=True)
@@ -80,3 +84,12 @@ def charge(result: Result, types: NodeTypes | None, nodes: list[int], dt_s: floa
         t = types.per_node[i]
         result.type_node_seconds[t] = result.type_node_seconds.get(t, 0.0) + dt_s
         result.cost += types.prices.get(t, 0.0) * dt_s
+
+
+def target_now(run: JobRun, t_s: float) -> float | None:
+    """The job's throughput target as told at ``t_s``: raised while it is behind it."""
+    target = run.job.rate_target
+    if target is None or run.admitted_s is None:
+        return target
+    owed = target * (t_s - run.admitted_s) - run.done
+    return catch_up_target(target, owed, TARGET_CATCH_UP_S)

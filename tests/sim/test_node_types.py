@@ -86,6 +86,31 @@ def test_learned_profiles_are_kept_per_type():
     assert models["p100"].measured_max_nodes == 0
 
 
+def test_a_typed_profile_sees_only_the_progress_made_on_its_type():
+    """A job that ran on v100 and then moves to p100: the p100 profile's rate is its p100
+    progress, not everything the job made (that once read 200,000 samples/s on one node and
+    stopped jobs in the cost objective's replay)."""
+    curves = LearnedCurves()
+    j = typed_job()
+    done = 0.0
+    for t in range(0, 101, 10):  # first a while on 4 p100, then v100, then 2 p100
+        # (as in the replay: every decision comes right after an observation)
+        done = 4.0 * t
+        curves.observe(j, float(t), 4, done, "p100")
+    curves.rescaled(j, 100.0, 4, 2, "p100", "v100")
+    for t in range(110, 1001, 10):
+        done += 60.0
+        curves.observe(j, float(t), 2, done, "v100")
+    curves.rescaled(j, 1000.0, 2, 2, "v100", "p100")
+    for t in range(1001, 1021, 1):  # within the warm-up: not clean, but all there is at 2
+        done += 2.0
+        curves.observe(j, float(t), 2, done, "p100")
+    models = curves.type_models(j, ("p100", "v100"))
+    # p100's own progress only (2-4/s with its warm-up and fit); everything would be ~50/s
+    assert 1.5 < models["p100"].rate(2) < 4.0
+    assert models["v100"].rate(2) == pytest.approx(6.0, rel=0.05)
+
+
 def test_type_speeds_come_from_jobs_measured_on_both():
     speeds = TypeSpeeds()
     both = {"p100": ThroughputModel(((1, 1.0), (2, 2.0)), measured_max_nodes=2),
