@@ -14,7 +14,9 @@ Replays, all with the ``malletrain`` policy learning its curves from progress al
 
 1. **type-oblivious**: the policy is not told the node types (one profile per job);
 2. **type-aware**: told the types, profiles per job and type, one type per job;
-3. **cost objective**: type-aware, with prices per node-second (``--price-p100``,
+3. **exact curves** (a ceiling): type-aware, told each job's true curves per type
+   (``malletrain-known-curves``);
+4. **cost objective**: type-aware, with prices per node-second (``--price-p100``,
    ``--price-v100``: an assumed 1:2 ratio) and a throughput target per job: ``--target``
    (0.5) x its best rate (its largest size on its faster type). HeterPS's formulation:
    the target at the lowest price; throughput beyond it is worth nothing.
@@ -27,8 +29,8 @@ the communication-aware profile's median error at node counts never run
 (``benchmarks/comm_predict.py``, fitted at 1-4 nodes).
 
 Last line: ``hetero throughput_ratio=X cost_ratio=Y predict_err_unseen=Z`` (X = replay 2 over
-replay 1; Y = replay 3's cost per one-worker-second on target over replay 2's), after a line
-with each replay's figures and one comparing replays 3 and 2 on the targets: the share of
+replay 1; Y = replay 4's cost per one-worker-second on target over replay 2's), after a line
+with each replay's figures and one comparing replays 4 and 2 on the targets: the share of
 the targets each met (work up to target x admitted time, over target x admitted time).
 
 Run: ``.venv/bin/python benchmarks/hetero.py`` (a few minutes on 2 cores).
@@ -107,8 +109,8 @@ def replay(args: argparse.Namespace, mode: str) -> dict[str, object]:
     jobs = typed_jobs(args.jobs, args.seed)
     if mode == "cost":
         jobs = with_targets(jobs, args.target)
-    sim = Simulator(tr, jobs, make_policy("malletrain", REPLAY),
-                    provider_for(POLICIES["malletrain"].curves),
+    policy = "malletrain-known-curves" if mode == "exact" else "malletrain"
+    sim = Simulator(tr, jobs, make_policy(policy, REPLAY), provider_for(POLICIES[policy].curves),
                     until_s=tr.start_s + args.days * DAY, types=types)
     t0 = time.perf_counter()
     res = sim.run()
@@ -139,15 +141,18 @@ def main() -> int:
                     help="cost objective: each job's target, as a share of its best rate")
     args = ap.parse_args()
     with ProcessPoolExecutor(2) as pool:
-        futures = [pool.submit(replay, args, m) for m in ("aware", "cost", "oblivious")]
-        aware, cost, oblivious = (f.result() for f in futures)
-    for r in (oblivious, aware, cost):
+        futures = [pool.submit(replay, args, m) for m in ("aware", "cost", "exact", "oblivious")]
+        aware, cost, exact, oblivious = (f.result() for f in futures)
+    for r in (oblivious, aware, exact, cost):
         node_s = ", ".join(f"{t} {v / 3600:.0f} h" for t, v in r["node_s"].items())  # type: ignore[attr-defined]
         print(f"{r['mode']:10s} one-worker-s {r['work']:.4g}  cost {r['cost']:.4g}  "
               f"node-hours {node_s}  rescales {r['rescales']}  ({r['wall_s']:.0f} s, "
               f"{r['events']} events, {r['nodes']} nodes)")
     errs = [abs(p - t) / t for _, _, _, t, p, _ in cases((1, 2, 3, 4))]
-    work = {r["mode"]: float(r["work"]) for r in (oblivious, aware, cost)}  # type: ignore[arg-type]
+    work = {r["mode"]: float(r["work"])  # type: ignore[arg-type]
+            for r in (oblivious, aware, exact, cost)}
+    print(f"type-aware over type-oblivious: learned {work['aware'] / work['oblivious']:.3f}x, "
+          f"exact curves {work['exact'] / work['oblivious']:.3f}x")
     spent = {r["mode"]: float(r["cost"]) for r in (aware, cost)}  # type: ignore[arg-type]
     met = {r["mode"]: float(r["met"]) for r in (aware, cost)}  # type: ignore[arg-type]
     per = {r["mode"]: float(r["cost"]) / float(r["on_target"])  # type: ignore[arg-type]
