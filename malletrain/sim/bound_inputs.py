@@ -10,6 +10,7 @@ from typing import Literal
 
 import numpy as np
 
+from malletrain.errors import PermanentError
 from malletrain.sim.jobs import SimJob
 from malletrain.sim.trace import IdleTrace
 from malletrain.sim.view import SnapshotView
@@ -72,14 +73,22 @@ def in_worker_seconds(jobs: Sequence[SimJob]) -> list[SimJob]:
     """
     out = []
     for j in jobs:
+        _refuse_types(j)
         unit = j.true_model.rate(1)
         curve = tuple((n, r / unit) for n, r in j.curve)
         out.append(dataclasses.replace(j, curve=curve, total_samples=j.total_samples / unit))
     return out
 
 
+def _refuse_types(job: SimJob) -> None:
+    if job.type_curves:
+        raise PermanentError(f"job {job.name}: the bound does not model node types "
+                             "(per-type curves)")
+
+
 def job_rates(job: SimJob) -> np.ndarray:
     """``r_j(n)`` for ``n = 0 .. max_nodes`` (0 below ``min_nodes``: not allowed to run)."""
+    _refuse_types(job)
     model = job.true_model
     rates = np.zeros(job.max_nodes + 1)
     for n in range(job.min_nodes, job.max_nodes + 1):
