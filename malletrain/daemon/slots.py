@@ -122,7 +122,8 @@ def node_command(spec: JobSpec) -> list[str]:
                 *spec.args]
         return ["srun", "--nodes=1", f"--ntasks={spec.nproc_per_node}",
                 "--kill-on-bad-exit=1", *task]
-    torchrun = [spec.python, "-c", _TORCHRUN_AGENT, "--standalone", "--nnodes=1",
+    # the agent's rendezvous goes through the job's coordinator, not a store of its own
+    torchrun = [spec.python, "-c", _TORCHRUN_AGENT, "--rdzv-backend=malletrain", "--nnodes=1",
                 f"--nproc-per-node={spec.nproc_per_node}", spec.script, *spec.args]
     return ["srun", "--nodes=1", "--ntasks=1", "--kill-on-bad-exit=1", *torchrun]
 

@@ -101,7 +101,9 @@ class Cluster:
         log = self.tmp / f"{member_id}.{n}.{{local_rank}}.jsonl"
         err = self.tmp / f"{member_id}.{n}.stderr"
         e = self._env(member_id, env)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+        # as a native slot runs it (daemon/slots.py): the agent's rendezvous via the coordinator
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend=malletrain",
+               "--nnodes=1",
                f"--nproc-per-node={nproc}", str(EXAMPLE), "--jsonl", str(log), *args]
         with open(err, "w") as err_file:
             proc = subprocess.Popen(cmd, env=e, stdout=subprocess.DEVNULL, stderr=err_file)

@@ -21,6 +21,7 @@ import pytest
 
 from malletrain.daemon.slots import render_slot
 from malletrain.daemon.spec import JobSpec
+from malletrain.elastic.coordinator import Coordinator
 
 SECRET = "ab" * 32
 
@@ -38,6 +39,14 @@ sys.exit(int(sys.argv[1]))
 """
 
 
+@pytest.fixture(scope="module")
+def coord():
+    """The job's coordinator: the agent's rendezvous goes through it (torchrun_rdzv)."""
+    c = Coordinator.start("127.0.0.1", 0)
+    yield c
+    c.close()
+
+
 def _agent_argv(tmp_path: Path, *args: str) -> list[str]:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
@@ -52,9 +61,16 @@ def _agent_argv(tmp_path: Path, *args: str) -> list[str]:
     return argv[4:]  # what srun starts as the step's one task
 
 
-def test_torchrun_agent_exits_right_after_sigterm(tmp_path):
+def _env(coord: Coordinator) -> dict[str, str]:
+    """What the slot's script puts in the environment before it runs the argv."""
+    return dict(os.environ, MALLETRAIN_COORDINATOR=coord.address, MALLETRAIN_JOB_ID="m1",
+                MALLETRAIN_JOB_SECRET=coord.job_secret("m1"))
+
+
+def test_torchrun_agent_exits_right_after_sigterm(tmp_path, coord):
     proc = subprocess.Popen(_agent_argv(tmp_path, "wait"), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env=_env(coord))
     try:
         up = set()
         seen: list[str] = []
@@ -81,7 +97,7 @@ def test_torchrun_agent_exits_right_after_sigterm(tmp_path):
 
 
 @pytest.mark.parametrize(("code", "expect"), [("0", 0), ("3", 1)])
-def test_torchrun_agent_keeps_torchrun_exit_status(tmp_path, code, expect):
+def test_torchrun_agent_keeps_torchrun_exit_status(tmp_path, code, expect, coord):
     res = subprocess.run(_agent_argv(tmp_path, code), capture_output=True, text=True,
-                         timeout=120, check=False)
+                         timeout=120, check=False, env=_env(coord))
     assert res.returncode == expect, res.stderr[-2000:]
