@@ -217,14 +217,9 @@ class MalleTrainPolicy:
         ``price_per_node_s``: each node a job holds costs this per second of its window (a
         job at ``n`` nodes is charged for the ``n`` longest windows: an upper estimate).
         """
-        values, w, own_idx = self.value_table(inp)
+        values, w, own_idx = self.value_table(inp, price_per_node_s)
         if not inp.jobs:
             return {}, 0.0, w, []
-        if price_per_node_s > 0 and values.shape[1] > 1:
-            longest = np.sort(w)[::-1][: values.shape[1] - 1]
-            charge = np.concatenate(([0.0], np.cumsum(longest)))
-            values = values.copy()
-            values[:, : charge.size] -= price_per_node_s * charge
         count_arr, objective = solve_counts(values, len(inp.nodes))
         if (
             self.finish_weight > 0
@@ -247,8 +242,10 @@ class MalleTrainPolicy:
         growth_order = [j for _, _, j in sorted(gain)]
         return counts, objective, w, growth_order
 
-    def value_table(self, inp: AllocationInput) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-        """(V[job, count], node windows, each job's own node indices by descending window)."""
+    def value_table(self, inp: AllocationInput, price_per_node_s: float = 0.0
+                    ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        """(V[job, count], node windows, each job's own node indices by descending window);
+        ``price_per_node_s`` as in :meth:`solve`."""
         w, p, key = self.effective_windows(inp)
         if not inp.jobs:
             return np.zeros((0, 1)), w, []
@@ -264,6 +261,10 @@ class MalleTrainPolicy:
         values = offer_value_table(inp.jobs, offer, start, margins)
         if self.explore_free_only and offer.beyond_free:
             no_exploration_beyond_free(values, inp.jobs, offer, start, margins)
+        if price_per_node_s > 0 and values.shape[1] > 1:
+            longest = np.sort(w)[::-1][: values.shape[1] - 1]
+            charge = np.concatenate(([0.0], np.cumsum(longest)))
+            values[:, : charge.size] -= price_per_node_s * charge
         return values, w, offer.own_idx
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -35,8 +36,8 @@ from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, Throu
 
 log = logging.getLogger(__name__)
 
-#: Improvement passes over all jobs per decision (each accepts at most one move per job).
-MAX_PASSES = 3
+#: Bisection rounds for the per-type node prices (each halves every type's interval).
+LAGRANGE_ROUNDS = 40
 
 
 def is_typed(inp: AllocationInput) -> bool:
@@ -67,8 +68,8 @@ def capped(model: ThroughputModel, target: float) -> ThroughputModel:
 class CountSolver(Protocol):
     """What the per-type plan needs of the allocator (``MalleTrainPolicy``)."""
 
-    def solve(self, inp: AllocationInput, price_per_node_s: float = 0.0
-              ) -> tuple[dict[str, int], float, np.ndarray, list[str]]: ...
+    def value_table(self, inp: AllocationInput, price_per_node_s: float = 0.0
+                    ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]: ...
 
     def assign(self, inp: AllocationInput, price_per_node_s: float = 0.0
                ) -> tuple[dict[str, tuple[str, ...]], float]: ...
@@ -85,8 +86,7 @@ def decide_by_type(policy: CountSolver, inp: AllocationInput
                    ) -> tuple[dict[str, tuple[str, ...]], float]:
     """(assignments, objective) of the per-type plan (the module docstring says how)."""
     search = _TypeSearch(policy, inp)
-    choice = search.choose()
-    return search.plan(choice)
+    return search.plan(search.choose())
 
 
 @dataclass
@@ -97,7 +97,6 @@ class _TypeSearch:
     #: views[t][j]: job j as seen on type t (its model there, its nodes of that type)
     views: dict[str, list[MalleableJob | None]] = field(init=False)
     type_of: dict[str, str] = field(init=False)
-    _cache: dict[tuple[str, frozenset[int]], float] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         by_type: dict[str, list[IdleNode]] = {}
@@ -107,9 +106,6 @@ class _TypeSearch:
         self.type_of = {n.name: n.node_type for n in self.inp.nodes}
         self.views = {t: [_view(j, t, self.type_of) for j in self.inp.jobs] for t in self.pools}
 
-    def _eligible(self, j: int) -> list[str]:
-        return [t for t in self.pools if self.views[t][j] is not None]
-
     def _current(self, j: int) -> str | None:
         """The type job j runs on now (most of its nodes), if it may stay there."""
         held = Counter(self.type_of[n] for n in self.inp.jobs[j].nodes if n in self.type_of)
@@ -118,17 +114,7 @@ class _TypeSearch:
                 return t
         return None
 
-    def value(self, t: str, members: frozenset[int]) -> float:
-        """Objective of type ``t``'s count problem with jobs ``members`` on its nodes."""
-        if not members:
-            return 0.0
-        key = (t, members)
-        if key not in self._cache:
-            _, objective, _, _ = self.policy.solve(self._sub(t, members), self._price(t))
-            self._cache[key] = objective
-        return self._cache[key]
-
-    def _sub(self, t: str, members: frozenset[int]) -> AllocationInput:
+    def _sub(self, t: str, members: Iterable[int]) -> AllocationInput:
         jobs = tuple(v for j in sorted(members) if (v := self.views[t][j]) is not None)
         return AllocationInput(now_s=self.inp.now_s, nodes=self.pools[t], jobs=jobs,
                                queued_jobs=self.inp.queued_jobs)
@@ -144,66 +130,100 @@ class _TypeSearch:
         assert view is not None
         return view.scale_down_s * view.throughput.rate(len(view.nodes))
 
-    def choose(self) -> list[str | None]:
-        """A type per job (None: it can use none of the types offered)."""
+    def tables(self, now: list[str | None]) -> dict[str, np.ndarray]:
+        """Per type, every job's value at every count there (``-inf``: not eligible; count 0
+        only on the type it runs on, so that stopping is priced once), less the move's cost."""
         n_jobs = len(self.inp.jobs)
-        now = [self._current(j) for j in range(n_jobs)]
-        choice: list[str | None] = list(now)
-        members: dict[str, set[int]] = {t: set() for t in self.pools}
-        for j, t in enumerate(choice):
-            if t is not None:
-                members[t].add(j)
-        for j in sorted(range(n_jobs), key=lambda k: self.inp.jobs[k].submit_order):
-            if choice[j] is None and self._eligible(j):
-                t = max(self._eligible(j), key=lambda u: self._gain(u, members[u], j))
-                choice[j] = t
-                members[t].add(j)
-        for _ in range(MAX_PASSES):
-            if not self._improve(choice, members, now):
-                break
-        return choice
+        out: dict[str, np.ndarray] = {}
+        for t in self.pools:
+            rows = [j for j in range(n_jobs) if self.views[t][j] is not None]
+            full = np.full((n_jobs, 1), -np.inf)
+            if rows:
+                values, _, _ = self.policy.value_table(self._sub(t, rows), self._price(t))
+                full = np.full((n_jobs, values.shape[1]), -np.inf)
+                full[rows] = values
+            for j in range(n_jobs):
+                if now[j] is not None and now[j] != t:
+                    full[j, 0] = -np.inf
+                    full[j, 1:] -= self._leave_cost(j, now[j], t)
+            out[t] = full
+        return out
 
-    def _gain(self, t: str, members: set[int], j: int) -> float:
-        return self.value(t, frozenset(members | {j})) - self.value(t, frozenset(members))
+    def choose(self) -> list[str | None]:
+        """A type per job (None: it can use none of the types offered), by prices per node
+        of each type (Lagrange multipliers of the types' capacities, by bisection): each job
+        takes the type and count worth most at those prices; a type asked for more nodes
+        than it has gets dearer. The counts are then decided exactly, per type (``plan``)."""
+        now = [self._current(j) for j in range(len(self.inp.jobs))]
+        tables = self.tables(now)
+        caps = {t: len(ns) for t, ns in self.pools.items()}
+        price = dict.fromkeys(tables, 0.0)
+        choice = _best(tables, price)
+        if all(d <= caps[t] for t, d in _demand(choice).items()):
+            return self._settle(choice, now)
+        # a price at which no job wants a single node of the type bounds every bracket
+        top = max(float(np.abs(v[np.isfinite(v)]).max(initial=1.0)) for v in tables.values())
+        lo, hi = dict.fromkeys(tables, 0.0), dict.fromkeys(tables, top + 1.0)
+        for _ in range(LAGRANGE_ROUNDS):
+            price = {t: (lo[t] + hi[t]) / 2 for t in tables}
+            demand = _demand(_best(tables, price))
+            for t in tables:
+                if demand.get(t, 0) > caps[t]:
+                    lo[t] = price[t]
+                else:
+                    hi[t] = price[t]
+        return self._settle(_best(tables, hi), now)
 
-    def _improve(self, choice: list[str | None], members: dict[str, set[int]],
-                 now: list[str | None]) -> bool:
-        moved = False
-        for j in range(len(choice)):
-            here = choice[j]
-            if here is None:
-                continue
-            base = self.value(here, frozenset(members[here]))
-            without = self.value(here, frozenset(members[here] - {j}))
-            best_t, best_delta = here, 0.0
-            for t in self._eligible(j):
-                if t == here:
-                    continue
-                delta = (self._gain(t, members[t], j) + without - base
-                         - self._leave_cost(j, now[j], t) + self._leave_cost(j, now[j], here))
-                if delta > best_delta + 1e-9 * max(1.0, abs(base)):
-                    best_t, best_delta = t, delta
-            if best_t != here:
-                members[here].discard(j)
-                members[best_t].add(j)
-                choice[j] = best_t
-                moved = True
-        return moved
+    @staticmethod
+    def _settle(choice: list[tuple[str | None, int]], now: list[str | None]
+                ) -> list[str | None]:
+        """A job that takes no node keeps the type it runs on (it is stopped there)."""
+        return [t if t is not None and n > 0 else now[j] if n == 0 and now[j] else t
+                for j, (t, n) in enumerate(choice)]
 
     def plan(self, choice: list[str | None]) -> tuple[dict[str, tuple[str, ...]], float]:
         """Node names per job for ``choice``; the objective net of the moves' costs."""
         assignments: dict[str, tuple[str, ...]] = {j.job_id: () for j in self.inp.jobs}
         objective = 0.0
         for t in self.pools:
-            members = frozenset(j for j, c in enumerate(choice) if c == t)
+            members = [j for j, c in enumerate(choice) if c == t]
             if not members:
                 continue
             got, value = self.policy.assign(self._sub(t, members), self._price(t))
             assignments.update(got)
             objective += value
         now = [self._current(j) for j in range(len(choice))]
-        objective -= sum(self._leave_cost(j, now[j], c) for j, c in enumerate(choice))
+        objective -= sum(self._leave_cost(j, now[j], c) for j, c in enumerate(choice)
+                         if assignments[self.inp.jobs[j].job_id])
         return assignments, objective
+
+
+def _best(tables: dict[str, np.ndarray], price: dict[str, float]
+          ) -> list[tuple[str | None, int]]:
+    """Each job's (type, count) worth most at ``price`` per node of each type."""
+    best_v: np.ndarray | None = None
+    best: list[tuple[str | None, int]] = []
+    for t, v in tables.items():
+        net = v - price[t] * np.arange(v.shape[1])[None, :]
+        n = np.argmax(net, axis=1)
+        val = net[np.arange(net.shape[0]), n]
+        if best_v is None:
+            best_v = np.full(val.shape, -np.inf)
+            best = [(None, 0)] * val.shape[0]
+        better = val > best_v
+        for j in np.flatnonzero(better).tolist():
+            best[j] = (t, int(n[j]))
+        best_v = np.where(better, val, best_v)
+    return [(t if np.isfinite(bv) else None, n) for (t, n), bv in
+            zip(best, best_v if best_v is not None else [], strict=True)]
+
+
+def _demand(choice: list[tuple[str | None, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for t, n in choice:
+        if t is not None:
+            out[t] = out.get(t, 0) + n
+    return out
 
 
 def _view(job: MalleableJob, t: str, type_of: dict[str, str]) -> MalleableJob | None:
