@@ -104,3 +104,27 @@ def test_one_type_takes_the_plain_path():
     assert not is_typed(inp)
     p = MalleTrainPolicy(charge_start=False)
     assert p.decide(inp).assignments == p.assign(inp)[0]
+
+
+def test_when_both_want_the_scarce_type_it_goes_to_the_job_that_gains_most_there():
+    """Four v100s, both jobs faster there: the v100 price rises until only the job with the
+    larger gain (3x against 1.2x) still takes them; the other runs on the p100s."""
+    a = job("a", 1, max_nodes=4, type_throughput={"v100": linear(3.0, 4), "p100": linear(1.0, 4)})
+    b = job("b", 0, max_nodes=4, type_throughput={"v100": linear(1.2, 4), "p100": linear(1.0, 4)})
+    inp = AllocationInput(0.0, tuple(nodes("p100", 4) + nodes("v100", 4)), (b, a))
+    plan = policy().decide(inp)
+    assert types_of(plan, "a", inp) == {"v100"} and plan.count("a") == 4
+    assert types_of(plan, "b", inp) == {"p100"} and plan.count("b") == 4
+
+
+def test_many_jobs_and_types_fill_every_type_without_a_mix():
+    import random
+    rng = random.Random(1)
+    kinds = ("a100", "v100", "t4")
+    pool = tuple(n for k in kinds for n in nodes(k, 30))
+    jobs = tuple(job(f"j{i}", i, max_nodes=16, type_throughput={
+        k: linear(rng.uniform(0.5, 3.0), 16) for k in kinds}) for i in range(12))
+    inp = AllocationInput(0.0, pool, jobs)
+    plan = policy().decide(inp)
+    assert sum(plan.count(j.job_id) for j in jobs) == 90  # linear curves: every node used
+    assert all(len(types_of(plan, j.job_id, inp)) <= 1 for j in jobs)
