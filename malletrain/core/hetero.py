@@ -284,3 +284,44 @@ class TypeSpeeds:
     def forget(self, job_id: str) -> None:
         """Keep a finished job's ratios: they describe the hardware, not the job."""
         return None
+
+
+class TypedProgress:
+    """A job's net progress split by the node type it was made on, for per-type profiles.
+
+    The Profiling Advisor measures rates from a cumulative sample count per key; a profile
+    per (job, type) must count only what was made on that type, or a job coming back to a
+    type would show everything it made elsewhere as one interval there (seen in a replay:
+    200,000 samples/s on one node). Each report's progress since the last one is credited
+    to the type the job is on now (``None``: on a mix, or types unknown: credited to none).
+    """
+
+    def __init__(self) -> None:
+        self._done: dict[str, float] = {}
+        self._cum: dict[tuple[str, str], float] = {}
+
+    @staticmethod
+    def key(job_id: str, node_type: str) -> str:
+        return f"{job_id}@{node_type}"
+
+    def observe(self, job_id: str, node_type: str | None, samples_total: float
+                ) -> tuple[str, float] | None:
+        """(typed key, samples made on that type so far), or None when on no single type."""
+        delta = samples_total - self._done.get(job_id, 0.0)
+        self._done[job_id] = samples_total
+        if node_type is None:
+            return None
+        cum = self._cum.get((job_id, node_type), 0.0) + delta
+        self._cum[(job_id, node_type)] = cum
+        return self.key(job_id, node_type), cum
+
+    def keys(self, job_id: str) -> list[str]:
+        return [self.key(j, t) for j, t in self._cum if j == job_id]
+
+    def forget(self, job_id: str) -> list[str]:
+        """Drop the job; the typed keys it had (for the advisor to forget too)."""
+        gone = self.keys(job_id)
+        self._done.pop(job_id, None)
+        for k in [k for k in self._cum if k[0] == job_id]:
+            del self._cum[k]
+        return gone

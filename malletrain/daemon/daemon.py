@@ -32,6 +32,7 @@ from malletrain.core.cluster import ClusterSnapshot
 from malletrain.core.lifecycle import JobPhase
 from malletrain.core.policies import make_policy
 from malletrain.core.profiler import ProfilingAdvisor
+from malletrain.core.scavenger import node_type
 from malletrain.daemon.action_queue import ActionQueue
 from malletrain.daemon.actuator import ACTION_WORKERS, Actuator, Outcome, is_urgent
 from malletrain.daemon.channel import Peer
@@ -220,7 +221,8 @@ class Daemon:
         jobs = [j for j in self.store.jobs()
                 if not j.state.terminal or j.lifecycle.since_s() > recent]
         self._expire_submissions(jobs, snap, now)
-        coord = self.monitor.observe(self.coordinator, jobs)
+        kinds = {n.name: node_type(n.gres) for n in snap.nodes if n.gres}
+        coord = self.monitor.observe(self.coordinator, jobs, kinds)
         with self._rows_lock:
             self._job_members = {jid: len(cv.members) for jid, cv in coord.items()}
             # read by the channel's threads: never let them touch the advisor itself
@@ -231,7 +233,8 @@ class Daemon:
         return World(
             now_s=now, snapshot=snap, jobs=tuple(jobs),
             slots={j.job_id: tuple(self.store.slots(j.job_id)) for j in jobs}, coord=coord,
-            models=self.monitor.models([j for j in jobs if j.state.active]),
+            models=self.monitor.models([j for j in jobs if j.state.active],
+                                       sorted(set(kinds.values()) - {""})),
             settings=decide_settings(self.settings, **self._decide_overrides),
             hole_start_s=self._last_plan.hole_start_s if self._last_plan else {},
         )
@@ -324,7 +327,8 @@ class Daemon:
         if live is None:
             live = self.store.jobs(include_terminal=False)
         self.learned.save_policy(self.policy)
-        self.learned.save_profiles(self.advisor, {j.spec.kind for j in live})
+        self.learned.save_profiles(self.advisor,
+                                   {j.spec.kind for j in live} | self.monitor.typed_kinds)
 
     def _publish_metrics(self, plan: TickPlan | None, *, slurm_up: bool,
                          snap: ClusterSnapshot | None = None,

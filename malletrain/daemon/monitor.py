@@ -9,10 +9,11 @@ The advisor's models are then handed to the tick's pure decision.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from malletrain.core.hetero import TypedProgress, TypeSpeeds
 from malletrain.core.lifecycle import JobPhase
 from malletrain.core.model import ThroughputModel
 from malletrain.core.profiler import ProfilingAdvisor
@@ -48,9 +49,18 @@ class JobMonitor:
         #: job -> the refusal last reported: junk that stays in the store is reported once,
         #: not at every tick (no log, metric or store write per tick for one bad write)
         self._reported: dict[str, str] = {}
+        #: on a cluster of several node types, each job is also profiled per type
+        #: (``<job>@<type>``, pooled per ``<kind>@<type>``; core.hetero)
+        self.progress = TypedProgress()
+        self.speeds = TypeSpeeds()
+        self.typed_kinds: set[str] = set()
+        #: job -> (typed key, time, nodes) of its last report on a single type
+        self._last_typed: dict[str, tuple[str, float, int]] = {}
 
-    def observe(self, coordinator: Any, jobs: list[JobRecord]) -> dict[str, CoordView]:
-        """Every active job's view, read at once (:meth:`Coordinator.read_jobs`)."""
+    def observe(self, coordinator: Any, jobs: list[JobRecord],
+                node_types: Mapping[str, str] | None = None) -> dict[str, CoordView]:
+        """Every active job's view, read at once (:meth:`Coordinator.read_jobs`);
+        ``node_types`` (node -> type, where the cluster has types) for per-type profiles."""
         active = [j for j in jobs if j.state is not JobPhase.SUBMITTING and not j.state.terminal]
         if not active:
             return {}
@@ -74,7 +84,7 @@ class JobMonitor:
             self._count_skipped_events(jid, read.bad_records)
             out[jid] = self._view(read)
             self._last_good[jid] = out[jid]
-            self._learn(job, out[jid], read.progress)
+            self._learn(job, out[jid], read.progress, node_types or {})
         return out
 
     @staticmethod
@@ -111,10 +121,40 @@ class JobMonitor:
             self._refused(job_id, RecordError(f"event: {new} malformed record(s) skipped"))
 
     def forget(self, job_id: str) -> None:
-        for d in (self._last_progress, self._last_good, self._bad_events, self._reported):
+        for d in (self._last_progress, self._last_good, self._bad_events, self._reported,
+                  self._last_typed):
             d.pop(job_id, None)
+        for key in self.progress.forget(job_id):
+            self.advisor.forget(key)
 
-    def _learn(self, job: JobRecord, cv: CoordView, prog: Any) -> None:
+    def _type_of(self, cv: CoordView, prog: Any, node_types: Mapping[str, str]) -> str | None:
+        """The one node type the report's members ran on (None: a mix, or unknown)."""
+        kinds = {node_types.get(cv.live[m].node, "") if m in cv.live else ""
+                 for m in prog.members}
+        return kinds.pop() if len(kinds) == 1 and "" not in kinds else None
+
+    def _learn_typed(self, job: JobRecord, cv: CoordView, prog: Any, nodes: int,
+                     node_types: Mapping[str, str]) -> None:
+        kind = self._type_of(cv, prog, node_types)
+        typed = self.progress.observe(job.job_id, kind, float(prog.samples_total))
+        key = typed[0] if typed is not None else None
+        last = self._last_typed.get(job.job_id)
+        if last is not None and last[0] != key:
+            # it left that type: the time until it comes back is no interval of it
+            self.advisor.rescaled(last[0], last[1], last[2], 0)
+        if typed is None or kind is None:
+            self._last_typed.pop(job.job_id, None)
+            return
+        pooled = f"{job.spec.kind}@{kind}"
+        self.typed_kinds.add(pooled)
+        self.advisor.register(typed[0], pooled)
+        if last is not None and last[0] != typed[0]:
+            self.advisor.rescaled(typed[0], last[1], 0, nodes)
+        self.advisor.observe(typed[0], prog.time_s, nodes, typed[1])
+        self._last_typed[job.job_id] = (typed[0], prog.time_s, nodes)
+
+    def _learn(self, job: JobRecord, cv: CoordView, prog: Any,
+               node_types: Mapping[str, str]) -> None:
         """Progress reports feed the Profiling Advisor and the store."""
         if prog is None:
             return
@@ -130,6 +170,8 @@ class JobMonitor:
         if last is None or prog.samples_total > last[1]:
             self._last_progress[job.job_id] = (prog.time_s, prog.samples_total)
             self.advisor.observe(job.job_id, prog.time_s, nodes, float(prog.samples_total))
+            if node_types:
+                self._learn_typed(job, cv, prog, nodes, node_types)
             if prog.sync_time_s is not None and prog.step_time_s > 0:  # native mode only
                 self.advisor.step_times(job.job_id, nodes, prog.step_time_s, prog.sync_time_s,
                                         prog.samples_per_s * prog.step_time_s / nodes)
@@ -138,7 +180,8 @@ class JobMonitor:
                               samples_per_s=float(prog.samples_per_s),
                               last_progress_s=float(prog.time_s))
 
-    def models(self, jobs: list[JobRecord]) -> dict[str, JobModel]:
+    def models(self, jobs: list[JobRecord], types: Sequence[str] = ()) -> dict[str, JobModel]:
+        """Each job's model; with two or more node ``types``, its throughput per type too."""
         out = {}
         for job in jobs:
             self.advisor.register(job.job_id, job.spec.kind)
@@ -153,5 +196,16 @@ class JobMonitor:
             model = replace(model, measured_max_nodes=max(
                 self.advisor.measured_sizes(job.job_id), default=0))
             out[job.job_id] = JobModel(model, up, down, start,
-                                       self.advisor.rate_noise(job.job_id))
+                                       self.advisor.rate_noise(job.job_id),
+                                       self._by_type(job, types) if len(types) > 1 else {})
         return out
+
+    def _by_type(self, job: JobRecord, types: Sequence[str]) -> dict[str, ThroughputModel]:
+        told = {}
+        for t in types:
+            key = TypedProgress.key(job.job_id, t)
+            self.advisor.register(key, f"{job.spec.kind}@{t}")
+            measured = max(self.advisor.measured_sizes(key), default=0)
+            told[t] = replace(self.advisor.model(key), measured_max_nodes=measured)
+        # types it never ran on: from the other jobs' speed ratios (TypeSpeeds)
+        return self.speeds.fill(job.job_id, told)

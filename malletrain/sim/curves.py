@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from malletrain.core.hetero import TypeSpeeds
+from malletrain.core.hetero import TypedProgress, TypeSpeeds
 from malletrain.core.model import ThroughputModel
 from malletrain.sim.jobs import SimJob
 
@@ -105,13 +105,11 @@ class LearnedCurves:
         self.pool_kinds = pool_kinds
         self._known: set[str] = set()
         self.speeds = TypeSpeeds()
-        #: per job, its net samples at the last observation; per key, the samples made on
-        #: that key's node type (each typed profile sees only the progress made on its type)
-        self._done: dict[str, float] = {}
-        self._cum: dict[str, float] = {}
+        #: each typed profile sees only the progress made on its type
+        self.progress = TypedProgress()
 
     def _key(self, job: SimJob, node_type: str | None) -> str:
-        key = job.name if node_type is None else f"{job.name}@{node_type}"
+        key = job.name if node_type is None else TypedProgress.key(job.name, node_type)
         if key not in self._known:
             self._known.add(key)
             kind = job_kind(job.name) if self.pool_kinds else None
@@ -136,13 +134,11 @@ class LearnedCurves:
 
     def observe(self, job: SimJob, t_s: float, nodes: int, samples_total: float,
                 node_type: str | None = None) -> None:
-        key = self._key(job, node_type)
-        # the interval since the last observation ran on the present type (a move between
-        # types is a decision, and a decision is always followed by an observation)
-        delta = samples_total - self._done.get(job.name, 0.0)
-        self._done[job.name] = samples_total
-        self._cum[key] = self._cum.get(key, 0.0) + delta
-        self.advisor.observe(key, t_s, nodes, self._cum[key])
+        typed = self.progress.observe(job.name, node_type, samples_total)
+        if typed is None:
+            self.advisor.observe(self._key(job, None), t_s, nodes, samples_total)
+        else:
+            self.advisor.observe(self._key(job, node_type), t_s, nodes, typed[1])
 
     def rescaled(self, job: SimJob, t_s: float, old_nodes: int, new_nodes: int,
                  old_type: str | None = None, new_type: str | None = None) -> None:
@@ -154,10 +150,9 @@ class LearnedCurves:
         self.advisor.rescaled(self._key(job, new_type), t_s, 0, new_nodes)
 
     def forget(self, job: SimJob) -> None:
-        self._done.pop(job.name, None)
+        self.progress.forget(job.name)
         for key in [k for k in self._known if k == job.name or k.startswith(job.name + "@")]:
             self._known.discard(key)
-            self._cum.pop(key, None)
             self.advisor.forget(key)
 
 

@@ -57,7 +57,7 @@ def policy_jobs(managed: tuple[JobRecord, ...], slots: Mapping[str, JobSlots],
             nodes=held[job.job_id], throughput=model.throughput,
             scale_up_s=model.scale_up_s, scale_down_s=model.scale_down_s,
             submit_order=job.seq, start_s=model.start_s, rate_noise=model.rate_noise,
-            allowed_types=allowed_types(job.spec, gpu_types)))
+            type_throughput=model.by_type, allowed_types=allowed_types(job.spec, gpu_types)))
     return tuple(out)
 
 

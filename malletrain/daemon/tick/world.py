@@ -87,6 +87,8 @@ class JobModel:
     start_s: float | None = None
     #: relative noise of its measured throughput (the policy's hysteresis scales with it)
     rate_noise: float = 0.0
+    #: its throughput per node type, where the cluster has several (core.hetero)
+    by_type: Mapping[str, ThroughputModel] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
