@@ -178,9 +178,12 @@ class _TypeSearch:
     @staticmethod
     def _settle(choice: list[tuple[str | None, int]], now: list[str | None]
                 ) -> list[str | None]:
-        """A job that takes no node keeps the type it runs on (it is stopped there)."""
-        return [t if t is not None and n > 0 else now[j] if n == 0 and now[j] else t
-                for j, (t, n) in enumerate(choice)]
+        """Each job's type; one that takes no node keeps the type it runs on (it is stopped
+        there, which its table there prices)."""
+        out: list[str | None] = []
+        for j, (t, n) in enumerate(choice):
+            out.append(now[j] if n == 0 and now[j] is not None else t)
+        return out
 
     def plan(self, choice: list[str | None]) -> tuple[dict[str, tuple[str, ...]], float]:
         """Node names per job for ``choice``; the objective net of the moves' costs."""
