@@ -13,9 +13,10 @@ The type assignment is a Lagrangian relaxation of the types' capacities: each ty
 table is built once for every job that may use it (a move off the type a job runs on costs
 a scale-down at its present rate: it leaves every node it holds); at a price per node of
 each type every job takes its best (type, count); a type asked for more nodes than it has
-gets dearer, by bisection. Step 2 then enforces the capacities exactly. At 2,000 nodes x
-200 jobs x 3 types this is 0.05 s (a local search moving one job at a time between exactly
-solved types took 5.85 s and planned worse on the mixed-cluster replay).
+gets dearer, by bisection. Step 2 then enforces the capacities exactly. At 5,000 nodes x
+500 jobs x 3 types a decision takes about 2.5x the untyped one (benchmarks/allocator.py); a
+local search moving one job at a time between exactly solved types took 100x longer at
+2,000 x 200 and planned worse on the mixed-cluster replay (benchmarks/hetero.py).
 
 The cost objective (HeterPS's formulation, minimise cost under a throughput target): a job
 with ``rate_target`` values throughput only up to that target, so with prices the plan
