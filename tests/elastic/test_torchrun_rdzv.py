@@ -14,7 +14,7 @@ from elastic_harness import REPO
 
 from malletrain.elastic.coordinator import Coordinator
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.slurm]
 
 WORKER = """\
 import json, os, sys, torch, torch.distributed as dist
@@ -33,7 +33,7 @@ def _agent(coord: Coordinator, tmp, job: str, secret: str, run_id: str = "t1",
                MALLETRAIN_JOB_SECRET=secret)
     argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
             "--rdzv_backend=malletrain", f"--rdzv_endpoint={coord.address}",
-            f"--rdzv_id={run_id}", "--rdzv_conf=join_timeout=20,last_call_timeout=1",
+            f"--rdzv_id={run_id}", "--rdzv_conf=join_timeout=120,last_call_timeout=1",
             "--max_restarts=0", str(tmp / "worker.py"), str(tmp)]
     if user is not None:
         argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", *argv]
@@ -48,8 +48,8 @@ def coord():
     c.close()
 
 
-def test_two_agents_form_their_group_through_the_coordinator(coord, tmp_path):
-    tmp_path.chmod(0o777)
+def test_two_agents_form_their_group_through_the_coordinator(coord, dev_cluster, shared_tmp):
+    tmp_path = shared_tmp  # mt-bob's agent runs the same file (dev_cluster: the test users)
     (tmp_path / "worker.py").write_text(WORKER)
     secret = coord.job_secret("rj")
     # an agent with a wrong secret is refused at once and never joins
@@ -68,6 +68,9 @@ def test_two_agents_form_their_group_through_the_coordinator(coord, tmp_path):
                  key=lambda d: d["rank"])
     assert [(d["rank"], d["world"], d["sum"]) for d in got] == [(0, 2, 3.0), (1, 2, 3.0)]
     # the rendezvous lived in the job's own space of the coordinator
-    assert coord.store.jobs()["rj"][0] > 0  # (keys, bytes) of the job's space
+    spaces = coord.store.jobs()  # job -> (keys, bytes)
+    assert spaces["rj"][0] > 0
+    # bob's agent reached the coordinator, in his job's space, and still waits there alone
+    assert spaces["bobjob"][0] > 0 and bob.poll() is None, bob.stderr.read() if bob.stderr else ""
     bob.kill()
     bob.wait(30)
