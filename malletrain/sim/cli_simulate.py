@@ -9,6 +9,7 @@ code as the daemon's decide what the jobs get. See ``docs/evaluation.md``.
 from __future__ import annotations
 
 import argparse
+import csv
 import dataclasses
 import logging
 import sys
@@ -21,6 +22,7 @@ from malletrain.errors import UserError
 if TYPE_CHECKING:
     from malletrain.sim.bound import Bound
     from malletrain.sim.jobs import SimJob
+    from malletrain.sim.nodetypes import NodeTypes
     from malletrain.sim.trace import IdleTrace
 
 log = logging.getLogger(__name__)
@@ -112,6 +114,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="time for the bound's multiplier search (default 60); stopping early gives a "
         "looser bound, never a wrong one",
     )
+    types = p.add_argument_group("node types (a mixed cluster; jobs give 'curves:' per type)")
+    types.add_argument("--node-list", metavar="FILE",
+                       help="a GPU node list (Alibaba's sn,cpu_milli,memory_mib,gpu,model): "
+                       "the trace's nodes get types in its shares of GPUs, at random")
+    types.add_argument("--gpu-models", metavar="MODEL=TYPE,...",
+                       help="the list's GPU models to keep, and their type names "
+                       "(e.g. P100=p100,V100M16=v100,V100M32=v100; default: every model, "
+                       "lower-cased)")
+    types.add_argument("--types-seed", type=int, default=0, metavar="N")
+    types.add_argument("--hide-types", action="store_true",
+                       help="the types set the true rates but the policy is not told them")
+    types.add_argument("--prices", metavar="TYPE=PRICE,...",
+                       help="price of a node-second per type (summary: cost)")
+    types.add_argument("--objective", choices=("throughput", "cost"), default="throughput",
+                       help="cost: the policy is told the prices (jobs' rate_target caps)")
     bar = p.add_mutually_exclusive_group()
     bar.add_argument("--progress", dest="progress", action="store_true", default=None)
     bar.add_argument("--no-progress", dest="progress", action="store_false")
@@ -129,6 +146,42 @@ def _upper_bound(trace: IdleTrace, jobs: list[SimJob], args: argparse.Namespace)
         return None
     return upper_bound(segments, jobs, args.max_concurrent_jobs,
                        submit_origin_s=trace.start_s, time_limit_s=args.bound_time_s)
+
+
+def _pairs(text: str | None, flag: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise UserError(f"{flag}: expected NAME=VALUE,..., got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def node_types(args: argparse.Namespace, n_nodes: int) -> NodeTypes | None:
+    """The ``--node-list`` flags as the Simulator's node types (None without a list)."""
+    from malletrain.sim.nodetypes import NodeTypes, gpu_counts, types_like
+
+    if not args.node_list:
+        if args.gpu_models or args.prices or args.hide_types or args.objective != "throughput":
+            raise UserError("--gpu-models, --prices, --hide-types and --objective need "
+                            "--node-list")
+        return None
+    models = _pairs(args.gpu_models, "--gpu-models")
+    if not models:
+        with open(args.node_list, newline="") as fh:
+            models = {m: m.lower() for m in {r.get("model") or "" for r in csv.DictReader(fh)}
+                      if m and m != "nan"}
+    try:
+        prices = {t: float(v) for t, v in _pairs(args.prices, "--prices").items()}
+    except ValueError:
+        raise UserError(f"--prices: prices are numbers, got {args.prices!r}") from None
+    if any(p < 0 for p in prices.values()):
+        raise UserError("--prices: a price is not negative")
+    kinds = types_like(n_nodes, gpu_counts(args.node_list, models), args.types_seed)
+    return NodeTypes(kinds, prices, hidden=args.hide_types, objective=args.objective)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -149,6 +202,7 @@ def run(args: argparse.Namespace) -> int:
     if args.bound_time_s <= 0:
         raise UserError("--bound-time-s must be positive")
     trace = load_trace(args)
+    types = node_types(args, len(trace.node_names))
     bound = _upper_bound(trace, jobs, args) if args.bound else None
     spec = POLICIES[args.policy]
     policy = make_policy(args.policy, REPLAY.with_(tfwd_s=args.tfwd_s))
@@ -163,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
         max_concurrent_jobs=args.max_concurrent_jobs,
         until_s=until,
         progress=bar,
+        types=types,
     )
     try:
         result = sim.run()
@@ -179,6 +234,8 @@ def run(args: argparse.Namespace) -> int:
             "max_concurrent_jobs": args.max_concurrent_jobs,
             "jobs_file": str(args.jobs),
             "rescale_cost": "none" if args.no_rescale_cost else "jobs file",
+            "node_list": args.node_list, "node_types_hidden": bool(args.hide_types),
+            "objective": args.objective,
             # proven: no policy's samples_total exceeds it on this replay (sim.bound)
             "proven_bound_samples": None if bound is None else bound.samples,
             "proven_bound_gap": None if bound is None else bound.gap,

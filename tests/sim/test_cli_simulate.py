@@ -146,3 +146,41 @@ def test_no_loss_bound_with_free_rescales_bounds_every_policy(tmp_path):
     # 6 nodes on 3 concave jobs: 2 each (19/s per job) is the best split at any time
     assert all(v <= bound * (1 + 1e-9) for v in samples.values()), samples
     assert min(samples.values()) < bound
+
+
+TYPED_JOBS = """jobs:
+  - name: fast-on-v100
+    submit_s: 0
+    min_nodes: 1
+    max_nodes: 3
+    total_samples: 1.0e+9
+    scale_up_s: 10
+    scale_down_s: 5
+    curves: {p100: [[1, 1.0], [3, 3.0]], v100: [[1, 3.0], [3, 9.0]]}
+"""
+
+
+def test_a_mixed_cluster_from_a_real_node_list(files, capsys):
+    """--node-list: the trace's nodes typed in the list's GPU shares; the job runs on one
+    type (the faster one, where it fits), and the summary gives node-seconds and cost."""
+    from pathlib import Path
+    node_list = (Path(__file__).resolve().parents[2] / "data" / "traces"
+                 / "alibaba-gpu-v2023-openb_node_list_gpu_node.csv")
+    (files / "typed.yaml").write_text(TYPED_JOBS)
+    argv = ["simulate", "--idle-trace", str(files / "idle.csv"), "--jobs",
+            str(files / "typed.yaml"), "--policy", "malletrain-known-curves", "--no-progress",
+            "--node-list", str(node_list), "--gpu-models", "P100=p100,V100M16=v100,V100M32=v100",
+            "--prices", "p100=1,v100=2"]
+    assert main([*argv, "--out", str(files / "typed")]) == 0
+    summary = json.loads((files / "typed" / "summary.json").read_text())
+    used = summary["type_node_seconds"]
+    assert set(used) <= {"p100", "v100"} and used.get("v100", 0) > 0
+    assert summary["cost"] == pytest.approx(used.get("p100", 0) + 2 * used.get("v100", 0))
+    assert summary["objective"] == "throughput" and not summary["node_types_hidden"]
+    capsys.readouterr()
+    assert main([*argv[:-2], "--prices", "v100=cheap", "--out", str(files / "bad")]) != 0
+    assert "--prices: prices are numbers" in capsys.readouterr().err
+    assert main(["simulate", "--idle-trace", str(files / "idle.csv"), "--jobs",
+                 str(files / "jobs.yaml"), "--policy", "malletrain", "--hide-types",
+                 "--out", str(files / "x")]) != 0
+    assert "need --node-list" in capsys.readouterr().err
