@@ -6,7 +6,7 @@ torchrun takes rendezvous backends from other packages (entry point group
 ``--rdzv_backend=c10d``), kept in the job's namespace of malletrain's coordinator through an
 authenticated :class:`~malletrain.elastic.authstore.AuthStore` instead of an open
 ``TCPStore``: with ``c10d`` anyone who reaches the store's port can read and rewrite the
-rendezvous (``../shared/SECURITY-NOTES.md``); here a client needs the job's secret.
+rendezvous (docs/security.md); here a client needs the job's secret.
 
 Where it connects: ``--rdzv_endpoint`` if given, else ``$MALLETRAIN_COORDINATOR``; the job
 and its secret come from ``$MALLETRAIN_JOB_ID`` and ``$MALLETRAIN_JOB_SECRET`` (never from
