@@ -46,7 +46,8 @@ from malletrain.daemon.tick import DecideSettings, TickPlan, World, decide
 from malletrain.daemon.tick.actions import Action
 from malletrain.ops.metrics import JobStatus, Metrics, MetricsSnapshot
 from malletrain.ops.settings import Settings
-from malletrain.slurm.backend import SlurmBackend, SnapshotCache
+from malletrain.slurm.backend import SlurmBackend
+from malletrain.slurm.cache import SnapshotCache
 from malletrain.slurm.privacy import PrivacyCache
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ Everything above this layer (daemon, ``malletrain nodes``, ops) talks to a
 
 Failures are typed (:mod:`malletrain.slurm.errors`): a timeout, slurmctld down or a "try
 again" answer raise :class:`SlurmUnavailableError` (retryable); wrap the backend in
-:class:`SnapshotCache` to keep serving the last good snapshot meanwhile.
+:class:`~malletrain.slurm.cache.SnapshotCache` to keep serving the last good snapshot meanwhile.
 
 :func:`select_backend` returns the pyslurm implementation when pyslurm is importable and
 built for the cluster's Slurm version, else the CLI one, and logs once why.  On Slurm 22.05
@@ -21,7 +21,7 @@ Commands are argument lists run with a timeout, never shell strings.
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import logging
 import os
 import secrets
@@ -32,8 +32,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, runtime_checkable
 
 from malletrain.core.cluster import ClusterSnapshot, Job
-from malletrain.errors import RetryableError
-from malletrain.slurm.commands import classify_failure, render_signal, render_update
+from malletrain.slurm.coalesce import CoalescedActs
+from malletrain.slurm.commands import (
+    JOB_LIST_VERBS,
+    classify_failure,
+    job_list_failures,
+    render_job_list,
+    render_signal,
+    render_update,
+)
 from malletrain.slurm.errors import (
     SlurmCommandError,
     SlurmCommandNotFoundError,
@@ -158,6 +165,10 @@ class CliBackend:
         self._clock = clock
         #: Run a tick's calls at once (one round-trip of latency instead of six).
         self.parallel = parallel
+        #: release/requeuehold/hold from the action workers: one call per batch
+        #: (slurm/coalesce.py)
+        self._acts = {verb: CoalescedActs(functools.partial(self._job_list, verb))
+                      for verb in JOB_LIST_VERBS}
 
     def _run(
         self,
@@ -332,63 +343,19 @@ class CliBackend:
             raise classify_failure(argv, res.returncode or 1, res.stderr)
 
     def hold(self, job_id: int) -> None:
-        self._check(["scontrol", "hold", str(int(job_id))])
+        self._acts["hold"].act(job_id)
 
     def release(self, job_id: int) -> None:
-        self._check(["scontrol", "release", str(int(job_id))])
+        self._acts["release"].act(job_id)
 
     def requeue_hold(self, job_id: int) -> None:
-        self._check(["scontrol", "requeuehold", str(int(job_id))])
+        self._acts["requeuehold"].act(job_id)
+
+    def _job_list(self, verb: str, job_ids: Sequence[int]) -> dict[int, Exception]:
+        """One ``scontrol VERB 1,2,3`` for the jobs whose calls arrived together."""
+        argv = render_job_list(verb, job_ids)
+        res = self._run(argv)
+        return job_list_failures(argv, job_ids, res.returncode, res.stderr or res.stdout)
 
     def update(self, job_id: int, **fields: str | int | Sequence[str]) -> None:
         self._check(render_update(job_id, fields))
-
-
-# ----------------------------------------------------------------------------- cache
-
-
-class SnapshotCache:
-    """Keep the last good snapshot across failed ticks (submitit's and Ray's habit).
-
-    ``refresh()`` returns a fresh snapshot, or after a retryable failure (or one that
-    does not parse) the last good one with a warning saying how stale it is.  With no good
-    snapshot yet, or one older than ``max_age_s``, the error propagates: acting on a very
-    old view is worse than pausing.
-    """
-
-    def __init__(
-        self,
-        backend: SlurmBackend,
-        *,
-        max_age_s: float | None = 300.0,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.backend = backend
-        self.max_age_s = max_age_s
-        self._clock = clock
-        self.last: ClusterSnapshot | None = None
-        self.last_error: Exception | None = None
-        self.consecutive_failures = 0
-
-    @property
-    def stale(self) -> bool:
-        return self.consecutive_failures > 0
-
-    def refresh(self) -> ClusterSnapshot:
-        try:
-            snap = self.backend.snapshot()
-        except (RetryableError, SlurmParseError) as exc:
-            self.last_error = exc
-            self.consecutive_failures += 1
-            log.warning("Slurm snapshot failed (%d in a row): %s", self.consecutive_failures, exc)
-            if self.last is None:
-                raise
-            age_s = self._clock() - self.last.taken_at
-            if self.max_age_s is not None and age_s > self.max_age_s:
-                raise
-            note = f"stale: showing the snapshot of {age_s:.0f} s ago ({exc})"
-            return dataclasses.replace(self.last, warnings=(*self.last.warnings, note))
-        self.last = snap
-        self.last_error = None
-        self.consecutive_failures = 0
-        return snap

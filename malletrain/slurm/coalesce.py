@@ -1,61 +1,64 @@
-"""Concurrent lookups of a few jobs, answered by one Slurm query.
+"""Concurrent calls about a few jobs each, made as one Slurm call per batch.
 
 Why: every ``malletrain submit`` ends with an ``attach`` that looks up its slot jobs in
-Slurm. A hundred users submitting at once made a hundred ``squeue --jobs=`` calls side by
-side (``benchmarks/load.py``): each a process and an RPC to the slurmctld that every user
-of the machine shares, and their sum made the submissions wait seconds.
+Slurm, and the daemon's action workers release and park slots side by side. A hundred users
+submitting at once made a hundred ``squeue --jobs=`` calls, and a busy tick hundreds of
+``scontrol release`` and ``requeuehold`` calls (``benchmarks/load.py``): each a process and
+an RPC to the slurmctld that every user of the machine shares.
 
-Here, while one query runs, the lookups that arrive meanwhile gather into the next batch,
-which one of their callers runs as a single query when the first ends: a burst costs a few
-queries, and a lone lookup waits for no one. Each caller gets only the jobs it asked for.
-If a batch's query fails, each of its callers asks again alone, so that one caller's odd
-input (a job id Slurm refuses) fails its own lookup, not its neighbours'.
+Here, while one call runs, the requests that arrive meanwhile gather into the next batch,
+which one of their callers makes as a single call (``squeue --jobs=1,2,3``,
+``scontrol release 1,2,3``: both take a list of job ids) when the first ends: a burst costs a
+few calls, and a lone request waits for no one. Each caller gets only its own answer:
+
+* :class:`CoalescedJobs` (lookups): if a batch's query fails, each of its callers asks again
+  alone, so that one caller's odd input fails its own lookup, not its neighbours'.
+* :class:`CoalescedActs` (``scontrol release|requeuehold|hold``): Slurm acts on every id of
+  the list it can and names each one it could not (``... for job N``); a caller fails only
+  on a line naming its own job, or when the whole call failed (slurmctld down). A call is
+  never repeated alone: the other ids of the batch were acted on already.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from malletrain.core.cluster import Job
 
+R = TypeVar("R")
+
 
 @dataclass
-class _Batch:
+class _Batch(Generic[R]):
     ids: set[int] = field(default_factory=set)
     callers: int = 0
     done: bool = False
-    found: dict[int, Job] = field(default_factory=dict)
+    result: R | None = None
     error: Exception | None = None
 
 
-class CoalescedJobs:
-    """``jobs(ids)`` for many threads at once, over one ``fetch`` per batch (module doc)."""
+class _Coalescer(Generic[R]):
+    """The batching of both kinds: ``call(ids)`` joins the open batch and returns it done."""
 
-    def __init__(self, fetch: Callable[[Sequence[int]], Sequence[Job]]) -> None:
-        self._fetch = fetch
+    def __init__(self, run: Callable[[Sequence[int]], R]) -> None:
+        self._run_ids = run
         self._cond = threading.Condition()
-        self._open: _Batch | None = None  # gathering ids while a query runs
+        self._open: _Batch[R] | None = None  # gathering ids while a call runs
         self._running = False
 
-    def jobs(self, job_ids: Sequence[int]) -> tuple[Job, ...]:
-        wanted = [int(i) for i in job_ids]
-        if not wanted:
-            return ()
+    def call(self, wanted: Sequence[int]) -> _Batch[R]:
         batch = self._join(wanted)
         if not batch.done:  # this caller runs it
             self._run(batch)
-        if batch.error is not None:
-            if batch.callers == 1:
-                raise batch.error
-            return tuple(self._fetch(wanted))  # alone: its own error, if any
-        return tuple(batch.found[i] for i in wanted if i in batch.found)
+        return batch
 
-    def _join(self, wanted: list[int]) -> _Batch:
+    def _join(self, wanted: Sequence[int]) -> _Batch[R]:
         """Add the ids to the open batch; return it once it is done or this caller's turn."""
         with self._cond:
-            batch = self._open if self._open is not None else _Batch()
+            batch = self._open if self._open is not None else _Batch[R]()
             self._open = batch
             batch.ids.update(wanted)
             batch.callers += 1
@@ -67,9 +70,9 @@ class CoalescedJobs:
                 self._cond.wait()
             return batch
 
-    def _run(self, batch: _Batch) -> None:
+    def _run(self, batch: _Batch[R]) -> None:
         try:
-            batch.found = {j.job_id: j for j in self._fetch(sorted(batch.ids))}
+            batch.result = self._run_ids(sorted(batch.ids))
         except Exception as exc:
             batch.error = exc
         with self._cond:
@@ -77,3 +80,41 @@ class CoalescedJobs:
             self._running = False
             self._cond.notify_all()
 
+
+class CoalescedJobs:
+    """``jobs(ids)`` for many threads at once, over one ``fetch`` per batch (module doc)."""
+
+    def __init__(self, fetch: Callable[[Sequence[int]], Sequence[Job]]) -> None:
+        self._fetch = fetch
+        self._batches = _Coalescer(lambda ids: {j.job_id: j for j in fetch(ids)})
+
+    def jobs(self, job_ids: Sequence[int]) -> tuple[Job, ...]:
+        wanted = [int(i) for i in job_ids]
+        if not wanted:
+            return ()
+        batch = self._batches.call(wanted)
+        if batch.error is not None:
+            if batch.callers == 1:
+                raise batch.error
+            return tuple(self._fetch(wanted))  # alone: its own error, if any
+        found = batch.result or {}
+        return tuple(found[i] for i in wanted if i in found)
+
+
+class CoalescedActs:
+    """``act(job_id)`` for many threads at once, over one ``run`` per batch (module doc).
+
+    ``run(ids)`` makes the call for the whole list and returns the errors of the ids Slurm
+    named as failed; it raises when the call as a whole failed.
+    """
+
+    def __init__(self, run: Callable[[Sequence[int]], Mapping[int, Exception]]) -> None:
+        self._batches = _Coalescer(run)
+
+    def act(self, job_id: int) -> None:
+        batch = self._batches.call([int(job_id)])
+        if batch.error is not None:
+            raise batch.error
+        failed = batch.result or {}
+        if int(job_id) in failed:
+            raise failed[int(job_id)]

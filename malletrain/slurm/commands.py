@@ -97,3 +97,36 @@ def render_signal(job_id: int, sig: str, steps: str = "children") -> list[str]:
     argv.append(str(int(job_id)))
     return argv
 
+
+
+#: The ``scontrol`` verbs that take a list of job ids (``scontrol release 1,2,3``).
+JOB_LIST_VERBS = ("release", "requeuehold", "hold")
+#: How 22.05's scontrol names an id of such a list it could not act on (it acts on the
+#: others): ``Invalid job id specified for job 999``, ``Job is pending execution for job 3``.
+_FOR_JOB_RE = re.compile(r"^(?P<why>.+?) for job (?P<id>\d+)\s*$")
+
+
+def render_job_list(verb: str, job_ids: Sequence[int]) -> list[str]:
+    """``scontrol VERB 1,2,3``: one call for several jobs."""
+    if verb not in JOB_LIST_VERBS:
+        raise ValueError(f"scontrol {verb!r} is not one of {JOB_LIST_VERBS}")
+    if not job_ids:
+        raise ValueError(f"scontrol {verb}: no job ids")
+    return ["scontrol", verb, ",".join(str(int(i)) for i in job_ids)]
+
+
+def job_list_failures(argv: Sequence[str], job_ids: Sequence[int], returncode: int,
+                      stderr: str) -> dict[int, Exception]:
+    """The ids of a job-list call that failed, each with its error; raises when the call
+    failed as a whole (no line names one of ``job_ids``: slurmctld down, say)."""
+    wanted = {int(i) for i in job_ids}
+    failed: dict[int, Exception] = {}
+    for line in stderr.splitlines():
+        m = _FOR_JOB_RE.match(line.strip())
+        if m and int(m.group("id")) in wanted:
+            job_id = int(m.group("id"))
+            failed[job_id] = classify_failure(
+                [argv[0], argv[1], str(job_id)], returncode or 1, m.group("why"))
+    if returncode != 0 and not failed:
+        raise classify_failure(argv, returncode, stderr)
+    return failed

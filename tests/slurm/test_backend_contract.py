@@ -6,6 +6,7 @@ These are the contract tests any SlurmBackend must pass; ``backend`` is what
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -165,6 +166,66 @@ def test_requeue_hold_puts_a_running_job_back_held(backend, clean_cluster):
     job = wait_job(backend, job_id, lambda j: j.state is JobState.PENDING)
     assert is_held(job), job.state_reason  # Slurm says "job requeued in held state"
     assert job.nodes == ()
+
+
+def _at_once(fn, job_ids):
+    """``fn(job_id)`` for each id on a thread of its own, started together; the errors."""
+    errors: dict[int, Exception | None] = {}
+    go = threading.Barrier(len(job_ids))
+
+    def one(job_id: int) -> None:
+        go.wait(10)
+        try:
+            fn(job_id)
+            errors[job_id] = None
+        except Exception as exc:  # the test looks at each one
+            errors[job_id] = exc
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in job_ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return errors
+
+
+def test_concurrent_releases_and_parks_share_calls_and_fail_only_their_own_job(
+        backend, clean_cluster, monkeypatch):
+    """The action workers' releases and requeueholds, made as ``scontrol VERB 1,2,3``
+    (slurm/coalesce.py): each job is acted on, and an unknown id fails only its caller."""
+    calls: list[list[str]] = []
+    run = backend._runner
+
+    def counting(argv, **kw):
+        calls.append(list(argv))
+        return run(argv, **kw)
+
+    monkeypatch.setattr(backend, "_runner", counting)
+    jobs = [backend.submit(sleeper(nodes=1, hold=True, partition="scavenger"))
+            for _ in range(5)]
+    for k, job_id in enumerate(jobs):
+        backend.update(job_id, NodeList=f"n{k + 1}", StartTime="now")
+    gone = 999_999
+    calls.clear()
+    errors = _at_once(backend.release, [*jobs, gone])
+    assert [errors[j] for j in jobs] == [None] * 5
+    assert isinstance(errors[gone], SlurmCommandError)
+    assert "invalid job id" in str(errors[gone]).lower() and str(gone) in str(errors[gone])
+    assert len(calls) < 6, calls  # at least two of the six shared a call
+    for job_id in jobs:
+        wait_job(backend, job_id, lambda j: j.state is JobState.RUNNING)
+        clean_cluster.wait_step_running(job_id)
+    calls.clear()
+    errors = _at_once(backend.requeue_hold, jobs)
+    assert list(errors.values()) == [None] * 5
+    assert len(calls) < 5, calls
+    for job_id in jobs:
+        job = wait_job(backend, job_id, lambda j: j.state is JobState.PENDING)
+        assert is_held(job), job.state_reason
+    # parked again: Slurm names each job it cannot act on, and only those fail
+    errors = _at_once(backend.requeue_hold, jobs[:2])
+    assert all(isinstance(e, SlurmCommandError) and "pending" in str(e).lower()
+               for e in errors.values()), errors
 
 
 def test_update_shrinks_twice_then_changes_limit_and_comment(backend, clean_cluster):

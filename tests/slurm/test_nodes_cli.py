@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from malletrain.slurm.backend import CliBackend, SnapshotCache
+from malletrain.slurm.backend import CliBackend
+from malletrain.slurm.cache import SnapshotCache
 from malletrain.slurm.errors import SlurmUnavailableError
 
 pytestmark = pytest.mark.slurm

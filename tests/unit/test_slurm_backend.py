@@ -17,7 +17,8 @@ import pytest
 from malletrain.core.cluster import ClusterSnapshot, NodeState
 from malletrain.errors import RetryableError
 from malletrain.slurm import select as select_mod
-from malletrain.slurm.backend import CliBackend, SlurmBackend, SnapshotCache
+from malletrain.slurm.backend import CliBackend, SlurmBackend
+from malletrain.slurm.cache import SnapshotCache
 from malletrain.slurm.commands import classify_failure, render_signal, render_update
 from malletrain.slurm.errors import (
     SlurmCommandError,

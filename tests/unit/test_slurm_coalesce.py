@@ -1,4 +1,4 @@
-"""Concurrent job lookups answered by one Slurm query (slurm/coalesce.py)."""
+"""Concurrent job lookups and job-list actions made as one Slurm call (slurm/coalesce.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import pytest
 
 from malletrain.core.cluster import Job, JobState
 from malletrain.errors import RetryableError
-from malletrain.slurm.coalesce import CoalescedJobs
+from malletrain.slurm.coalesce import CoalescedActs, CoalescedJobs
+from malletrain.slurm.commands import job_list_failures, render_job_list
+from malletrain.slurm.errors import SlurmCommandError, SlurmUnavailableError
 
 
 def job(i: int) -> Job:
@@ -58,12 +60,13 @@ class Lookups:
         return self.results
 
 
-def wait_for_callers(c: CoalescedJobs, n: int) -> None:
-    """Until ``n`` lookups wait in the open batch (the query before it still runs)."""
+def wait_for_callers(c: CoalescedJobs | CoalescedActs, n: int) -> None:
+    """Until ``n`` callers wait in the open batch (the call before it still runs)."""
+    batches = c._batches
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        with c._cond:
-            if c._open is not None and c._open.callers == n:
+        with batches._cond:
+            if batches._open is not None and batches._open.callers == n:
                 return
         time.sleep(0.01)
     raise AssertionError(f"{n} callers never gathered")
@@ -112,3 +115,110 @@ def test_a_lone_callers_error_is_raised_as_it_was() -> None:
     with pytest.raises(RetryableError, match="invalid job id"):
         c.jobs([7000])
     assert c.jobs([7]) and len(s.queries) == 2  # and the next lookup is served
+
+
+# ---------------------------------------------------------------- job-list actions
+
+#: what 22.05's scontrol printed on the dev cluster (exit 1 each)
+RELEASE_ONE_GONE = "Invalid job id specified for job 999\nslurm_suspend error: No error\n"
+REQUEUE_TWO_BAD = ("Job is pending execution for job 3\n"
+                   "Invalid job id specified for job 1000000000000\n")
+DOWN = ("scontrol: error: Unable to contact slurm controller (connect failure)\n"
+        "slurm_suspend error: Unable to contact slurm controller (connect failure)\n")
+
+
+def test_slurm_names_the_ids_it_could_not_act_on():
+    argv = render_job_list("release", [1, 2, 999])
+    assert argv == ["scontrol", "release", "1,2,999"]
+    failed = job_list_failures(argv, [1, 2, 999], 1, RELEASE_ONE_GONE)
+    assert list(failed) == [999]
+    assert isinstance(failed[999], SlurmCommandError)
+    assert str(failed[999]) == "scontrol release 999 failed: Invalid job id specified"
+    failed = job_list_failures(["scontrol", "requeuehold", "3,4,1000000000000"],
+                               [3, 4, 1000000000000], 1, REQUEUE_TWO_BAD)
+    assert sorted(failed) == [3, 1000000000000]
+    assert "pending execution" in str(failed[3])
+    assert job_list_failures(argv, [1, 2], 0, "") == {}
+
+
+def test_a_whole_failure_is_raised_and_never_guessed_per_job():
+    argv = render_job_list("requeuehold", [4, 5])
+    with pytest.raises(SlurmUnavailableError, match="not answering"):
+        job_list_failures(argv, [4, 5], 1, DOWN)
+    # a line about a job not in the call is not taken as that call's answer
+    with pytest.raises(SlurmCommandError):
+        job_list_failures(argv, [4, 5], 1, "Invalid job id specified for job 6\n")
+    with pytest.raises(ValueError):
+        render_job_list("cancel", [1])
+    with pytest.raises(ValueError):
+        render_job_list("release", [])
+
+
+class Scontrol:
+    """``scontrol VERB ids`` that knows jobs below 1000; the first call blocks."""
+
+    def __init__(self, down: bool = False) -> None:
+        self.calls: list[list[int]] = []
+        self.release = threading.Event()
+        self.first_in = threading.Event()
+        self.down = down
+
+    def run(self, ids: Sequence[int]) -> dict[int, Exception]:
+        self.calls.append(list(ids))
+        if len(self.calls) == 1:
+            self.first_in.set()
+            assert self.release.wait(10)
+        argv = render_job_list("release", ids)
+        if self.down:
+            return job_list_failures(argv, ids, 1, DOWN)
+        bad = "".join(f"Invalid job id specified for job {i}\n" for i in ids if i >= 1000)
+        return job_list_failures(argv, ids, 1 if bad else 0, bad)
+
+
+def act_at_once(c: CoalescedActs, s: Scontrol, ids: list[int]) -> dict[int, object]:
+    """The first id's call runs alone and blocks; the rest gather behind it."""
+    results: dict[int, object] = {}
+
+    def one(i: int) -> None:
+        try:
+            c.act(i)
+            results[i] = None
+        except (SlurmCommandError, SlurmUnavailableError) as exc:
+            results[i] = exc
+
+    first = threading.Thread(target=one, args=(ids[0],))
+    first.start()
+    assert s.first_in.wait(5)
+    rest = [threading.Thread(target=one, args=(i,)) for i in ids[1:]]
+    for t in rest:
+        t.start()
+    wait_for_callers(c, len(rest))
+    s.release.set()
+    for t in [first, *rest]:
+        t.join(10)
+    return results
+
+
+def test_acts_arriving_during_a_call_share_the_next_one():
+    s = Scontrol()
+    c = CoalescedActs(s.run)
+    results = act_at_once(c, s, [1, 2, 3, 4, 5])
+    assert results == dict.fromkeys([1, 2, 3, 4, 5])
+    assert s.calls == [[1], [2, 3, 4, 5]]
+
+
+def test_an_id_slurm_refuses_fails_its_own_act_only():
+    s = Scontrol()
+    c = CoalescedActs(s.run)
+    results = act_at_once(c, s, [1, 2, 5000, 3])
+    assert results[1] is None and results[2] is None and results[3] is None
+    assert isinstance(results[5000], SlurmCommandError)
+    assert len(s.calls) == 2  # never repeated alone: the others were released already
+
+
+def test_slurm_down_fails_every_act_of_the_call():
+    s = Scontrol(down=True)
+    c = CoalescedActs(s.run)
+    results = act_at_once(c, s, [1, 2, 3])
+    assert all(isinstance(r, SlurmUnavailableError) for r in results.values()), results
+    assert len(s.calls) == 2
