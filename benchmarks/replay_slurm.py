@@ -330,6 +330,17 @@ class ReplaySlurm:
         fn(job)
         return 0, "", ""
 
+    def _act_list(self, idents: str, fn: Callable[[RJob], None]) -> tuple[int, str, str]:
+        """``scontrol release 1,2,3``: 22.05 acts on each id it can, names the others."""
+        errors = []
+        for ident in idents.split(","):
+            job = self.jobs.get(int(ident)) if ident.isdigit() else None
+            if job is None:
+                errors.append(f"Invalid job id specified for job {ident}\n")
+            else:
+                fn(job)
+        return (1 if errors else 0), "", "".join(errors)
+
     def _cancel(self, job: RJob) -> None:
         if job.state in ("PENDING", "RUNNING"):
             self._end(job, "CANCELLED")
@@ -348,7 +359,7 @@ class ReplaySlurm:
             return self._act(kv.get("JobId", kv.get("jobid", "")),
                              lambda j: self._update(j, kv))
         if len(args) == 2 and args[0] in ("release", "hold", "requeuehold"):
-            return self._act(args[1], getattr(self, f"_{args[0]}"))
+            return self._act_list(args[1], getattr(self, f"_{args[0]}"))
         return 1, "", f"scontrol {' '.join(args[:2])}: not replayed\n"
 
     def _update(self, job: RJob, kv: dict[str, str]) -> None:

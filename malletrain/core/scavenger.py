@@ -20,6 +20,7 @@ claims no particular node and is ignored; a claim in the past clips the window t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
@@ -164,6 +165,7 @@ def node_windows(
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=1024)  # a few GRES strings, 5,000 nodes a tick
 def node_type(gres: str) -> str:
     """A node's type from its Slurm GRES: the GPU model (``gpu:a100:4(S:0-1)`` -> ``a100``),
     ``gpu`` for GPUs without a type (``gpu:4``), "" for none (``(null)``, ``""``).

@@ -24,6 +24,7 @@ member ids, and the classification of a slot's Slurm job into a :class:`SlotStat
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ def slot_tag(job_id: str, slot: int) -> str:
     return f"{TAG_PREFIX}:{job_id}:{slot}"
 
 
+@functools.lru_cache(maxsize=16384)  # every job of the queue, several times a tick
 def parse_tag(comment: str) -> tuple[str, int] | None:
     m = _TAG_RE.match(comment.strip())
     return (m.group(1), int(m.group(2))) if m else None

@@ -8,6 +8,7 @@ costs no extra process per tick.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from collections.abc import Iterable
@@ -70,8 +71,13 @@ def expand_hostlist(expr: str | None) -> tuple[str, ...]:
     """
     if expr is None or expr.strip() in _EMPTY:
         return ()
+    return _expand(expr.strip())
+
+
+@functools.lru_cache(maxsize=4096)  # a running job's node list is read again every tick
+def _expand(expr: str) -> tuple[str, ...]:
     names: list[str] = []
-    for part in _split_top_level(expr.strip()):
+    for part in _split_top_level(expr):
         pieces = re.split(r"(\[[^\]]*\])", part)
         choices: list[list[str]] = []
         for piece in pieces:
