@@ -278,6 +278,19 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
+def phases(port: int) -> dict[str, tuple[float, float]]:
+    """Each tick phase's (sum of seconds, count) so far (``malletrain_tick_phase_seconds``)."""
+    query = "&".join(f"name[]=malletrain_tick_phase_seconds_{s}" for s in ("count", "sum"))
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics?{query}", timeout=10).read()
+    out: dict[str, list[float]] = {}
+    for line in text.decode().splitlines():
+        if line.startswith("malletrain_tick_phase_seconds_") and 'phase="' in line:
+            phase = line.split('phase="', 1)[1].split('"', 1)[0]
+            k = 0 if line.startswith("malletrain_tick_phase_seconds_sum") else 1
+            out.setdefault(phase, [0.0, 0.0])[k] = float(line.rsplit(" ", 1)[1])
+    return {p: (v[0], v[1]) for p, v in out.items()}
+
+
 def daemon_request_p99_s(port: int, op: str) -> float:
     """The daemon's own p99 time for one request kind, as its histogram's bucket bound (the
     clients' round trips add the wait for a CPU on a machine they keep busy)."""
@@ -312,6 +325,7 @@ def measure(pid: int, port: int, slurm: ReplaySlurm, seconds: float) -> dict[str
     ticks: list[float] = []
     calls0 = dict(slurm.daemon_calls)
     c0, t0 = cpu_s(pid), time.monotonic()
+    phases0 = phases(port)
     prev = scrape(port)
     first = prev
     while time.monotonic() - t0 < seconds:
@@ -328,9 +342,13 @@ def measure(pid: int, port: int, slurm: ReplaySlurm, seconds: float) -> dict[str
     n_ticks = prev["malletrain_tick_duration_seconds_count"] - first[
         "malletrain_tick_duration_seconds_count"]
     calls = {k: v - calls0.get(k, 0) for k, v in slurm.daemon_calls.items()}
+    phase_ms = {p: 1000 * (s - phases0.get(p, (0, 0))[0]) / max(1, n - phases0.get(p, (0, 0))[1])
+                for p, (s, n) in phases(port).items()}
+    observe = sum(calls.get(k, 0) for k in ("sinfo", "squeue", "scontrol show"))
     ticks.sort()
     return {"ticks": ticks, "n_ticks": n_ticks, "cpu_fraction": cpu / wall, "wall_s": wall,
-            "calls": calls, "calls_per_tick": sum(calls.values()) / max(1, n_ticks)}
+            "calls": calls, "calls_per_tick": sum(calls.values()) / max(1, n_ticks),
+            "observe_calls_per_tick": observe / max(1, n_ticks), "phase_ms": phase_ms}
 
 
 def p99(values: list[float]) -> float:
@@ -381,7 +399,10 @@ def main() -> int:
         print(f"ticks measured {len(ticks)} of {m['n_ticks']:.0f}: p50 "
               f"{1000 * statistics.median(ticks):.1f} ms, p99 {1000 * p99(ticks):.1f} ms, "
               f"max {1000 * max(ticks):.1f} ms; {running} slots running")
-        print(f"daemon calls in {m['wall_s']:.0f} s: {m['calls']}")
+        print(f"daemon calls in {m['wall_s']:.0f} s: {m['calls']}; the snapshot's "
+              f"{m['observe_calls_per_tick']:.2f} a tick")
+        print("tick phases, mean ms: " + ", ".join(
+            f"{p} {ms:.1f}" for p, ms in m["phase_ms"].items()))  # type: ignore[attr-defined]
         print(f"submit request p99 {1000 * p99([a for a, _ in submitted]):.1f} ms, attach "
               f"p99 {1000 * p99([b for _, b in submitted]):.1f} ms (round trips); the "
               f"daemon's own p99: submit <= "

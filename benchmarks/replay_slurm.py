@@ -257,6 +257,10 @@ class ReplaySlurm:
         name = argv[0]
         if uid == 0:
             key = f"{name} {argv[1]}" if name == "scontrol" and len(argv) > 1 else name
+            if name == "squeue":  # the tick's job list, an attach's, the arrival probe's
+                key = ("squeue pending" if "--states=PENDING" in argv
+                       else "squeue jobs" if any(a.startswith("--jobs=") for a in argv)
+                       else "squeue")
             self.daemon_calls[key] = self.daemon_calls.get(key, 0) + 1
         with self.lock:
             if name == "sinfo":

@@ -1,21 +1,20 @@
 """The malletrain daemon: observe -> decide -> act, every tick, against real Slurm.
 
-One tick (:meth:`Daemon.tick`):
+One tick (:meth:`Daemon.tick`; each phase timed in ``malletrain_tick_phase_seconds``):
 
-* observe: ONE batched Slurm snapshot (kept when Slurm does not answer, via
-  :class:`~malletrain.slurm.backend.SnapshotCache`), the store's jobs and slots, and per job
-  what the coordinator says (:class:`~malletrain.daemon.monitor.JobMonitor`, which also feeds
-  progress to the Profiling Advisor);
+* observe: ONE batched Slurm snapshot (the last good one kept when Slurm does not answer:
+  :class:`~malletrain.slurm.cache.SnapshotCache`), the store's jobs and slots, and per job
+  what the coordinator says (:class:`~malletrain.daemon.monitor.JobMonitor`, which also
+  feeds progress to the Profiling Advisor);
 * ``decide(world, policy) -> TickPlan`` (pure, :mod:`malletrain.daemon.tick`);
 * act: :class:`~malletrain.daemon.actuator.Actuator` applies and records the actions: in
-  the tick (the default, for tests and tools), or, in the service
-  (``act_in_background=True``), on worker threads off the tick
-  (:mod:`malletrain.daemon.action_queue`), whose outcomes the next tick takes in;
+  the tick (the default, for tests and tools), or, in the service (``act_in_background``),
+  on worker threads off the tick (:mod:`malletrain.daemon.action_queue`), whose outcomes
+  the next tick takes in;
 * publish a metrics snapshot (read by Prometheus at scrape time) and save what was learned.
 
-The loop around it (signals, reload, sleeping) is :mod:`malletrain.daemon.loop`; the
-coordinator process :mod:`malletrain.daemon.coordinator_proc`; users' requests
-:mod:`malletrain.daemon.requests`.
+The loop around it is :mod:`malletrain.daemon.loop`; the coordinator process
+:mod:`malletrain.daemon.coordinator_proc`; users' requests :mod:`malletrain.daemon.requests`.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ from malletrain.daemon.slots import SlotStatus, parse_tag
 from malletrain.daemon.store import JobRecord, Store
 from malletrain.daemon.tick import DecideSettings, TickPlan, World, decide
 from malletrain.daemon.tick.actions import Action
-from malletrain.ops.metrics import JobStatus, Metrics, MetricsSnapshot
+from malletrain.ops.metrics import JobStatus, Metrics, MetricsSnapshot, PhaseClock
 from malletrain.ops.settings import Settings
 from malletrain.slurm.backend import SlurmBackend
 from malletrain.slurm.cache import SnapshotCache
@@ -178,6 +177,7 @@ class Daemon:
     def tick(self) -> TickPlan | None:
         """Observe, decide, act: one whole tick (level-triggered; see the module doc)."""
         t0 = time.monotonic()
+        laps = self.metrics.tick_phases() if self.metrics else PhaseClock(None)
         busy = frozenset[str]()
         if self.actions is not None:
             busy = self.actions.busy_jobs()  # before the snapshot: see action_queue.py
@@ -185,6 +185,7 @@ class Daemon:
         try:
             snap = self.cache.refresh()
             self.observe_s = time.monotonic() - t0  # the loop backs off when Slurm is slow
+            laps.lap("slurm")
         except Exception as exc:
             self.observe_s = time.monotonic() - t0
             # the cache falls back on its last good snapshot after Slurm errors and odd
@@ -193,13 +194,16 @@ class Daemon:
             self._publish_metrics(None, slurm_up=False)
             return None
         world = replace(self._observe(snap), busy=busy)
+        laps.lap("observe")
         td = time.monotonic()
         plan = decide(world, self.policy)
         if self.metrics is not None:
             self.metrics.observe_decision(time.monotonic() - td)
+        laps.lap("decide")
         self._remember_slots(plan, busy)
         self._log_plan(plan, world)
         self._act(plan)
+        laps.lap("act")
         self._last_plan = plan
         self.seen_job_ids = frozenset(j.job_id for j in snap.jobs)
         self.holds_nodes = bool(plan.held_nodes) or any(plan.targets.values())
@@ -209,10 +213,9 @@ class Daemon:
         pruned = self.store.prune_ended(self.settings.state.keep_ended_jobs)
         if pruned:
             log.info("deleted %d ended job(s) beyond state.keep_ended_jobs", pruned)
+        laps.lap("publish")
         if self.metrics is not None:
             self.metrics.observe_tick(time.monotonic() - t0)
-        if plan.actions:
-            log.debug("tick: %d action(s) in %.3f s", len(plan.actions), time.monotonic() - t0)
         return plan
 
     def _observe(self, snap: ClusterSnapshot) -> World:

@@ -60,7 +60,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, Summary
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
@@ -204,6 +204,21 @@ class SnapshotCollector(Collector):
         yield from (nodes, rate, samples, rescales)
 
 
+class PhaseClock:
+    """Laps of one tick, each observed under its phase (``Metrics.tick_phases``); with no
+    summary (a daemon without metrics) the laps go nowhere."""
+
+    def __init__(self, summary: Summary | None) -> None:
+        self._summary = summary
+        self._t = time.monotonic()
+
+    def lap(self, phase: str) -> None:
+        now = time.monotonic()
+        if self._summary is not None:
+            self._summary.labels(phase=phase).observe(now - self._t)
+        self._t = now
+
+
 class Metrics:
     """The daemon's metrics, registered on ``registry``. See the module docstring."""
 
@@ -218,6 +233,10 @@ class Metrics:
         self.tick_seconds = Histogram(
             f"{p}_tick_duration_seconds", "Time of one observe-decide-act tick.",
             buckets=TICK_BUCKETS_S, registry=registry)
+        self.tick_phase_seconds = Summary(
+            f"{p}_tick_phase_seconds", "Time of each phase of a tick: slurm (the snapshot), "
+            "observe (store, coordinator), decide, act (queue the actions), publish.",
+            ["phase"], registry=registry)
         self.yield_seconds = Histogram(
             f"{p}_yield_latency_seconds",
             "Seconds from Slurm wanting a scavenged node back to malletrain's slot released.",
@@ -262,6 +281,10 @@ class Metrics:
     def observe_tick(self, seconds: float) -> None:
         self.tick_seconds.observe(seconds)
 
+    def tick_phases(self) -> PhaseClock:
+        """A clock for one tick: ``lap(phase)`` records the time since the previous lap."""
+        return PhaseClock(self.tick_phase_seconds)
+
     def observe_yield(self, seconds: float) -> None:
         self.yield_seconds.observe(seconds)
 
@@ -304,8 +327,9 @@ class Metrics:
     # -- introspection ------------------------------------------------------------------
     def sample_names(self) -> set[str]:
         """Every series name these metrics can expose (to check dashboards and alerts)."""
-        sources: list[SnapshotCollector | Counter | Histogram] = [
-            self._collector, self.decision_seconds, self.tick_seconds, self.yield_seconds,
+        sources: list[SnapshotCollector | Counter | Histogram | Summary] = [
+            self._collector, self.decision_seconds, self.tick_seconds,
+            self.tick_phase_seconds, self.yield_seconds,
             self.preemptions, self.slurm_calls, self.slurm_call_errors,
             self.slurm_call_seconds, self.request_seconds, self.config_reloads,
         ]
@@ -318,6 +342,8 @@ class Metrics:
                     names |= {f"{family.name}_total"} | created
                 elif family.type == "histogram":
                     names |= {f"{family.name}_{x}" for x in ("bucket", "count", "sum")} | created
+                elif family.type == "summary":
+                    names |= {f"{family.name}_{x}" for x in ("count", "sum")} | created
                 else:
                     names.add(family.name)
         return names

@@ -260,6 +260,7 @@ def test_daemon_as_operator_scraped_by_prometheus(daemon, clean_cluster, prometh
     wait_for("increase(malletrain_tick_duration_seconds_count[1m])", lambda v: (v or 0) > 0)
     wait_for("increase(malletrain_decision_duration_seconds_count[1m])",
                   lambda v: (v or 0) > 0)
+    wait_for('malletrain_tick_phase_seconds_count{phase="publish"}', lambda v: (v or 0) > 0)
     wait_for("time() - malletrain_last_tick_timestamp_seconds",
                   lambda v: v is not None and v < 10)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -79,6 +80,10 @@ def test_event_api_counts_and_histograms(served):
     for s in (0.002, 0.003, 0.2):
         metrics.observe_decision(s)
     metrics.observe_tick(0.04)
+    laps = metrics.tick_phases()
+    laps.lap("slurm")
+    time.sleep(0.02)
+    laps.lap("decide")
     metrics.observe_yield(0.3)
     metrics.observe_yield(7.0)
     metrics.count_preemption()
@@ -95,6 +100,8 @@ def test_event_api_counts_and_histograms(served):
     assert got[("malletrain_decision_duration_seconds_bucket", (("le", "0.005"),))] == 2
     assert got[("malletrain_decision_duration_seconds_sum", ())] == pytest.approx(0.205)
     assert got[("malletrain_tick_duration_seconds_count", ())] == 1
+    assert got[("malletrain_tick_phase_seconds_count", (("phase", "slurm"),))] == 1
+    assert got[("malletrain_tick_phase_seconds_sum", (("phase", "decide"),))] >= 0.02
     assert got[("malletrain_yield_latency_seconds_bucket", (("le", "0.5"),))] == 1
     assert got[("malletrain_yield_latency_seconds_bucket", (("le", "10.0"),))] == 2
     assert got[("malletrain_preemptions_total", ())] == 3
