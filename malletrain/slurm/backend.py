@@ -49,7 +49,7 @@ from malletrain.slurm.errors import (
 )
 from malletrain.slurm.parse import SnapshotTexts, build_snapshot
 from malletrain.slurm.parse_json import check_json_errors
-from malletrain.slurm.parse_plain_jobs import parse_jobs_plain
+from malletrain.slurm.parse_plain_jobs import RecordMemo, parse_jobs_plain
 from malletrain.slurm.parse_text import parse_job_ids
 from malletrain.slurm.privacy import Privacy, read_privacy
 from malletrain.slurm.sbatch import SbatchSpec, parse_job_id
@@ -165,6 +165,8 @@ class CliBackend:
         self._clock = clock
         #: Run a tick's calls at once (one round-trip of latency instead of six).
         self.parallel = parallel
+        #: the tick's job list records, kept between ticks (parse_plain_jobs.RecordMemo)
+        self._job_memo = RecordMemo()
         #: release/requeuehold/hold from the action workers: one call per batch
         #: (slurm/coalesce.py)
         self._acts = {verb: CoalescedActs(functools.partial(self._job_list, verb))
@@ -281,7 +283,7 @@ class CliBackend:
 
     def snapshot(self) -> ClusterSnapshot:
         taken_at = self._clock()
-        snap = build_snapshot(taken_at, self.snapshot_texts())
+        snap = build_snapshot(taken_at, self.snapshot_texts(), self._job_memo)
         # periodic answers are kept only once a snapshot built from them parsed: an odd
         # answer (slurmctld restarting, a broken wrapper) is asked again next tick instead
         # of failing every tick for its whole period (found by benchmarks/faults.py)

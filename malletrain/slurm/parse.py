@@ -43,7 +43,7 @@ from malletrain.core.cluster import (
 from malletrain.slurm import shapes
 from malletrain.slurm.errors import SlurmParseError
 from malletrain.slurm.parse_json import parse_nodes_json, parse_squeue_json
-from malletrain.slurm.parse_plain_jobs import parse_jobs_plain
+from malletrain.slurm.parse_plain_jobs import RecordMemo, parse_jobs_plain
 from malletrain.slurm.parse_text import (
     parse_partitions,
     parse_planned,
@@ -132,15 +132,17 @@ def _periodic(parse: Callable[[str, list[str]], T], text: str, warns: list[str])
     return result
 
 
-def build_snapshot(taken_at: float, texts: SnapshotTexts) -> ClusterSnapshot:
-    """One :class:`ClusterSnapshot` from one tick's outputs (pure; golden-file tested)."""
+def build_snapshot(taken_at: float, texts: SnapshotTexts,
+                   memo: RecordMemo | None = None) -> ClusterSnapshot:
+    """One :class:`ClusterSnapshot` from one tick's outputs (pure; golden-file tested);
+    ``memo`` keeps the job list's records between ticks (:class:`RecordMemo`)."""
     warns: list[str] = []
     switches = _periodic(parse_topology, texts.topology, warns)
     nodes = parse_nodes_json(texts.nodes_json, warns, switches=switches)
     if texts.squeue_json:
         jobs = parse_squeue_json(texts.squeue_json, parse_planned(texts.planned, warns), warns)
     else:
-        jobs = parse_jobs_plain(texts.jobs_plain, texts.jobs_token, warns)
+        jobs = parse_jobs_plain(texts.jobs_plain, texts.jobs_token, warns, memo)
     partitions = _periodic(parse_partitions, texts.partitions, warns)
     reservations = _periodic(parse_reservations, texts.reservations, warns)
     for w in warns:

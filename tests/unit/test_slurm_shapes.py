@@ -207,3 +207,30 @@ def test_a_job_list_without_this_calls_token_is_refused(text):
 
     with pytest.raises(SlurmParseError, match=r"token|multiple of 3"):
         parse_jobs_plain(text, "u" * 24)
+
+
+def test_records_seen_on_the_last_list_are_not_parsed_again():
+    """The tick's memo (RecordMemo): the same jobs as a parse without it, unchanged records
+    as the very objects of the last list, warned records parsed (and warned) every time,
+    and only the last list kept."""
+    from malletrain.slurm.parse_plain_jobs import RecordMemo, parse_jobs_plain
+
+    busy = GOLDEN / "slurm" / "busy"  # recorded on the dev cluster
+    token = (busy / "jobs.token").read_text().strip()
+    text = (busy / "jobs.txt").read_text()
+    memo = RecordMemo()
+    first = parse_jobs_plain(text, token, [], memo)
+    assert first == parse_jobs_plain(text, token, [])
+    again = parse_jobs_plain(text, token, [], memo)
+    assert again == first and all(a is b for a, b in zip(again, first, strict=True))
+    t = "t" * 24
+    odd = (f"{t}7|TELEPORTING|2|10:00|2026-11-25T18:00:00|N/A|2026-11-25T17:00:00|bob|batch"
+           f"||n[1-2]|Resources{t}x{t}(null)\n")
+    for _ in range(2):
+        warns: list[str] = []
+        (job,) = parse_jobs_plain(odd, t, warns, memo)
+        assert job.state is JobState.UNKNOWN and len(warns) == 1
+    assert memo._last == {}  # the busy list is forgotten once another list was read
+    changed = odd.replace("TELEPORTING", "RUNNING")
+    (job,) = parse_jobs_plain(changed, t, [], memo)
+    assert job.state is JobState.RUNNING
