@@ -7,14 +7,12 @@ One tick (:meth:`Daemon.tick`; each phase timed in ``malletrain_tick_phase_secon
   what the coordinator says (:class:`~malletrain.daemon.monitor.JobMonitor`, which also
   feeds progress to the Profiling Advisor);
 * ``decide(world, policy) -> TickPlan`` (pure, :mod:`malletrain.daemon.tick`);
-* act: :class:`~malletrain.daemon.actuator.Actuator` applies and records the actions: in
-  the tick (the default, for tests and tools), or, in the service (``act_in_background``),
-  on worker threads off the tick (:mod:`malletrain.daemon.action_queue`), whose outcomes
-  the next tick takes in;
+* act: :class:`~malletrain.daemon.actuator.Actuator` applies and records the actions, in
+  the tick (tests, tools) or, in the service, off it (:mod:`.action_queue`);
 * publish a metrics snapshot (read by Prometheus at scrape time) and save what was learned.
 
-The loop around it is :mod:`malletrain.daemon.loop`; the coordinator process
-:mod:`malletrain.daemon.coordinator_proc`; users' requests :mod:`malletrain.daemon.requests`.
+The loop around it is :mod:`.loop`; the coordinator process :mod:`.coordinator_proc`;
+users' requests :mod:`.requests`.
 """
 
 from __future__ import annotations
@@ -40,7 +38,7 @@ from malletrain.daemon.learned import LearnedState
 from malletrain.daemon.monitor import JobMonitor
 from malletrain.daemon.requests import JobRow, RequestHandler
 from malletrain.daemon.slots import SlotStatus, parse_tag
-from malletrain.daemon.store import JobRecord, Store
+from malletrain.daemon.store import JobRecord, SlotRecord, Store
 from malletrain.daemon.tick import DecideSettings, TickPlan, World, decide
 from malletrain.daemon.tick.actions import Action
 from malletrain.ops.metrics import JobStatus, Metrics, MetricsSnapshot, PhaseClock
@@ -234,9 +232,12 @@ class Daemon:
                                     for j in jobs if j.state.active}
         fresh = {j.job_id: j for j in self.store.jobs()}  # progress just written
         jobs = [fresh.get(j.job_id, j) for j in jobs]
+        slots: dict[str, list[SlotRecord]] = {j.job_id: [] for j in jobs}
+        for s in self.store.slots():  # one query, not one per job (500 jobs: ~40 ms)
+            slots.get(s.job_id, []).append(s)
         return World(
             now_s=now, snapshot=snap, jobs=tuple(jobs),
-            slots={j.job_id: tuple(self.store.slots(j.job_id)) for j in jobs}, coord=coord,
+            slots={jid: tuple(ss) for jid, ss in slots.items()}, coord=coord,
             models=self.monitor.models([j for j in jobs if j.state.active],
                                        sorted(set(kinds.values()) - {""})),
             settings=decide_settings(self.settings, **self._decide_overrides),
