@@ -22,6 +22,7 @@ import secrets
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -36,12 +37,13 @@ from malletrain.daemon.channel import Peer
 from malletrain.daemon.coordinator_proc import ensure_coordinator
 from malletrain.daemon.learned import LearnedState
 from malletrain.daemon.monitor import JobMonitor
+from malletrain.daemon.report import job_rows, metrics_snapshot
 from malletrain.daemon.requests import JobRow, RequestHandler
 from malletrain.daemon.slots import SlotStatus, parse_tag
 from malletrain.daemon.store import JobRecord, SlotRecord, Store
-from malletrain.daemon.tick import DecideSettings, TickPlan, World, decide
+from malletrain.daemon.tick import CoordView, DecideSettings, TickPlan, World, decide
 from malletrain.daemon.tick.actions import Action
-from malletrain.ops.metrics import JobStatus, Metrics, MetricsSnapshot, PhaseClock
+from malletrain.ops.metrics import Metrics, PhaseClock
 from malletrain.ops.settings import Settings
 from malletrain.slurm.backend import SlurmBackend
 from malletrain.slurm.cache import SnapshotCache
@@ -110,8 +112,11 @@ class Daemon:
         #: whether any node is held (only then can a new job's start wait for the daemon)
         self.seen_job_ids: frozenset[int] = frozenset()
         self.holds_nodes = False
-        #: Wall seconds of the last tick's Slurm snapshot (calls and parsing).
+        #: Wall seconds of the last tick's Slurm snapshot (calls and parsing), read on
+        #: its own thread while the tick reads the store and the coordinator
         self.observe_s = 0.0
+        self._slurm_reader = ThreadPoolExecutor(1, thread_name_prefix="slurm-read")
+        self._node_kinds: dict[str, str] = {}  # node -> type, from the last snapshot
         self.instance = self._instance_id()
         self.state_dir = settings.state.snapshot_dir / self.instance
         self._prepare_state_dir()
@@ -173,26 +178,31 @@ class Daemon:
             self.metrics.observe_slurm_call(name, seconds, ok)
 
     def tick(self) -> TickPlan | None:
-        """Observe, decide, act: one whole tick (level-triggered; see the module doc)."""
+        """Observe, decide, act: one whole tick (level-triggered; see the module doc).
+
+        Slurm's answer is read on a thread of its own while the tick reads the store and
+        the coordinator (independent of it: no action group runs for a job that is not
+        in ``busy``), so a tick waits for the slower of the two, not for their sum.
+        """
         t0 = time.monotonic()
         laps = self.metrics.tick_phases() if self.metrics else PhaseClock(None)
         busy = frozenset[str]()
         if self.actions is not None:
             busy = self.actions.busy_jobs()  # before the snapshot: see action_queue.py
             self._absorb(self.actions.take())
+        reading = self._slurm_reader.submit(self._read_slurm)
+        jobs, coord = self._observe_jobs()
+        laps.lap("observe")
         try:
-            snap = self.cache.refresh()
-            self.observe_s = time.monotonic() - t0  # the loop backs off when Slurm is slow
+            snap = reading.result()
             laps.lap("slurm")
         except Exception as exc:
-            self.observe_s = time.monotonic() - t0
             # the cache falls back on its last good snapshot after Slurm errors and odd
             # answers; what reaches here is that, with none recent, or a fault of our own
             log.warning("no Slurm snapshot this tick: %s (%s)", exc, type(exc).__name__)
             self._publish_metrics(None, slurm_up=False)
             return None
-        world = replace(self._observe(snap), busy=busy)
-        laps.lap("observe")
+        world = replace(self._world(snap, jobs, coord), busy=busy)
         td = time.monotonic()
         plan = decide(world, self.policy)
         if self.metrics is not None:
@@ -216,20 +226,35 @@ class Daemon:
             self.metrics.observe_tick(time.monotonic() - t0)
         return plan
 
-    def _observe(self, snap: ClusterSnapshot) -> World:
-        """The store's jobs and slots and the coordinator's view, frozen with the snapshot."""
-        now = time.time()
-        recent = now - TERMINAL_LINGER_S
+    def _read_slurm(self) -> ClusterSnapshot:
+        """The snapshot (on the reader thread), timed: the loop backs off when Slurm is slow."""
+        t0 = time.monotonic()
+        try:
+            snap = self.cache.refresh()
+        finally:
+            self.observe_s = time.monotonic() - t0
+        self._node_kinds = {n.name: node_type(n.gres) for n in snap.nodes if n.gres}
+        return snap
+
+    def _observe_jobs(self) -> tuple[list[JobRecord], dict[str, CoordView]]:
+        """The store's jobs and what the coordinator says of each (progress recorded);
+        node types as of the last snapshot (they change with a reconfiguration only)."""
+        recent = time.time() - TERMINAL_LINGER_S
         jobs = [j for j in self.store.jobs()
                 if not j.state.terminal or j.lifecycle.since_s() > recent]
-        self._expire_submissions(jobs, snap, now)
-        kinds = {n.name: node_type(n.gres) for n in snap.nodes if n.gres}
-        coord = self.monitor.observe(self.coordinator, jobs, kinds)
+        coord = self.monitor.observe(self.coordinator, jobs, self._node_kinds)
         with self._rows_lock:
             self._job_members = {jid: len(cv.members) for jid, cv in coord.items()}
             # read by the channel's threads: never let them touch the advisor itself
             self._profile_points = {j.job_id: len(self.advisor.measured_sizes(j.job_id))
                                     for j in jobs if j.state.active}
+        return jobs, coord
+
+    def _world(self, snap: ClusterSnapshot, jobs: list[JobRecord],
+               coord: dict[str, CoordView]) -> World:
+        """The store's jobs and slots and the coordinator's view, frozen with the snapshot."""
+        now = time.time()
+        self._expire_submissions(jobs, snap, now)
         fresh = {j.job_id: j for j in self.store.jobs()}  # progress just written
         jobs = [fresh.get(j.job_id, j) for j in jobs]
         slots: dict[str, list[SlotRecord]] = {j.job_id: [] for j in jobs}
@@ -239,7 +264,7 @@ class Daemon:
             now_s=now, snapshot=snap, jobs=tuple(jobs),
             slots={jid: tuple(ss) for jid, ss in slots.items()}, coord=coord,
             models=self.monitor.models([j for j in jobs if j.state.active],
-                                       sorted(set(kinds.values()) - {""})),
+                                       sorted(set(self._node_kinds.values()) - {""})),
             settings=decide_settings(self.settings, **self._decide_overrides),
             hole_start_s=self._last_plan.hole_start_s if self._last_plan else {},
         )
@@ -345,50 +370,18 @@ class Daemon:
             if old is not None:
                 self.metrics.publish(replace(old, slurm_up=False, time_s=time.time()))
             return
-        part = self.settings.slurm.scavenger_partition
-        total = sum(1 for n in snap.nodes if part in n.partitions)
-        horizon = self.settings.slurm.max_slot_time_s
-        scavenged = sum(1 for vs in plan.slot_views.values() for v in vs
-                        if v.status is SlotStatus.RUNNING)
-        windows = [n.window_s for n in plan.free_nodes + plan.held_nodes]
-        predicted = sum(horizon if w is None else min(w, horizon) for w in windows)
         with self._rows_lock:
             job_nodes = dict(self._job_nodes)
-        # whoever can scrape the metrics is not known: where Slurm keeps jobs private, the
-        # per-job series do not say whose job it is
-        private = self.privacy.get().private_jobs
-        statuses = tuple(
-            JobStatus(job_id=j.job_id, user="" if private else j.user, state=j.state.value,
-                      nodes=len(job_nodes.get(j.job_id, ())), samples_per_s=j.samples_per_s,
-                      samples_total=j.samples_total, rescales_up=j.rescales_up,
-                      rescales_down=j.rescales_down)
-            for j in jobs
-        )
-        self.metrics.publish(MetricsSnapshot(
-            time_s=time.time(), total_nodes=total, idle_nodes=len(plan.free_nodes),
-            scavenged_nodes=scavenged, predicted_idle_node_seconds=predicted, jobs=statuses,
-            slurm_up=slurm_up,
-        ))
+        self.metrics.publish(metrics_snapshot(
+            plan, snap, jobs, job_nodes=job_nodes,
+            partition=self.settings.slurm.scavenger_partition,
+            horizon_s=self.settings.slurm.max_slot_time_s,
+            private=self.privacy.get().private_jobs, slurm_up=slurm_up))
 
     def rows(self) -> list[JobRow]:
         with self._rows_lock:
-            job_nodes = dict(self._job_nodes)
-            job_members = dict(self._job_members)
-            points = dict(self._profile_points)
-        out = []
-        for j in self.store.jobs():
-            out.append(JobRow(
-                job_id=j.job_id, user=j.user, name=j.spec.name, state=j.state.value,
-                nodes=job_nodes.get(j.job_id, ()) if not j.state.terminal else (),
-                members=job_members.get(j.job_id, 0) if j.state.active else 0,
-                min_nodes=j.spec.min_nodes, max_nodes=j.spec.max_nodes,
-                samples_total=j.samples_total,
-                samples_per_s=j.samples_per_s if j.state.active else 0.0,
-                profile_points=points.get(j.job_id, 0) if j.state.active else 0,
-                rescales_up=j.rescales_up, rescales_down=j.rescales_down,
-                preemptions=j.preemptions, message=j.lifecycle.history[-1].reason,
-            ))
-        return out
+            views = (dict(self._job_nodes), dict(self._job_members), dict(self._profile_points))
+        return job_rows(self.store.jobs(), *views)
 
     def close(self, timeout_s: float | None = None) -> None:
         """Finish the actions in flight (up to ``timeout_s``), save what was learned."""
@@ -396,4 +389,5 @@ class Daemon:
             self.actions.close(timeout_s)
             self._absorb(self.actions.take())
         self._save_learned()
+        self._slurm_reader.shutdown(wait=False)
         self.store.close()
