@@ -118,11 +118,13 @@ def node_windows(
     *,
     partitions: Collection[str] | None = None,
     claims: Mapping[str, Claim] | None = None,
+    idle_only: bool = False,
 ) -> tuple[NodeWindow, ...]:
     """Every node (in ``partitions``, if given) with its predicted idle window at ``now``.
 
     ``claims`` may be passed in when the caller already computed :func:`earliest_claims`
-    (the simulator does, incrementally).
+    (the simulator does, incrementally). ``idle_only`` leaves the busy nodes out (the
+    tick's pool: at 5,000 nodes, 92 % busy, their windows were most of its cost).
     """
     wanted = None if partitions is None else frozenset(partitions)
     by_node = claims if claims is not None else earliest_claims(snapshot, now)
@@ -139,6 +141,8 @@ def node_windows(
         claim = by_node.get(node.name)
         # Inside an active reservation the node is not ours to use, even if Slurm says idle.
         idle = is_idle(node) and node.name not in reserved_now
+        if idle_only and not idle:
+            continue
         if not idle:
             window: float | None = 0.0
         elif claim is None:
@@ -193,9 +197,7 @@ def idle_nodes(
 ) -> tuple[IdleNode, ...]:
     """The allocator's input: idle nodes whose window is ``None`` or > ``min_window_s``."""
     out: list[IdleNode] = []
-    for w in node_windows(snapshot, now, partitions=partitions, claims=claims):
-        if not w.idle:
-            continue
+    for w in node_windows(snapshot, now, partitions=partitions, claims=claims, idle_only=True):
         if w.window_s is not None and w.window_s <= min_window_s:
             continue
         out.append(IdleNode(name=w.name, window_s=w.window_s, idle_age_s=w.idle_age_s,

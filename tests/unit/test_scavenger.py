@@ -141,6 +141,9 @@ def test_golden_busy_cluster_windows_match_the_backfill_plan():
     assert not w["n6"].idle  # drained
     assert [(n.name, n.switch) for n in idle_nodes(snap, snap.taken_at)] == [
         ("n7", "s2"), ("n8", "s2")]
+    # the tick's pool asks for the idle nodes only: the same windows, the busy ones left out
+    assert node_windows(snap, snap.taken_at, idle_only=True) == tuple(
+        x for x in w.values() if x.idle)
 
 
 def test_4000_nodes_and_2000_pending_jobs_are_fast():
