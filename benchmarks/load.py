@@ -344,7 +344,7 @@ def measure(pid: int, port: int, slurm: ReplaySlurm, seconds: float) -> dict[str
     calls = {k: v - calls0.get(k, 0) for k, v in slurm.daemon_calls.items()}
     phase_ms = {p: 1000 * (s - phases0.get(p, (0, 0))[0]) / max(1, n - phases0.get(p, (0, 0))[1])
                 for p, (s, n) in phases(port).items()}
-    observe = sum(calls.get(k, 0) for k in ("sinfo", "squeue", "scontrol show"))
+    observe = sum(calls.get(k, 0) for k in ("sinfo", "sinfo states", "squeue", "scontrol show"))
     ticks.sort()
     return {"ticks": ticks, "n_ticks": n_ticks, "cpu_fraction": cpu / wall, "wall_s": wall,
             "calls": calls, "calls_per_tick": sum(calls.values()) / max(1, n_ticks),

@@ -257,6 +257,8 @@ class ReplaySlurm:
         name = argv[0]
         if uid == 0:
             key = f"{name} {argv[1]}" if name == "scontrol" and len(argv) > 1 else name
+            if name == "sinfo" and any(a.startswith("--Format") for a in argv):
+                key = "sinfo states"
             if name == "squeue":  # the tick's job list, an attach's, the arrival probe's
                 key = ("squeue pending" if "--states=PENDING" in argv
                        else "squeue jobs" if any(a.startswith("--jobs=") for a in argv)
@@ -264,6 +266,8 @@ class ReplaySlurm:
             self.daemon_calls[key] = self.daemon_calls.get(key, 0) + 1
         with self.lock:
             if name == "sinfo":
+                if any(a.startswith("--Format") for a in argv):
+                    return 0, self._node_states(), ""
                 return 0, ("slurm 22.05.8\n" if "--version" in argv else self._nodes_json()), ""
             if name == "squeue":
                 return 0, self._squeue(argv, env), ""
@@ -289,6 +293,17 @@ class ReplaySlurm:
                        cpu_load=0)
             nodes.append(rec)
         return json.dumps({"meta": self._meta, "errors": [], "nodes": nodes})
+
+    def _node_states(self) -> str:
+        """``sinfo --noheader --Node --Format=NodeList:0|,StateComplete:0|``: one line per
+        node and partition (each node is in both, as in ``busy/nodes.json``)."""
+        lines = []
+        for n in self.names:
+            holder = self.on_node.get(n)
+            state = ("allocated" if holder else
+                     "idle+planned" if n in self.planned else "idle")
+            lines.append(f"{n}|{state}|\n" * 2)
+        return "".join(lines)
 
     def _squeue(self, argv: Sequence[str], env: dict[str, str]) -> str:
         if "--format=%A" in argv:

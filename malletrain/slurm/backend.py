@@ -50,17 +50,18 @@ from malletrain.slurm.errors import (
 from malletrain.slurm.parse import SnapshotTexts, build_snapshot
 from malletrain.slurm.parse_json import check_json_errors
 from malletrain.slurm.parse_plain_jobs import RecordMemo, parse_jobs_plain
+from malletrain.slurm.parse_states import UNRECORDED_NODE
 from malletrain.slurm.parse_text import parse_job_ids
 from malletrain.slurm.privacy import Privacy, read_privacy
 from malletrain.slurm.sbatch import SbatchSpec, parse_job_id
 from malletrain.slurm.versions import (
     FORMAT_ENV,
     JOBS_PLAIN,
-    PERIODIC,
     PERIODIC_S,
     Release,
     check_readable,
     jobs_format,
+    periodic,
     snapshot_commands,
     support_note,
 )
@@ -224,8 +225,9 @@ class CliBackend:
     def due_commands(self) -> dict[str, tuple[str, ...]]:
         """This tick's calls: the every-tick ones, and periodic ones older than their period."""
         now = self._clock()
+        kept = periodic(self.slurm_release(), self.daemon)
         return {key: argv for key, argv in self.snapshot_commands().items()
-                if key not in PERIODIC or key not in self._periodic
+                if key not in kept or key not in self._periodic
                 or now - self._periodic[key][0] >= PERIODIC_S[key]}
 
     def snapshot_texts(self) -> SnapshotTexts:
@@ -245,8 +247,9 @@ class CliBackend:
         if "jobs_plain" in outputs:
             outputs["jobs_token"] = token
         taken_at = self._clock()
-        self._fresh_periodic = {k: (taken_at, outputs[k]) for k in PERIODIC if k in outputs}
-        for key in PERIODIC:
+        kept = periodic(self.slurm_release(), self.daemon)
+        self._fresh_periodic = {k: (taken_at, outputs[k]) for k in kept if k in outputs}
+        for key in kept:
             if key not in outputs:
                 outputs[key] = self._periodic[key][1]
         return SnapshotTexts(**outputs)
@@ -288,6 +291,8 @@ class CliBackend:
         # answer (slurmctld restarting, a broken wrapper) is asked again next tick instead
         # of failing every tick for its whole period (found by benchmarks/faults.py)
         self._periodic.update(self._fresh_periodic)
+        if any(UNRECORDED_NODE in w for w in snap.warnings):
+            self._periodic.pop("nodes_json", None)  # a new node: its record next tick
         return snap
 
     def pending_job_ids(self) -> frozenset[int]:

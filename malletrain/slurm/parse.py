@@ -37,13 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from malletrain.core.cluster import (
-    ClusterSnapshot,
-)
+from malletrain.core.cluster import ClusterSnapshot, Node
 from malletrain.slurm import shapes
 from malletrain.slurm.errors import SlurmParseError
 from malletrain.slurm.parse_json import parse_nodes_json, parse_squeue_json
 from malletrain.slurm.parse_plain_jobs import RecordMemo, parse_jobs_plain
+from malletrain.slurm.parse_states import merge_node_states, parse_node_states
 from malletrain.slurm.parse_text import (
     parse_partitions,
     parse_planned,
@@ -72,6 +71,8 @@ class SnapshotTexts:
     #: The daemon's job list and the token of its call (:mod:`.parse_plain_jobs`).
     jobs_plain: str = ""
     jobs_token: str = ""
+    #: The daemon's node states of this tick, laid over ``nodes_json`` (:mod:`.parse_states`).
+    node_states: str = ""
 
     @classmethod
     def read_dir(cls, directory: Path, daemon: bool = False) -> SnapshotTexts:
@@ -89,7 +90,7 @@ GOLDEN_FILES = {
     "nodes_json": "nodes.json", "squeue_json": "squeue.json",
     "partitions": "partitions.txt", "reservations": "reservations.txt",
     "planned": "planned.txt", "topology": "topology.txt", "jobs_plain": "jobs.txt",
-    "jobs_token": "jobs.token",
+    "jobs_token": "jobs.token", "node_states": "node_states.txt",
 }
 
 
@@ -116,20 +117,26 @@ T = TypeVar("T")
 #: the last parse of each periodic answer (partitions, reservations, topology): the same
 #: text comes back every tick until its period ends, and re-parsing the topology of 5,000
 #: nodes each tick cost the daemon ~25 ms (``benchmarks/load.py``)
-_LAST_PARSE: dict[Callable[..., Any], tuple[str, Any, tuple[str, ...]]] = {}
+_LAST_PARSE: dict[Callable[..., Any], tuple[tuple[str, ...], Any, tuple[str, ...]]] = {}
 
 
-def _periodic(parse: Callable[[str, list[str]], T], text: str, warns: list[str]) -> T:
-    """``parse(text, warns)``, answered from the last call when the text is the same."""
+def _periodic(parse: Callable[..., T], warns: list[str], *texts: str) -> T:
+    """``parse(*texts, warns)``, answered from the last call when the texts are the same
+    (the same objects, mostly: the backend hands its kept answer back every tick)."""
     last = _LAST_PARSE.get(parse)
-    if last is not None and last[0] == text:
+    if last is not None and last[0] == texts:
         warns.extend(last[2])
         return cast(T, last[1])
     mine: list[str] = []
-    result = parse(text, mine)
-    _LAST_PARSE[parse] = (text, result, tuple(mine))
+    result = parse(*texts, mine)
+    _LAST_PARSE[parse] = (texts, result, tuple(mine))
     warns.extend(mine)
     return result
+
+
+def _node_records(nodes_json: str, topology: str, warns: list[str]) -> tuple[Node, ...]:
+    """The JSON node list with each node's switch (the topology's warnings aside)."""
+    return parse_nodes_json(nodes_json, warns, switches=parse_topology(topology, []))
 
 
 def build_snapshot(taken_at: float, texts: SnapshotTexts,
@@ -137,14 +144,18 @@ def build_snapshot(taken_at: float, texts: SnapshotTexts,
     """One :class:`ClusterSnapshot` from one tick's outputs (pure; golden-file tested);
     ``memo`` keeps the job list's records between ticks (:class:`RecordMemo`)."""
     warns: list[str] = []
-    switches = _periodic(parse_topology, texts.topology, warns)
-    nodes = parse_nodes_json(texts.nodes_json, warns, switches=switches)
+    if texts.node_states:  # the daemon: records read periodically, states every tick
+        records = _periodic(_node_records, warns, texts.nodes_json, texts.topology)
+        nodes = merge_node_states(records, parse_node_states(texts.node_states, warns), warns)
+    else:
+        switches = _periodic(parse_topology, warns, texts.topology)
+        nodes = parse_nodes_json(texts.nodes_json, warns, switches=switches)
     if texts.squeue_json:
         jobs = parse_squeue_json(texts.squeue_json, parse_planned(texts.planned, warns), warns)
     else:
         jobs = parse_jobs_plain(texts.jobs_plain, texts.jobs_token, warns, memo)
-    partitions = _periodic(parse_partitions, texts.partitions, warns)
-    reservations = _periodic(parse_reservations, texts.reservations, warns)
+    partitions = _periodic(parse_partitions, warns, texts.partitions)
+    reservations = _periodic(parse_reservations, warns, texts.reservations)
     for w in warns:
         log.debug("snapshot warning: %s", w)
     return ClusterSnapshot(

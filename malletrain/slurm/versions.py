@@ -68,6 +68,14 @@ def jobs_format(token: str) -> str:
     return f"{token}{'|'.join(JOB_FIELDS)}{token}%j{token}%k"
 
 
+#: The daemon's nodes on every tick: each node's name and complete state (base state and
+#: flags, ``idle+drain``), one line per node and partition, ~30 bytes a node. The rest of a
+#: node's record (partitions, features, GRES, CPUs, reason, last busy) changes when an
+#: operator acts, and comes from the JSON node list every ``PERIODIC_S["nodes_json"]``:
+#: at 5,000 nodes that list is ~5 MB and its parsing was most of the daemon's own time in a
+#: tick (``benchmarks/load.py``). Every tested release's ``sinfo`` prints this format.
+NODE_STATES = ("sinfo", "--noheader", "--Node", "--Format=NodeList:0|,StateComplete:0|")
+
 #: What a tick needs that changes only when an operator acts: read every ``PERIODIC_S``.
 PERIODIC: Mapping[str, tuple[str, ...]] = {
     "partitions": ("scontrol", "show", "partition", "-o"),
@@ -78,7 +86,20 @@ PERIODIC: Mapping[str, tuple[str, ...]] = {
 #: reconfiguration; a reservation made for now shows at once in the nodes' RESERVED flag,
 #: so only the windows before a future one may lag this much.
 PERIODIC_S: Mapping[str, float] = {"partitions": 60.0, "reservations": 15.0,
-                                   "topology": 300.0}
+                                   "topology": 300.0, "nodes_json": 60.0}
+
+
+def periodic(release: Release, daemon: bool = False) -> dict[str, tuple[str, ...]]:
+    """The calls kept for their :data:`PERIODIC_S`: for the daemon, the nodes' records too
+    (it reads their states each tick, :data:`NODE_STATES`)."""
+    if not daemon:
+        return dict(PERIODIC)
+    return {"nodes_json": _nodes_command(release), **PERIODIC}
+
+
+def _nodes_command(release: Release) -> tuple[str, ...]:
+    return (("sinfo", "--json") if release < NODES_FROM_SCONTROL
+            else ("scontrol", "show", "nodes", "--json"))
 
 
 def snapshot_commands(release: Release, daemon: bool = False) -> dict[str, tuple[str, ...]]:
@@ -88,7 +109,7 @@ def snapshot_commands(release: Release, daemon: bool = False) -> dict[str, tuple
     for :data:`PERIODIC_S`.
     """
     check_readable(release)
-    return {**every_tick(release, daemon), **PERIODIC}
+    return {**every_tick(release, daemon), **periodic(release, daemon)}
 
 
 def check_readable(release: Release) -> None:
@@ -102,17 +123,17 @@ def check_readable(release: Release) -> None:
 def every_tick(release: Release, daemon: bool = False) -> dict[str, tuple[str, ...]]:
     """The calls of every tick: two for the daemon, three at most otherwise.
 
-    The daemon (``daemon=True``) reads the nodes and the job list of :data:`JOB_FIELDS`:
-    a JSON job record is ~7.7 KB on 24.11, so at 50,000 queued jobs ``squeue --json`` is
-    hundreds of MB and took 37-55 s here (10.5 s on 22.05, which ignores every filter
-    with ``--json``), the job list 0.4 s. ``malletrain nodes`` reads whole JSON records:
-    on 22.05 with the backfill plan from ``squeue -t PENDING -o "%A %S %Y"`` (start and
-    nodes of one pass), on 23.02+ with the plan in the record (``scheduled_nodes``).
+    The daemon (``daemon=True``) reads the nodes' states (:data:`NODE_STATES`; their
+    records periodically) and the job list of :data:`JOB_FIELDS`: a JSON job record is
+    ~7.7 KB on 24.11, so at 50,000 queued jobs ``squeue --json`` is hundreds of MB and
+    took 37-55 s here (10.5 s on 22.05, which ignores every filter with ``--json``), the
+    job list 0.4 s. ``malletrain nodes`` reads whole JSON records: on 22.05 with the
+    backfill plan from ``squeue -t PENDING -o "%A %S %Y"`` (start and nodes of one pass),
+    on 23.02+ with the plan in the record (``scheduled_nodes``).
     """
-    nodes = (("sinfo", "--json") if release < NODES_FROM_SCONTROL
-             else ("scontrol", "show", "nodes", "--json"))
+    nodes = _nodes_command(release)
     if daemon:
-        return {"nodes_json": nodes, "jobs_plain": JOBS_PLAIN}
+        return {"node_states": NODE_STATES, "jobs_plain": JOBS_PLAIN}
     # --states=all: 23.02+ honour squeue's default filter in JSON too, which hides ended
     # jobs (an ended slot job would look gone instead of ended); 22.05 ignores it.
     squeue_json = ("squeue", "--all", "--states=all", "--json")

@@ -228,6 +228,40 @@ def test_concurrent_releases_and_parks_share_calls_and_fail_only_their_own_job(
                for e in errors.values()), errors
 
 
+def test_the_daemons_node_states_say_what_the_node_records_say(clean_cluster):
+    """The daemon reads the nodes' states each tick (``sinfo --Node --Format=...``) and their
+    records periodically (slurm/parse_states.py): every state and flag it ends up with is
+    the records' own, for allocated, drained, draining, planned, idle and down nodes."""
+    from malletrain.slurm.backend import CliBackend
+    from malletrain.slurm.versions import NODE_STATES
+
+    c = clean_cluster
+    plain = select_backend(timeout_s=20)
+    long_job = plain.submit(sleeper(nodes=3, time_limit_s=1800))  # n1-n3
+    wait_job(plain, long_job, lambda j: j.state is JobState.RUNNING)
+    c.wait_step_running(long_job)
+    c.run("scontrol", "update", "NodeName=n1", "State=DRAIN", "Reason=contract draining")
+    c.run("scontrol", "update", "NodeName=n4", "State=DRAIN", "Reason=contract drained")
+    c.run("scontrol", "update", "NodeName=n5", "State=DOWN", "Reason=contract down")
+    plain.submit(sleeper(nodes=4, time_limit_s=600))  # planned on n2, n3, n7, n8
+    c.wait_until(lambda: "PLANNED" in plain.snapshot().node("n7").flags, timeout_s=20,
+                 what="a backfill plan naming n7")
+    states_text = c.run(*NODE_STATES).stdout
+    assert "n1|allocated+drain|" in states_text and "n5|down" in states_text
+    daemon = CliBackend(daemon=True)
+    for _ in range(5):  # the two reads are a moment apart: Slurm may move in between
+        mine = [(n.name, n.state, n.flags) for n in daemon.snapshot().nodes]
+        theirs = [(n.name, n.state, n.flags) for n in plain.snapshot().nodes]
+        if mine == theirs:
+            break
+        time.sleep(0.5)
+    assert mine == theirs
+    by = {n: (s, f) for n, s, f in mine}
+    assert by["n1"][0] is NodeState.DRAINING and by["n4"][0] is NodeState.DRAINED
+    assert by["n5"][0] is NodeState.DOWN and by["n6"][0] is NodeState.IDLE
+    assert "PLANNED" in by["n7"][1] and by["n2"][0] is NodeState.ALLOCATED
+
+
 def test_update_shrinks_twice_then_changes_limit_and_comment(backend, clean_cluster):
     """With accounting on (the fixture's default) repeated shrinks work in 22.05."""
     job_id = backend.submit(sleeper(nodes=4, time_limit_s=600))

@@ -26,7 +26,7 @@ from malletrain.slurm.errors import (
     SlurmParseError,
     SlurmUnavailableError,
 )
-from malletrain.slurm.parse import GOLDEN_FILES
+from malletrain.slurm.parse import GOLDEN_FILES, SnapshotTexts, build_snapshot
 from malletrain.slurm.sbatch import SbatchSpec
 from malletrain.slurm.select import choose_backend_kind, select_backend
 from malletrain.slurm.versions import Release, snapshot_commands
@@ -365,14 +365,24 @@ def test_the_daemons_backend_reads_the_job_list_with_a_fresh_token(release):
     backend = CliBackend(runner=rec, daemon=True, parallel=False)
     snap = backend.snapshot()
     jobs_calls = [e["SQUEUE_FORMAT"] for e in rec.envs if "SQUEUE_FORMAT" in e]
-    assert len(jobs_calls) == 1 and len(rec.calls) == 1 + 5 and snap.warnings == ()
+    assert len(jobs_calls) == 1 and len(rec.calls) == 1 + 6 and snap.warnings == ()
+    # the states of this tick laid over the records: as the records alone say, recorded
+    # in the same moment (n6 drained, n7 and n8 idle with a backfill plan, the rest busy)
+    records = build_snapshot(0.0, SnapshotTexts(
+        nodes_json=(d / "nodes.json").read_text(), partitions="", reservations="",
+        topology=(d / "topology.txt").read_text()))
+    assert [(n.name, n.state, n.flags) for n in snap.nodes] == [
+        (n.name, n.state, n.flags) for n in records.nodes]
+    assert snap.node("n6").state is NodeState.DRAINED and "PLANNED" in snap.node("n7").flags
     assert all(c[0] != "squeue" or "--json" not in c for c in rec.calls)  # no JSON records
     by_id = {j.job_id: j for j in snap.jobs}
     assert by_id[4].name == "scav" and by_id[4].user == "mt-alice"
     assert by_id[2].comment == "regular work" and by_id[2].nodes == ("n1", "n2", "n3", "n4")
     assert by_id[6].planned_nodes == ("n1", "n2", "n3", "n4", "n5", "n7", "n8")
     assert by_id[6].start_time == by_id[2].end_time
-    backend.snapshot()
+    rec.calls.clear()
+    backend.snapshot()  # the next tick: the states and the job list only
+    assert [c[0] for c in rec.calls] == ["sinfo", "squeue"] and "--json" not in rec.calls[0]
     second = [e["SQUEUE_FORMAT"] for e in rec.envs if "SQUEUE_FORMAT" in e][1]
     assert second != jobs_calls[0]  # a new token for every call: none to guess
     assert all("SQUEUE_FORMAT" not in " ".join(c) for c in rec.calls)  # never in argv

@@ -18,9 +18,11 @@ from malletrain.slurm.parse_json import job_state_of, parse_nodes_json, parse_sq
 from malletrain.slurm.shapes import INFINITE_32, Source, number, source_of, states
 from malletrain.slurm.versions import (
     PERIODIC,
+    PERIODIC_S,
     TESTED,
     Release,
     every_tick,
+    periodic,
     snapshot_commands,
     support_note,
 )
@@ -165,10 +167,15 @@ def test_commands_per_release():
         "squeue", "--all", "--states=all", "--json")
     assert set(old) - set(PERIODIC) == {"nodes_json", "squeue_json", "planned"}
     assert set(new) - set(PERIODIC) == {"nodes_json", "squeue_json"}
-    for release in TESTED:  # the daemon: the nodes and the job list, two calls
+    for release in TESTED:  # the daemon: the nodes' states and the job list, two calls
         daemon = every_tick(release, daemon=True)
-        assert list(daemon) == ["nodes_json", "jobs_plain"]
-        assert daemon["nodes_json"] == (old if release < Release(23, 2) else new)["nodes_json"]
+        assert list(daemon) == ["node_states", "jobs_plain"]
+        assert daemon["node_states"] == (
+            "sinfo", "--noheader", "--Node", "--Format=NodeList:0|,StateComplete:0|")
+        kept = periodic(release, daemon=True)  # the nodes' records, with the periodic ones
+        assert kept["nodes_json"] == (old if release < Release(23, 2) else new)["nodes_json"]
+        assert set(kept) - set(PERIODIC) == {"nodes_json"} and PERIODIC_S["nodes_json"] > 0
+        assert "nodes_json" not in periodic(release)
     with pytest.raises(SlurmParseError, match="older than"):
         snapshot_commands(Release(21, 8))
     assert Release.parse("slurm-wlm 24.11.5\n") == Release(24, 11)
