@@ -22,7 +22,6 @@ import secrets
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -33,6 +32,7 @@ from malletrain.core.profiler import ProfilingAdvisor
 from malletrain.core.scavenger import node_type
 from malletrain.daemon.action_queue import ActionQueue
 from malletrain.daemon.actuator import ACTION_WORKERS, Actuator, Outcome, is_urgent
+from malletrain.daemon.background import Background
 from malletrain.daemon.channel import Peer
 from malletrain.daemon.coordinator_proc import ensure_coordinator
 from malletrain.daemon.learned import LearnedState
@@ -115,7 +115,6 @@ class Daemon:
         #: Wall seconds of the last tick's Slurm snapshot (calls and parsing), read on
         #: its own thread while the tick reads the store and the coordinator
         self.observe_s = 0.0
-        self._slurm_reader = ThreadPoolExecutor(1, thread_name_prefix="slurm-read")
         self._node_kinds: dict[str, str] = {}  # node -> type, from the last snapshot
         self.instance = self._instance_id()
         self.state_dir = settings.state.snapshot_dir / self.instance
@@ -190,7 +189,7 @@ class Daemon:
         if self.actions is not None:
             busy = self.actions.busy_jobs()  # before the snapshot: see action_queue.py
             self._absorb(self.actions.take())
-        reading = self._slurm_reader.submit(self._read_slurm)
+        reading = Background(self._read_slurm, "slurm-read")
         jobs, coord = self._observe_jobs()
         laps.lap("observe")
         try:
@@ -389,5 +388,4 @@ class Daemon:
             self.actions.close(timeout_s)
             self._absorb(self.actions.take())
         self._save_learned()
-        self._slurm_reader.shutdown(wait=False)
         self.store.close()
