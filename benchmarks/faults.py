@@ -180,7 +180,7 @@ class Suite:
         r = Run(scenario, d, tag=f"f{index}")
         try:
             r.job = d.submit_example("mt-alice", r.tag, f"1-{NODES}", self.samples, step_log=True)
-            self._wait(lambda: self._members(r) >= 2, 180, "the job on 2+ nodes", d)
+            self._wait_two_replicas(r, d)
             time.sleep(self.rng.uniform(0.0, 5.0))
             SCENARIOS[scenario](self, r)
             r.fault_end = time.monotonic()
@@ -226,6 +226,24 @@ class Suite:
                 rows.append(row)
                 print(_line(row, time.monotonic() - t0), flush=True)
         return rows
+
+    def _wait_two_replicas(self, r: Run, d: LocalDaemon) -> None:
+        """Until the job has trained a step on 2+ nodes: then every member holds the state.
+
+        Waiting for 2 members only is not enough: right after a grow the newcomer may not
+        have received the state yet, and a kill of the one veteran then loses the job's
+        progress (no replica left; the workers refuse to restart from step 0 and the job
+        fails, docs/reliability.md). Seen once in CI (stop 21). Two progress reports after
+        the 2-member membership: the first may still be the old group's last step.
+        """
+        self._wait(lambda: self._members(r) >= 2, 180, "the job on 2+ nodes", d)
+        for _ in range(2):
+            seen = self._samples(r)
+
+            def trained(since: float = seen) -> bool:
+                return self._members(r) >= 2 and self._samples(r) > since
+
+            self._wait(trained, 120, "a step trained on 2+ nodes", d)
 
     def _members(self, r: Run) -> int:
         row = r.daemon.jobs().get(r.job, {})
