@@ -31,6 +31,10 @@ class Background(Generic[T]):
         except BaseException as exc:  # handed to the caller of result()
             self._error = exc
 
+    def wait(self) -> None:
+        """Until the call has ended, whatever its outcome."""
+        self._thread.join()
+
     def result(self) -> T:
         self._thread.join()
         if self._error is not None:

@@ -190,7 +190,11 @@ class Daemon:
             busy = self.actions.busy_jobs()  # before the snapshot: see action_queue.py
             self._absorb(self.actions.take())
         reading = Background(self._read_slurm, "slurm-read")
-        jobs, coord = self._observe_jobs()
+        try:
+            jobs, coord = self._observe_jobs()
+        except BaseException:
+            reading.wait()  # never two reads at once: the next tick starts its own
+            raise
         laps.lap("observe")
         try:
             snap = reading.result()

@@ -40,3 +40,19 @@ def test_a_read_in_flight_does_not_hold_the_process_at_exit():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=30, check=True)
     assert out.stdout.strip() == "leaving" and time.monotonic() - t0 < 10
+
+
+def test_wait_ends_with_the_call_and_keeps_its_error_for_result():
+    gate = threading.Event()
+
+    def blocked() -> int:
+        gate.wait(5)
+        raise OSError("sinfo: could not run")
+
+    call = Background(blocked, "slurm-read")
+    threading.Timer(0.1, gate.set).start()
+    t0 = time.monotonic()
+    call.wait()  # no error here: the tick's own failure is what propagates
+    assert 0.05 < time.monotonic() - t0 < 5
+    with pytest.raises(OSError, match="could not run"):
+        call.result()
