@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from malletrain.core.allocator import MalleTrainPolicy
@@ -20,6 +20,8 @@ from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, Throu
 from malletrain.core.policies import make_policy, policy_names
 
 LINEAR = ThroughputModel(((1, 1.0), (64, 64.0)))
+#: HiGHS's default relative MIP gap: a MILP answer is optimal within it, not exactly
+HIGHS_MIP_REL_GAP = 1e-4
 
 
 def job(job_id, lo, hi, nodes=(), order=0, tm=LINEAR, up=10.0, down=5.0):
@@ -103,10 +105,12 @@ def random_instance(seed, max_nodes=12, max_jobs=4, window=None):
 
 @settings(max_examples=25, deadline=None)
 @given(st.integers(0, 2**31 - 1), st.sampled_from([10.0, 60.0, 300.0]))
+@example(1935, 60.0)  # HiGHS stopped 5.1e-5 below the optimum, inside its gap
 def test_malletrain_dp_with_uniform_windows_equals_freetrain_milp(seed, tfwd):
     """With every window beyond the horizon, malletrain's count problem is FreeTrain's.
 
-    So the exact DP must reach the MILP's optimum, node-level or aggregated.
+    So the exact DP must reach the MILP's optimum, node-level or aggregated, and never
+    fall below what the MILP finds.
     """
     inp = random_instance(seed, window=1e9)
     # FreeTrain's objective: a free start, no keep margin
@@ -115,8 +119,11 @@ def test_malletrain_dp_with_uniform_windows_equals_freetrain_milp(seed, tfwd):
     agg = freetrain_milp(inp, tfwd_s=tfwd)
     node = freetrain_milp(inp, tfwd_s=tfwd, node_level=True)
     assert agg.counts is not None and node.counts is not None
-    assert agg.objective == pytest.approx(dp_objective, rel=1e-7, abs=1e-6)
-    assert node.objective == pytest.approx(dp_objective, rel=1e-7, abs=1e-6)
+    # the DP is exact; HiGHS stops within its relative MIP gap (default 1e-4) of the
+    # optimum: seed 1935 at 60 s gave 23513.64 against the DP's 23514.84 at node level (CI)
+    for milp_objective in (agg.objective, node.objective):
+        assert milp_objective <= dp_objective + 1e-6 * max(1.0, abs(dp_objective))
+        assert milp_objective >= dp_objective - HIGHS_MIP_REL_GAP * abs(dp_objective) - 1e-6
 
 
 def test_freetrain_grow_only_or_shrink_only_and_fallback():
