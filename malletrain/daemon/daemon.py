@@ -39,10 +39,11 @@ from malletrain.daemon.learned import LearnedState
 from malletrain.daemon.monitor import JobMonitor
 from malletrain.daemon.report import job_rows, metrics_snapshot
 from malletrain.daemon.requests import JobRow, RequestHandler
-from malletrain.daemon.slots import SlotStatus, parse_tag
+from malletrain.daemon.slots import parse_tag
 from malletrain.daemon.store import JobRecord, SlotRecord, Store
 from malletrain.daemon.tick import CoordView, DecideSettings, TickPlan, World, decide
 from malletrain.daemon.tick.actions import Action
+from malletrain.daemon.tick.views import seen_slots
 from malletrain.ops.metrics import Metrics, PhaseClock
 from malletrain.ops.settings import Settings
 from malletrain.slurm.backend import SlurmBackend
@@ -211,7 +212,7 @@ class Daemon:
         if self.metrics is not None:
             self.metrics.observe_decision(time.monotonic() - td)
         laps.lap("decide")
-        self._remember_slots(plan, busy)
+        self._remember_slots(plan, world)
         self._log_plan(plan, world)
         self._act(plan)
         laps.lap("act")
@@ -307,32 +308,13 @@ class Daemon:
             for y in outcome.yields_s:
                 self.metrics.observe_yield(y)
 
-    def _remember_slots(self, plan: TickPlan, busy: frozenset[str]) -> None:
-        """Record what each slot was seen doing (preemption = running, then ended unasked);
-        not for a ``busy`` job, whose view may predate what its actions just recorded."""
-        nodes: dict[str, tuple[str, ...]] = {}
-        for jid, views in plan.slot_views.items():
-            if jid in busy:
-                with self._rows_lock:
-                    nodes[jid] = self._job_nodes.get(jid, ())
-                continue
-            recs = {r.slot: r for r in self.store.slots(jid)}
-            mine = []
-            for v in views:
-                rec = recs.get(v.slot)
-                if rec is None:
-                    continue
-                if v.status is SlotStatus.RUNNING:
-                    mine.append(v.node or "?")
-                    if rec.last_status != "running" or rec.last_node != v.node:
-                        self.store.mark_slot(jid, v.slot, last_status="running",
-                                             last_node=v.node)
-                elif v.status in (SlotStatus.PARKED, SlotStatus.PLACING, SlotStatus.CANCELLED,
-                                  SlotStatus.GONE) and rec.last_status != v.status.value:
-                    self.store.mark_slot(jid, v.slot, last_status=v.status.value)
-            nodes[jid] = tuple(sorted(mine))
+    def _remember_slots(self, plan: TickPlan, world: World) -> None:
+        """Record what each slot was seen doing (:func:`~.tick.views.seen_slots`)."""
+        nodes, marks = seen_slots(plan.slot_views, world)
+        self.store.mark_slots(marks)  # one transaction
         with self._rows_lock:
-            self._job_nodes = nodes
+            self._job_nodes = {**{j: self._job_nodes.get(j, ()) for j in plan.slot_views
+                                  if j in world.busy}, **nodes}
 
     def _expire_submissions(self, jobs: list[JobRecord], snap: ClusterSnapshot, now: float
                             ) -> None:

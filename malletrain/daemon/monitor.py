@@ -71,6 +71,7 @@ class JobMonitor:
             return {j.job_id: self._last_good[j.job_id] for j in active
                     if j.job_id in self._last_good}
         out: dict[str, CoordView] = {}
+        progress: dict[str, dict[str, Any]] = {}
         for job in active:
             jid = job.job_id
             read = reads.get(jid)
@@ -84,7 +85,10 @@ class JobMonitor:
             self._count_skipped_events(jid, read.bad_records)
             out[jid] = self._view(read)
             self._last_good[jid] = out[jid]
-            self._learn(job, out[jid], read.progress, node_types or {})
+            fields = self._learn(job, out[jid], read.progress, node_types or {})
+            if fields:
+                progress[jid] = fields
+        self.store.update_jobs(progress)  # one transaction, not one per job
         return out
 
     @staticmethod
@@ -154,13 +158,14 @@ class JobMonitor:
         self._last_typed[job.job_id] = (typed[0], prog.time_s, nodes)
 
     def _learn(self, job: JobRecord, cv: CoordView, prog: Any,
-               node_types: Mapping[str, str]) -> None:
-        """Progress reports feed the Profiling Advisor and the store."""
+               node_types: Mapping[str, str]) -> dict[str, Any] | None:
+        """A new progress report feeds the Profiling Advisor; returns the job's fields for
+        the store (None: nothing new)."""
         if prog is None:
-            return
+            return None
         last = self._last_progress.get(job.job_id)
         if last is not None and last[0] == prog.time_s:
-            return
+            return None
         self.advisor.register(job.job_id, job.spec.kind)
         nodes = max(1, len(prog.members) or prog.world_size // max(1, job.spec.nproc_per_node))
         # A report without new samples (the group is forming, or a step is slower than the
@@ -176,9 +181,8 @@ class JobMonitor:
                 self.advisor.step_times(job.job_id, nodes, prog.step_time_s, prog.sync_time_s,
                                         prog.samples_per_s * prog.step_time_s / nodes)
         total = prog.samples_total if cv.finished_samples is None else cv.finished_samples
-        self.store.update_job(job.job_id, samples_total=int(total),
-                              samples_per_s=float(prog.samples_per_s),
-                              last_progress_s=float(prog.time_s))
+        return {"samples_total": int(total), "samples_per_s": float(prog.samples_per_s),
+                "last_progress_s": float(prog.time_s)}
 
     def models(self, jobs: list[JobRecord], types: Sequence[str] = ()) -> dict[str, JobModel]:
         """Each job's model; with two or more node ``types``, its throughput per type too."""

@@ -21,18 +21,15 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from malletrain.core.lifecycle import (
-    JobPhase,
-    Lifecycle,
-    Transition,
-    advance,
-    replay,
-)
-from malletrain.daemon.spec import JobSpec, spec_from_json
+from malletrain.core.lifecycle import JobPhase, Lifecycle, Transition, advance, replay
+from malletrain.daemon.spec import JobSpec
+from malletrain.daemon.store_rows import JobRecord as JobRecord
+from malletrain.daemon.store_rows import JobRows, job_record, slot_record, transition_of
+from malletrain.daemon.store_rows import SlotRecord as SlotRecord
 
 SCHEMA_VERSION = 1
 #: the ended states, for queries (one ``?`` each)
@@ -97,41 +94,6 @@ CREATE INDEX IF NOT EXISTS actions_open ON actions(done_s);
 """
 
 
-@dataclass(frozen=True)
-class JobRecord:
-    job_id: str
-    seq: int
-    uid: int
-    user: str
-    spec: JobSpec
-    lifecycle: Lifecycle
-    created_s: float
-    samples_total: int = 0
-    samples_per_s: float = 0.0
-    rescales_up: int = 0
-    rescales_down: int = 0
-    preemptions: int = 0
-    start_failures: int = 0
-    last_progress_s: float | None = None
-    message: str = ""
-
-    @property
-    def state(self) -> JobPhase:
-        return self.lifecycle.state
-
-
-@dataclass(frozen=True)
-class SlotRecord:
-    job_id: str
-    slot: int
-    slurm_job_id: int
-    placed_node: str | None = None
-    placed_at_s: float | None = None
-    leaving_since_s: float | None = None
-    last_node: str | None = None
-    last_status: str = "parked"
-
-
 #: columns a caller may update (``Store.update_job`` / ``Store.mark_slot``)
 _JOB_FIELDS = frozenset({"samples_total", "samples_per_s", "rescales_up", "rescales_down",
                          "preemptions", "start_failures", "last_progress_s", "message"})
@@ -150,6 +112,7 @@ class Store:
                                    timeout=10.0)
         self._db.row_factory = sqlite3.Row
         self._lock = threading.RLock()
+        self._rows = JobRows()
         with self._lock:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
@@ -228,26 +191,19 @@ class Store:
         return replace(rec, lifecycle=lc)
 
     def update_job(self, job_id: str, **fields: Any) -> None:
-        self._update("jobs", _JOB_FIELDS, fields, job_id=job_id)
+        self._update("jobs", _JOB_FIELDS, [(fields, {"job_id": job_id})])
+
+    def update_jobs(self, updates: Mapping[str, Mapping[str, Any]]) -> None:
+        """Several jobs' :meth:`update_job` in one transaction (the tick's progress)."""
+        self._update("jobs", _JOB_FIELDS, [(f, {"job_id": j}) for j, f in updates.items()])
 
     def _load(self, db: sqlite3.Connection, job_id: str) -> JobRecord | None:
         row = db.execute("SELECT * FROM jobs WHERE job_id=?", (job_id,)).fetchone()
-        return None if row is None else self._record(row, db.execute(
-            "SELECT * FROM history WHERE job_id=? ORDER BY id", (job_id,)))
+        if row is None:
+            return None
+        history = db.execute("SELECT * FROM history WHERE job_id=? ORDER BY id", (job_id,))
+        return job_record(row, replay([transition_of(h) for h in history]))
 
-    @staticmethod
-    def _record(row: sqlite3.Row, history: Iterable[sqlite3.Row]) -> JobRecord:
-        hist = [Transition(JobPhase(h["from_state"]) if h["from_state"] else None,
-                           JobPhase(h["to_state"]), h["at_s"], h["reason"]) for h in history]
-        return JobRecord(
-            job_id=row["job_id"], seq=row["seq"], uid=row["uid"], user=row["user"],
-            spec=spec_from_json(row["spec"]), lifecycle=replay(hist),
-            created_s=row["created_s"], samples_total=row["samples_total"],
-            samples_per_s=row["samples_per_s"], rescales_up=row["rescales_up"],
-            rescales_down=row["rescales_down"], preemptions=row["preemptions"],
-            start_failures=row["start_failures"],
-            last_progress_s=row["last_progress_s"], message=row["message"],
-        )
 
     def job(self, job_id: str) -> JobRecord | None:
         with self._lock:
@@ -255,11 +211,7 @@ class Store:
 
     def jobs(self, *, include_terminal: bool = True) -> list[JobRecord]:
         with self._lock:
-            rows = self._db.execute("SELECT * FROM jobs ORDER BY seq").fetchall()
-            history: dict[str, list[sqlite3.Row]] = {}  # one query, not one per job
-            for h in self._db.execute("SELECT * FROM history ORDER BY id"):
-                history.setdefault(h["job_id"], []).append(h)
-            recs = [self._record(r, history.get(r["job_id"], ())) for r in rows]
+            recs = self._rows.read(self._db)  # rebuilt only where the table changed
         if not include_terminal:
             recs = [r for r in recs if not r.state.terminal]
         return recs
@@ -310,26 +262,33 @@ class Store:
             args = (job_id,)
         with self._lock:
             rows = self._db.execute(q + " ORDER BY job_id, slot", args).fetchall()
-        return [SlotRecord(r["job_id"], r["slot"], r["slurm_job_id"], r["placed_node"],
-                           r["placed_at_s"], r["leaving_since_s"], r["last_node"],
-                           r["last_status"]) for r in rows]
+        return [slot_record(r) for r in rows]
 
     def mark_slot(self, job_id: str, slot: int, **fields: Any) -> None:
-        self._update("slots", _SLOT_FIELDS, fields, job_id=job_id, slot=slot)
+        self.mark_slots([(job_id, slot, fields)])
 
-    def _update(self, table: str, allowed: frozenset[str], fields: Mapping[str, Any],
-                **key: Any) -> None:
-        """``UPDATE table SET fields WHERE key``; column names only from ``allowed``."""
-        bad = set(fields) - allowed
-        if bad:
-            raise ValueError(f"{table}: not updatable: {sorted(bad)}")
-        if not fields:
+    def mark_slots(self, marks: Iterable[tuple[str, int, Mapping[str, Any]]]) -> None:
+        """Several slots' :meth:`mark_slot` in one transaction."""
+        self._update("slots", _SLOT_FIELDS,
+                     [(f, {"job_id": j, "slot": s}) for j, s, f in marks])
+
+    def _update(self, table: str, allowed: frozenset[str],
+                changes: list[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> None:
+        """``UPDATE table SET fields WHERE key`` for each (fields, key), in one transaction;
+        column names only from ``allowed``, checked before anything is written."""
+        for fields, _ in changes:
+            bad = set(fields) - allowed
+            if bad:
+                raise ValueError(f"{table}: not updatable: {sorted(bad)}")
+        changes = [(f, k) for f, k in changes if f]
+        if not changes:
             return
-        cols = ", ".join(f"{k}=?" for k in fields)
-        where = " AND ".join(f"{k}=?" for k in key)
         with self._tx() as db:
-            db.execute(f"UPDATE {table} SET {cols} WHERE {where}",
-                       (*fields.values(), *key.values()))
+            for fields, key in changes:
+                cols = ", ".join(f"{k}=?" for k in fields)
+                where = " AND ".join(f"{k}=?" for k in key)
+                db.execute(f"UPDATE {table} SET {cols} WHERE {where}",
+                           (*fields.values(), *key.values()))
 
     # ------------------------------------------------------------------ actions
 

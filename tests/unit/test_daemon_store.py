@@ -79,3 +79,45 @@ def test_prune_keeps_the_newest_ended_jobs_and_every_live_one(tmp_path):
     assert s.job("m1") is None and len(s.job("m5").lifecycle.history) == 2  # kept whole
     assert s.prune_ended(keep=2) == 0
     assert s.create_job(1001, "alice", SPEC).job_id == "m7"  # ids never reused
+
+
+def test_the_job_list_rebuilds_only_what_changed_and_says_what_a_fresh_read_says(tmp_path):
+    """``jobs()`` is read twice a tick for every job: its memo must never show a stale
+    record, and must hand back the same record for a job whose rows did not change."""
+    db = tmp_path / "state.db"
+    s = Store(db)
+    for i in range(4):
+        s.create_job(1001, "alice", SPEC, now_s=float(i))
+    first = {r.job_id: r for r in s.jobs()}
+    s.transition("m1", JobPhase.QUEUED, "slots attached", now_s=5.0)
+    s.update_jobs({"m2": {"samples_total": 64, "samples_per_s": 3.5},
+                   "m3": {"message": "hello"}})
+    s.transition("m4", JobPhase.CANCELLED, "cancelled by alice", now_s=6.0)
+    again = {r.job_id: r for r in s.jobs()}
+    fresh = {r.job_id: r for r in Store(db).jobs()}  # a new store has no memo
+    assert again == fresh
+    assert again["m1"].state is JobPhase.QUEUED and again["m4"].state is JobPhase.CANCELLED
+    assert again["m2"].samples_total == 64 and again["m3"].message == "hello"
+    assert again["m1"] is not first["m1"] and again["m2"] is not first["m2"]
+    assert s.jobs()[0] is again["m1"]  # nothing changed since: the same records
+    assert s.prune_ended(keep=0) == 1
+    assert [r.job_id for r in s.jobs()] == ["m1", "m2", "m3"]
+    s.create_job(1001, "alice", SPEC, now_s=7.0)
+    assert [r.job_id for r in s.jobs()] == [r.job_id for r in Store(db).jobs()] == [
+        "m1", "m2", "m3", "m5"]
+
+
+def test_batched_updates_check_every_column_before_writing_any(tmp_path):
+    s = Store(tmp_path / "state.db")
+    s.create_job(1, "u", SPEC)
+    s.add_slots("m1", [7, 8])
+    with pytest.raises(ValueError, match="not updatable"):
+        s.update_jobs({"m1": {"samples_total": 5}, "m2": {"uid": 0}})
+    with pytest.raises(ValueError, match="not updatable"):
+        s.mark_slots([("m1", 0, {"last_status": "running"}), ("m1", 1, {"slurm_job_id": 9})])
+    assert s.job("m1").samples_total == 0
+    assert [x.last_status for x in s.slots("m1")] == ["parked", "parked"]
+    s.mark_slots([("m1", 0, {"last_status": "running", "last_node": "n1"}),
+                  ("m1", 1, {"placed_node": "n2"})])
+    assert [(x.last_status, x.last_node, x.placed_node) for x in s.slots("m1")] == [
+        ("running", "n1", None), ("parked", None, "n2")]

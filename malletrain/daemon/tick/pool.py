@@ -31,6 +31,7 @@ from malletrain.daemon.tick.yielding import (
     Unplanned,
     serve_unplanned,
     stale_plans,
+    unserved_jobs,
     yield_ahead,
 )
 
@@ -141,15 +142,17 @@ def give_back(world: World, h: Holdings, claims: Mapping[str, Claim], own_ids: s
     # the plan stands, so the daemon logs it once
     notes = [f"{n}: given back ahead of {c.by} (planned start {c.start_at:.0f})"
              for n, c in sorted(ahead.now.items())]
+    pending = unserved_jobs(snap, now_s=now, max_age_s=s.yield_unplanned_s, ahead_s=ahead_s,
+                            stale=stale) if s.yield_unplanned_s > 0 else []
     unplanned = serve_unplanned(
         snap, now_s=now, confirm_s=s.yield_confirm_s, max_age_s=s.yield_unplanned_s,
-        ahead_s=ahead_s, stale=stale,
+        ahead_s=ahead_s, stale=stale, pending=pending,
         held=sorted(held_set - ahead.now.keys() - h.freeing,
                     key=lambda n: (n not in h.placing, n)),
         freeing=sorted(n for n in h.freeing - ahead.now.keys() if not claimed_soon(n)),
         free=sorted(n.name for n in snap.nodes if is_idle(n) and n.name not in held_set
                     and not claimed_soon(n.name)),
-    ) if s.yield_unplanned_s > 0 else Unplanned()
+    ) if pending else Unplanned()
     notes += [f"{n}: given back to {c.by} (pending, not planned to start yet)"
               for n, c in sorted(unplanned.give_back.items())]
     nodes = {**ahead.now, **unplanned.give_back}

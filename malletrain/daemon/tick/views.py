@@ -11,9 +11,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from malletrain.core.cluster import ClusterSnapshot, Job
-from malletrain.daemon.slots import SlotView, classify, parse_member, parse_tag
+from malletrain.daemon.slots import SlotStatus, SlotView, classify, parse_member, parse_tag
 from malletrain.daemon.store import SlotRecord
 from malletrain.daemon.tick.world import CoordView, Registration, World
+
+_MARKED = frozenset({SlotStatus.PARKED, SlotStatus.PLACING, SlotStatus.CANCELLED,
+                     SlotStatus.GONE})
 
 
 @dataclass(frozen=True)
@@ -95,3 +98,37 @@ def sigtermed(slot: int, cv: CoordView) -> bool:
         if parsed is not None and parsed[0] == slot and (newest is None or parsed[1] > newest[0]):
             newest = (parsed[1], m)
     return newest is not None and newest[1] not in cv.live and newest[1] in cv.sigtermed
+
+
+#: a slot record's marks to write: (job, slot, fields)
+SlotMark = tuple[str, int, dict[str, str | None]]
+
+
+def seen_slots(slot_views: Mapping[str, Sequence[SlotView]], world: World
+               ) -> tuple[dict[str, tuple[str, ...]], list[SlotMark]]:
+    """Each job's nodes as its slots were seen running, and the marks that record what
+    each slot was seen doing (preemption = running, then ended unasked).
+
+    Not for a ``busy`` job, whose views may predate what its actions just recorded. The
+    other jobs' slot records are the world's: only these marks and a job's own actions
+    write the fields compared here, and a job with actions in flight is busy.
+    """
+    nodes: dict[str, tuple[str, ...]] = {}
+    marks: list[SlotMark] = []
+    for jid, views in slot_views.items():
+        if jid in world.busy:
+            continue
+        recs = {r.slot: r for r in world.slots.get(jid, ())}
+        mine = []
+        for v in views:
+            rec = recs.get(v.slot)
+            if rec is None:
+                continue
+            if v.status is SlotStatus.RUNNING:
+                mine.append(v.node or "?")
+                if rec.last_status != "running" or rec.last_node != v.node:
+                    marks.append((jid, v.slot, {"last_status": "running", "last_node": v.node}))
+            elif v.status in _MARKED and rec.last_status != v.status.value:
+                marks.append((jid, v.slot, {"last_status": v.status.value}))
+        nodes[jid] = tuple(sorted(mine))
+    return nodes, marks

@@ -148,13 +148,13 @@ class _Left:
     freeing: list[str]
     held: list[str]
 
-    def take(self, job: Job, parts: Mapping[str, frozenset[str]], stale: Collection[int]
+    def take(self, job: Job, parts: Mapping[str, tuple[str, ...]], stale: Collection[int]
              ) -> tuple[list[str], list[str]] | None:
         """The free and held nodes ``job`` takes (freeing ones first), or None to skip it."""
         allowed = frozenset(p for p in job.partition.split(",") if p)
         need = max(1, job.node_count)
         planned = frozenset(job.planned_nodes)
-        f, g, h = (_first([n for n in nodes if not parts.get(n, frozenset()).isdisjoint(allowed)],
+        f, g, h = (_first([n for n in nodes if not allowed.isdisjoint(parts.get(n, ()))],
                           planned) for nodes in (self.free, self.freeing, self.held))
         if len(f) + len(g) + len(h) < need:
             return None
@@ -169,10 +169,19 @@ class _Left:
         return take_free, take_held
 
 
+def unserved_jobs(snapshot: ClusterSnapshot, *, now_s: float, max_age_s: float,
+                  ahead_s: float = 0.0, stale: Collection[int] = ()) -> list[Job]:
+    """The regular jobs :func:`serve_unplanned` serves, in the order it serves them (most
+    ticks: none, and the give-back need not look at the nodes at all)."""
+    return sorted((j for j in snapshot.jobs if _is_unserved(j, now_s, ahead_s, max_age_s, stale)),
+                  key=lambda j: (j.submit_time or 0.0, j.job_id))
+
+
 def serve_unplanned(snapshot: ClusterSnapshot, *, now_s: float, held: Sequence[str],
                     freeing: Collection[str], free: Collection[str], confirm_s: float,
                     max_age_s: float, ahead_s: float = 0.0,
-                    stale: Collection[int] = ()) -> Unplanned:
+                    stale: Collection[int] = (), pending: Sequence[Job] | None = None
+                    ) -> Unplanned:
     """Give back held nodes to regular jobs Slurm has neither started nor planned to start.
 
     ``held``: the nodes our slots hold (running members not leaving, placed slots), in the
@@ -198,12 +207,15 @@ def serve_unplanned(snapshot: ClusterSnapshot, *, now_s: float, held: Sequence[s
     something else holds it back), and the nodes its plan names are taken first; a job with
     a stale due plan is served in full (its free nodes withheld, held ones given back).
     Partitions bound which nodes a job may use; what else narrows its choice
-    (``--nodelist``, features) is not in the snapshot.
+    (``--nodelist``, features) is not in the snapshot. ``pending``: :func:`unserved_jobs`,
+    if the caller has it.
     """
-    parts = {n.name: frozenset(n.partitions) for n in snapshot.nodes}
-    pending = sorted((j for j in snapshot.jobs
-                      if _is_unserved(j, now_s, ahead_s, max_age_s, stale)),
-                     key=lambda j: (j.submit_time or 0.0, j.job_id))
+    if pending is None:
+        pending = unserved_jobs(snapshot, now_s=now_s, max_age_s=max_age_s, ahead_s=ahead_s,
+                                stale=stale)
+    if not pending:
+        return Unplanned()
+    parts = {n.name: n.partitions for n in snapshot.nodes}
     left = _Left(list(free), list(freeing), list(held))
     withheld: set[str] = set()
     give_back: dict[str, Claim] = {}

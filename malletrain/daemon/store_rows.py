@@ -1,0 +1,124 @@
+"""The store's typed rows, and the memo that turns the job table into records each tick.
+
+The daemon reads every job twice a tick (500 jobs at ``benchmarks/load.py``'s size). Built
+from scratch, that was ~55 ms a read: every row's history replayed through the lifecycle
+table, every record allocated again. :class:`JobRows` keeps what a read built and builds
+again only what changed: a job's lifecycle when a history row was added for it (history
+ids only grow: the column is AUTOINCREMENT), its record when its row differs from the last
+read's. A job gone from the table (pruned) is forgotten, so the memo holds what the table
+holds.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+
+from malletrain.core.lifecycle import JobPhase, Lifecycle, Transition, replay
+from malletrain.daemon.spec import JobSpec, spec_from_json
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    job_id: str
+    seq: int
+    uid: int
+    user: str
+    spec: JobSpec
+    lifecycle: Lifecycle
+    created_s: float
+    samples_total: int = 0
+    samples_per_s: float = 0.0
+    rescales_up: int = 0
+    rescales_down: int = 0
+    preemptions: int = 0
+    start_failures: int = 0
+    last_progress_s: float | None = None
+    message: str = ""
+
+    @property
+    def state(self) -> JobPhase:
+        return self.lifecycle.state
+
+
+@dataclass(frozen=True)
+class SlotRecord:
+    job_id: str
+    slot: int
+    slurm_job_id: int
+    placed_node: str | None = None
+    placed_at_s: float | None = None
+    leaving_since_s: float | None = None
+    last_node: str | None = None
+    last_status: str = "parked"
+
+
+def transition_of(h: sqlite3.Row) -> Transition:
+    return Transition(JobPhase(h["from_state"]) if h["from_state"] else None,
+                      JobPhase(h["to_state"]), h["at_s"], h["reason"])
+
+
+def job_record(row: sqlite3.Row, lifecycle: Lifecycle) -> JobRecord:
+    return JobRecord(
+        job_id=row["job_id"], seq=row["seq"], uid=row["uid"], user=row["user"],
+        spec=spec_from_json(row["spec"]), lifecycle=lifecycle,
+        created_s=row["created_s"], samples_total=row["samples_total"],
+        samples_per_s=row["samples_per_s"], rescales_up=row["rescales_up"],
+        rescales_down=row["rescales_down"], preemptions=row["preemptions"],
+        start_failures=row["start_failures"],
+        last_progress_s=row["last_progress_s"], message=row["message"],
+    )
+
+
+def slot_record(r: sqlite3.Row) -> SlotRecord:
+    return SlotRecord(r["job_id"], r["slot"], r["slurm_job_id"], r["placed_node"],
+                      r["placed_at_s"], r["leaving_since_s"], r["last_node"], r["last_status"])
+
+
+class JobRows:
+    """Every job of the table as a record, rebuilt only where the table changed.
+
+    Not thread-safe by itself: the store calls it under its lock, on its one connection.
+    """
+
+    def __init__(self) -> None:
+        self._history_seen_id = 0
+        self._history: dict[str, list[Transition]] = {}
+        self._lifecycles: dict[str, Lifecycle] = {}
+        self._records: dict[str, tuple[tuple[object, ...], Lifecycle, JobRecord]] = {}
+
+    def read(self, db: sqlite3.Connection) -> list[JobRecord]:
+        """The jobs in submission order (``IllegalTransition`` on a corrupt history, as a
+        fresh replay would)."""
+        rows = db.execute("SELECT * FROM jobs ORDER BY seq").fetchall()
+        changed: set[str] = set()
+        for h in db.execute("SELECT * FROM history WHERE id > ? ORDER BY id",
+                            (self._history_seen_id,)):
+            self._history.setdefault(h["job_id"], []).append(transition_of(h))
+            self._history_seen_id = h["id"]
+            changed.add(h["job_id"])
+        for job_id in changed:
+            self._lifecycles.pop(job_id, None)
+        out = [self._record(row) for row in rows]
+        if len(self._records) > len(out) or len(self._history) > len(out):
+            self._forget_all_but({r.job_id for r in out})
+        return out
+
+    def _record(self, row: sqlite3.Row) -> JobRecord:
+        job_id = row["job_id"]
+        lc = self._lifecycles.get(job_id)
+        if lc is None:
+            lc = replay(self._history.get(job_id, ()))
+            self._lifecycles[job_id] = lc
+        key = tuple(row)
+        hit = self._records.get(job_id)
+        if hit is not None and hit[0] == key and hit[1] is lc:
+            return hit[2]
+        rec = job_record(row, lc)
+        self._records[job_id] = (key, lc, rec)
+        return rec
+
+    def _forget_all_but(self, job_ids: set[str]) -> None:
+        for memo in (self._history, self._lifecycles, self._records):
+            for gone in memo.keys() - job_ids:
+                del memo[gone]
