@@ -13,6 +13,7 @@ as usual.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -69,7 +70,7 @@ def _job_read(js: JobStore, epoch: int, cfg: bytes | None, newer: bytes | None,
     if newer is not None:
         membership = js.current()  # epochs were written past the hint: scan as JobStore does
     else:
-        membership = r.decode_membership(cfg) if epoch > 0 and cfg is not None else None
+        membership = _membership(cfg) if epoch > 0 and cfg is not None else None
     events = js.cached_events()
     return JobRead(
         membership=membership,
@@ -79,3 +80,10 @@ def _job_read(js: JobStore, epoch: int, cfg: bytes | None, newer: bytes | None,
         departures=p.departures(events),
         bad_records=js.bad_records,
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _membership(raw: bytes) -> p.Membership:
+    """A membership record, decoded once: it stays the same for an epoch, read every tick
+    (a record that fails its schema raises each time: exceptions are not cached)."""
+    return r.decode_membership(raw)
