@@ -233,8 +233,14 @@ _HELD_MARKERS = ("held", "requeued in held", "requeued_in_held")
 
 
 def is_held(job: Job) -> bool:
-    reason = job.state_reason.lower()
-    return any(m in reason for m in _HELD_MARKERS)
+    return _held_reason(job.state_reason)
+
+
+@functools.lru_cache(maxsize=256)
+def _held_reason(reason: str) -> bool:
+    """Whether a pending reason says "held" (a few distinct texts, every slot every tick)."""
+    lowered = reason.lower()
+    return any(m in lowered for m in _HELD_MARKERS)
 
 
 def classify(job: Job | None) -> SlotStatus:
