@@ -30,11 +30,14 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
+
+if TYPE_CHECKING:  # the profiler is not needed to plan, only to tell models
+    from malletrain.core.profiler import ProfilingAdvisor
 
 log = logging.getLogger(__name__)
 
@@ -329,3 +332,23 @@ class TypedProgress:
         for k in [k for k in self._cum if k[0] == job_id]:
             del self._cum[k]
         return gone
+
+
+def told_model(advisor: ProfilingAdvisor, key: str) -> ThroughputModel:
+    """The advisor's model of ``key``, marked with how far it is measured: the policy
+    explores beyond that on free nodes only."""
+    measured = max(advisor.measured_sizes(key), default=0)
+    return replace(advisor.model(key), measured_max_nodes=measured)
+
+
+def typed_models(advisor: ProfilingAdvisor, speeds: TypeSpeeds, job_id: str, kind: str | None,
+                 types: Iterable[str]) -> dict[str, ThroughputModel]:
+    """A job's model per node type (profiled as ``<job>@<type>``, pooled per
+    ``<kind>@<type>``); the types it never ran on from the other jobs' speed ratios.
+    The daemon's monitor and the simulator's learned curves both tell the policy this."""
+    told = {}
+    for t in types:
+        key = TypedProgress.key(job_id, t)
+        advisor.register(key, None if kind is None else f"{kind}@{t}")
+        told[t] = told_model(advisor, key)
+    return speeds.fill(job_id, told)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from malletrain.core.hetero import TypedProgress, TypeSpeeds
+from malletrain.core.hetero import TypedProgress, TypeSpeeds, typed_models
 from malletrain.core.lifecycle import JobPhase
 from malletrain.core.model import ThroughputModel
 from malletrain.core.profiler import ProfilingAdvisor
@@ -205,11 +205,4 @@ class JobMonitor:
         return out
 
     def _by_type(self, job: JobRecord, types: Sequence[str]) -> dict[str, ThroughputModel]:
-        told = {}
-        for t in types:
-            key = TypedProgress.key(job.job_id, t)
-            self.advisor.register(key, f"{job.spec.kind}@{t}")
-            measured = max(self.advisor.measured_sizes(key), default=0)
-            told[t] = replace(self.advisor.model(key), measured_max_nodes=measured)
-        # types it never ran on: from the other jobs' speed ratios (TypeSpeeds)
-        return self.speeds.fill(job.job_id, told)
+        return typed_models(self.advisor, self.speeds, job.job_id, job.spec.kind, types)

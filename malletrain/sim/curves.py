@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Protocol
 
-from malletrain.core.hetero import TypedProgress, TypeSpeeds
+from malletrain.core.hetero import TypedProgress, TypeSpeeds, told_model, typed_models
 from malletrain.core.model import ThroughputModel
 from malletrain.sim.jobs import SimJob
 
@@ -118,19 +117,14 @@ class LearnedCurves:
             self.advisor.register(key, kind)
         return key
 
-    def _told(self, key: str) -> ThroughputModel:
-        # how far the curve is measured: the policy explores beyond it on free nodes only
-        measured = max(self.advisor.measured_sizes(key), default=0)
-        return replace(self.advisor.model(key), measured_max_nodes=measured)
-
     def model(self, job: SimJob) -> tuple[ThroughputModel, float, float]:
         key = self._key(job, None)
         up, down = self.advisor.scale_costs(key)
-        return self._told(key), up, down
+        return told_model(self.advisor, key), up, down
 
     def type_models(self, job: SimJob, types: Sequence[str]) -> dict[str, ThroughputModel]:
-        # types the job never ran on: from the others' speed ratios (core.hetero.TypeSpeeds)
-        return self.speeds.fill(job.name, {t: self._told(self._key(job, t)) for t in types})
+        return typed_models(self.advisor, self.speeds, job.name,
+                            job_kind(job.name) if self.pool_kinds else None, types)
 
     def observe(self, job: SimJob, t_s: float, nodes: int, samples_total: float,
                 node_type: str | None = None) -> None:

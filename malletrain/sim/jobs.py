@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +56,18 @@ class SimJob:
     #: Cost objective: the throughput beyond which more is worth nothing (``rate_target:``)
     rate_target: float | None = None
 
-    @property
+    @cached_property
     def true_model(self) -> ThroughputModel:
+        """Built once: the replay asks for a job's rate at every event."""
         return ThroughputModel(self.curve)
+
+    @cached_property
+    def _type_models(self) -> dict[str, ThroughputModel]:
+        return {t: ThroughputModel(c) for t, c in self.type_curves}
 
     def true_models(self) -> dict[str, ThroughputModel]:
         """The true throughput per node type named in ``curves:``."""
-        return {t: ThroughputModel(c) for t, c in self.type_curves}
+        return dict(self._type_models)
 
     @property
     def allowed_types(self) -> frozenset[str] | None:
@@ -72,9 +78,9 @@ class SimJob:
         """True rate on ``n`` nodes of ``types``: the slowest type's (0 where it cannot run)."""
         if not self.type_curves:
             return self.true_model.rate(n)
-        models = dict(self.type_curves)
-        rates = [ThroughputModel(models[t]).rate(n) if t in models
-                 else (ThroughputModel(self.curve).rate(n) if self.curve else 0.0)
+        models = self._type_models
+        rates = [models[t].rate(n) if t in models
+                 else (self.true_model.rate(n) if self.curve else 0.0)
                  for t in types]
         return min(rates, default=0.0)
 
