@@ -78,6 +78,9 @@ class PrivacyCache:
 
     A failed read keeps the last good answer; before the first good one, jobs are private
     (only root sees other users' jobs): an outage of slurmctld never shows more than allowed.
+    Only the first read is made by the caller; later ones run on a thread of their own
+    while callers get the last answer: the daemon's tick asks every tick, and two Slurm
+    calls every minute on the tick's thread were its slowest ticks (``benchmarks/load.py``).
     """
 
     def __init__(self, read: Callable[[], Privacy], ttl_s: float = 60.0,
@@ -88,15 +91,39 @@ class PrivacyCache:
         self._lock = threading.Lock()
         self._value = Privacy(private_jobs=True)
         self._read_at: float | None = None
+        self._refreshing: threading.Thread | None = None
 
     def get(self) -> Privacy:
         with self._lock:
             now = self._clock()
-            if self._read_at is None or now - self._read_at >= self._ttl_s:
-                self._read_at = now
-                try:
-                    self._value = self._read()
-                except Exception as exc:
-                    log.warning("cannot read Slurm's PrivateData (%s); keeping the last "
-                                "answer (jobs private before a first one)", exc)
+            if self._refreshing is not None or (
+                    self._read_at is not None and now - self._read_at < self._ttl_s):
+                return self._value
+            first = self._read_at is None
+            self._read_at = now
+            if not first:
+                self._refreshing = threading.Thread(target=self._refresh, daemon=True,
+                                                    name="privacy-read")
+                self._refreshing.start()
+                return self._value
+        self._refresh()  # the first answer: nothing to show meanwhile but the safe side
+        with self._lock:
             return self._value
+
+    def settle(self, timeout_s: float | None = None) -> None:
+        """Wait for a read in flight (tests, shutdown)."""
+        thread = self._refreshing
+        if thread is not None:
+            thread.join(timeout_s)
+
+    def _refresh(self) -> None:
+        value: Privacy | None = None
+        try:
+            value = self._read()
+        except Exception as exc:
+            log.warning("cannot read Slurm's PrivateData (%s); keeping the last "
+                        "answer (jobs private before a first one)", exc)
+        with self._lock:
+            if value is not None:
+                self._value = value
+            self._refreshing = None

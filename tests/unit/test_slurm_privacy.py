@@ -77,6 +77,36 @@ def test_the_cache_rereads_after_its_ttl_and_keeps_the_last_good_answer():
     now[0] = 30
     assert cache.get().private_jobs and len(answers) == 2  # within the TTL: not re-read
     now[0] = 61
-    assert not cache.get().private_jobs  # read: open
+    assert cache.get().private_jobs  # read again on its own thread: the last answer now
+    cache.settle(5)
+    assert not cache.get().private_jobs and len(answers) == 1  # read: open
     now[0] = 200
+    assert not cache.get().private_jobs
+    cache.settle(5)
     assert not cache.get().private_jobs and answers == []  # failed read: the last good one
+
+
+def test_a_slow_read_after_the_first_never_holds_the_caller():
+    import threading
+
+    from malletrain.slurm.privacy import PrivacyCache
+
+    now = [0.0]
+    release = threading.Event()
+    reads = []
+
+    def read():
+        reads.append(now[0])
+        if len(reads) > 1:
+            assert release.wait(10)  # slurmctld answering slowly
+        return Privacy(private_jobs=len(reads) > 1)
+
+    cache = PrivacyCache(read, ttl_s=60, clock=lambda: now[0])
+    assert not cache.get().private_jobs  # the first read is the caller's own
+    now[0] = 61
+    assert not cache.get().private_jobs  # a read runs; the last answer at once
+    now[0] = 130
+    assert not cache.get().private_jobs and reads == [0.0, 61]  # never two reads at once
+    release.set()
+    cache.settle(5)
+    assert cache.get().private_jobs
