@@ -63,6 +63,10 @@ class ElasticConfig:
     poll_interval_s: float = 0.05
     #: after SIGTERM, the process is forced out (os._exit) after this long, whatever it does.
     sigterm_deadline_s: float = 4.0
+    #: while one node holds every replica, a snapshot at least this often (and at most 2 %
+    #: of the time: :data:`~.statesync.GUARD_COST_RATIO`), so that node's loss costs the
+    #: progress since then, not the job (needs ``state_dir``)
+    guard_snapshot_s: float = 60.0
     #: abort the group when a step or boundary check overruns ``step_timeout_s``: needed for
     #: NCCL (no host-side timeout); gloo bounds its collectives itself (MALLETRAIN_ABORT_HUNG
     #: =1 turns it on for gloo too, which the CPU tests of the abort path use)
@@ -106,6 +110,8 @@ class ElasticConfig:
             sigterm_deadline_s=_env_float(
                 env, "MALLETRAIN_SIGTERM_DEADLINE_S", cls.sigterm_deadline_s
             ),
+            guard_snapshot_s=_env_float(env, "MALLETRAIN_GUARD_SNAPSHOT_S",
+                                        cls.guard_snapshot_s),
             abort_hung=(env["MALLETRAIN_ABORT_HUNG"] == "1"
                         if env.get("MALLETRAIN_ABORT_HUNG") else None),
         )

@@ -291,6 +291,7 @@ class ElasticJob(Rendezvous, StateSync):
         self.has_state = True
         if self.rank == 0:
             self._maybe_report(force=False)
+            self._guard_single_node()
 
     def _maybe_report(self, force: bool) -> None:
         if force or time.monotonic() - self._report_t >= self.config.report_interval_s:

@@ -383,3 +383,42 @@ def test_a_step_whose_group_is_aborted_is_not_committed_and_the_job_heals(cluste
     _assert_gapless_and_exact(list(w.values()), total, check_indices=False)
     ends = {m.exit_record()["checksum"] for m in w.values()}
     assert len(ends) == 1, f"replicas differ at the end: {ends}"
+
+
+def test_a_one_node_job_killed_resumes_from_its_guard_snapshot(cluster, tmp_path):
+    """One node holds every replica: its loss (here: SIGKILL of its only worker) costs the
+    steps since the last guard snapshot, not the job; with two nodes nothing is written."""
+    total = 1600
+    state = tmp_path / "state"
+    cluster.state_dir = state
+    args = _args(total, "--step-sleep", "0.02", "--log-indices")
+    env = {"MALLETRAIN_GUARD_SNAPSHOT_S": "0.5"}
+    w0 = cluster.launch("m0", *args, env=env)
+    cluster.wait_registered("m0")
+    e1 = cluster.coord.publish(cluster.job_id, ["m0"])
+    cluster.wait_epoch(w0, e1)
+    cluster.wait_step(w0, 40)
+    wait_for(lambda: any(state.glob("job1.step*.mtsnap")), 30, "a guard snapshot", cluster)
+    w0.proc.send_signal(signal.SIGKILL)
+    w0.proc.wait(10)
+    saved = sorted(state.glob("job1.step*.mtsnap"))
+    assert len(saved) == 1, saved  # each guard replaces the one before
+    guard_step = int(saved[0].name.split(".step")[1].split(".")[0])
+    assert 0 < guard_step <= w0.last_step() + 1
+
+    w1 = cluster.launch("m1", *args, env=env)
+    cluster.wait_registered("m1")
+    e2 = cluster.coord.publish(cluster.job_id, ["m1"])
+    assert cluster.wait_epoch(w1, e2)["step"] == guard_step  # restored, not state_lost
+    cluster.wait_step(w1, guard_step + 10)
+    w2 = cluster.launch("m2", *args, env=env)
+    cluster.wait_registered("m2")
+    e3 = cluster.coord.publish(cluster.job_id, ["m1", "m2"])
+    formed_at = cluster.wait_epoch(w2, e3)["step"]
+    cluster.wait_step(w2, formed_at + 40)
+    newest = max(int(p.name.split(".step")[1].split(".")[0]) for p in state.glob("job1.*"))
+    assert newest <= formed_at  # two nodes: no guard snapshot
+    assert w1.proc.wait(60) == 0 and w2.proc.wait(60) == 0
+    assert w1.exit_record()["reason"] == "finished"
+    _assert_gapless_and_exact([w0, w1, w2], total, check_indices=True)
+    assert not any(state.glob("job1.*"))  # a finished job leaves no snapshot behind
