@@ -180,9 +180,11 @@ class Daemon:
     def tick(self) -> TickPlan | None:
         """Observe, decide, act: one whole tick (level-triggered; see the module doc).
 
-        Slurm's answer is read on a thread of its own while the tick reads the store and
-        the coordinator (independent of it: no action group runs for a job that is not
-        in ``busy``), so a tick waits for the slower of the two, not for their sum.
+        The store is read first: a job it shows attached had its slot jobs in Slurm before
+        Slurm is asked, so the snapshot never misses them (read after Slurm, a job attached
+        meanwhile had slots missing from an older snapshot, as if cancelled). Slurm's
+        answer is then read on a thread of its own while the tick reads the coordinator, so
+        a tick waits for the slower of the two, not for their sum.
         """
         t0 = time.monotonic()
         laps = self.metrics.tick_phases() if self.metrics else PhaseClock(None)
@@ -190,9 +192,10 @@ class Daemon:
         if self.actions is not None:
             busy = self.actions.busy_jobs()  # before the snapshot: see action_queue.py
             self._absorb(self.actions.take())
+        jobs, slots = self._read_store()
         reading = Background(self._read_slurm, "slurm-read")
         try:
-            jobs, coord = self._observe_jobs()
+            jobs, coord = self._observe_jobs(jobs)
         except BaseException:
             reading.wait()  # never two reads at once: the next tick starts its own
             raise
@@ -206,7 +209,7 @@ class Daemon:
             log.warning("no Slurm snapshot this tick: %s (%s)", exc, type(exc).__name__)
             self._publish_metrics(None, slurm_up=False)
             return None
-        world = replace(self._world(snap, jobs, coord), busy=busy)
+        world = replace(self._world(snap, jobs, slots, coord), busy=busy)
         td = time.monotonic()
         plan = decide(world, self.policy)
         if self.metrics is not None:
@@ -240,13 +243,24 @@ class Daemon:
         self._node_kinds = {n.name: node_type(n.gres) for n in snap.nodes if n.gres}
         return snap
 
-    def _observe_jobs(self) -> tuple[list[JobRecord], dict[str, CoordView]]:
-        """The store's jobs and what the coordinator says of each (progress recorded);
-        node types as of the last snapshot (they change with a reconfiguration only)."""
+    def _read_store(self) -> tuple[list[JobRecord], dict[str, tuple[SlotRecord, ...]]]:
+        """The jobs (terminal ones while they linger) and every job's slot records."""
         recent = time.time() - TERMINAL_LINGER_S
         jobs = [j for j in self.store.jobs()
                 if not j.state.terminal or j.lifecycle.since_s() > recent]
+        slots: dict[str, list[SlotRecord]] = {j.job_id: [] for j in jobs}
+        for s in self.store.slots():  # one query, not one per job (500 jobs: ~40 ms)
+            slots.get(s.job_id, []).append(s)
+        return jobs, {jid: tuple(ss) for jid, ss in slots.items()}
+
+    def _observe_jobs(self, jobs: list[JobRecord]
+                      ) -> tuple[list[JobRecord], dict[str, CoordView]]:
+        """What the coordinator says of each job, and the jobs with the progress it reported
+        (written to the store too); node types as of the last snapshot (they change with a
+        reconfiguration only)."""
         coord = self.monitor.observe(self.coordinator, jobs, self._node_kinds)
+        written = self.monitor.written
+        jobs = [replace(j, **written[j.job_id]) if j.job_id in written else j for j in jobs]
         with self._rows_lock:
             self._job_members = {jid: len(cv.members) for jid, cv in coord.items()}
             # read by the channel's threads: never let them touch the advisor itself
@@ -255,18 +269,13 @@ class Daemon:
         return jobs, coord
 
     def _world(self, snap: ClusterSnapshot, jobs: list[JobRecord],
-               coord: dict[str, CoordView]) -> World:
-        """The store's jobs and slots and the coordinator's view, frozen with the snapshot."""
+               slots: dict[str, tuple[SlotRecord, ...]], coord: dict[str, CoordView]) -> World:
+        """The store's jobs and slots and the coordinator's view, frozen with the snapshot
+        (a submission that expires now is seen failed next tick)."""
         now = time.time()
         self._expire_submissions(jobs, snap, now)
-        fresh = {j.job_id: j for j in self.store.jobs()}  # progress just written
-        jobs = [fresh.get(j.job_id, j) for j in jobs]
-        slots: dict[str, list[SlotRecord]] = {j.job_id: [] for j in jobs}
-        for s in self.store.slots():  # one query, not one per job (500 jobs: ~40 ms)
-            slots.get(s.job_id, []).append(s)
         return World(
-            now_s=now, snapshot=snap, jobs=tuple(jobs),
-            slots={jid: tuple(ss) for jid, ss in slots.items()}, coord=coord,
+            now_s=now, snapshot=snap, jobs=tuple(jobs), slots=slots, coord=coord,
             models=self.monitor.models([j for j in jobs if j.state.active],
                                        sorted(set(self._node_kinds.values()) - {""})),
             settings=decide_settings(self.settings, **self._decide_overrides),

@@ -56,11 +56,14 @@ class JobMonitor:
         self.typed_kinds: set[str] = set()
         #: job -> (typed key, time, nodes) of its last report on a single type
         self._last_typed: dict[str, tuple[str, float, int]] = {}
+        #: job -> the progress fields the last :meth:`observe` wrote to the store
+        self.written: dict[str, dict[str, Any]] = {}
 
     def observe(self, coordinator: Any, jobs: list[JobRecord],
                 node_types: Mapping[str, str] | None = None) -> dict[str, CoordView]:
         """Every active job's view, read at once (:meth:`Coordinator.read_jobs`);
         ``node_types`` (node -> type, where the cluster has types) for per-type profiles."""
+        self.written = {}
         active = [j for j in jobs if j.state is not JobPhase.SUBMITTING and not j.state.terminal]
         if not active:
             return {}
@@ -89,6 +92,7 @@ class JobMonitor:
             if fields:
                 progress[jid] = fields
         self.store.update_jobs(progress)  # one transaction, not one per job
+        self.written = progress
         return out
 
     @staticmethod
