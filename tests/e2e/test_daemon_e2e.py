@@ -32,7 +32,12 @@ def _slot_users(cluster) -> set[str]:
     res = cluster.run("squeue", "--all", "--json")
     users = set()
     for job in json.loads(res.stdout)["jobs"]:
-        if str(job.get("comment", "")).startswith("malletrain:"):
+        # squeue --json lists ended jobs too (another test's, kept MinJobAge); 22.05 names
+        # the state, later releases give a list of flags
+        state = job.get("job_state")
+        alive = {"PENDING", "RUNNING", "CONFIGURING"} & set(
+            state if isinstance(state, list) else [state])
+        if str(job.get("comment", "")).startswith("malletrain:") and alive:
             users.add(job["user_name"])
     return users
 

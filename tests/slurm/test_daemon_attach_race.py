@@ -51,6 +51,7 @@ def test_a_job_attached_during_the_slurm_read_is_not_cancelled(clean_cluster, tm
     settings = Settings(state=StateSettings(database_path=tmp_path / "state.db",
                                             snapshot_dir=tmp_path / "snapshots"))
     daemon = Daemon(settings, backend, coordinator=coordinator)
+    slots: list[int] = []
     try:
         spec = {"script": "/bin/true", "min_nodes": 1, "max_nodes": 2, "kind": "race"}
         job_id = daemon.handle(ROOT, {"op": "submit", "spec": spec})["job_id"]
@@ -59,7 +60,7 @@ def test_a_job_attached_during_the_slurm_read_is_not_cancelled(clean_cluster, tm
         plans: list = []
         ticking.start()
         assert backend.read.wait(30)  # the tick holds Slurm's answer; the user goes on
-        slots = [backend.submit(SbatchSpec(
+        slots += [backend.submit(SbatchSpec(
             script="#!/bin/bash\nsrun sleep 300\n", output="/dev/null", partition="scavenger",
             nodes=1, hold=True, comment=slot_tag(job_id, k))) for k in range(2)]
         daemon.handle(ROOT, {"op": "attach", "job_id": job_id, "slots": slots})
@@ -73,5 +74,7 @@ def test_a_job_attached_during_the_slurm_read_is_not_cancelled(clean_cluster, tm
         assert job is not None and job.state in (JobPhase.QUEUED, JobPhase.STARTING), job
     finally:
         backend.go.set()
+        for sid in slots:
+            backend.cancel(sid)
         daemon.close()
         coordinator.close()
