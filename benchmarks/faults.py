@@ -2,8 +2,9 @@
 
 Every run starts a fresh daemon on the local Slurm dev cluster and one malleable job of
 mt-alice (``examples/elastic_train.py``, 1-4 nodes, real torch workers over gloo). Once the
-job trains on at least two nodes, the run waits a random 0-5 s (``--seed``) and injects its
-fault; when the fault has ended, a regular job of mt-bob asks for every node (so it must
+job trains on at least two nodes (one-node scenarios, :data:`ONE_NODE`: a 1-node job with a
+quarter of the samples, once it trains), the run waits a random 0-5 s (``--seed``) and
+injects its fault; when the fault has ended, a regular job of mt-bob asks for every node (so it must
 preempt the job's slots). Measured per run:
 
 * ``recovered``: the job made progress again after the fault and finished with exactly its
@@ -70,6 +71,8 @@ class Run:
     daemon: LocalDaemon
     job: str = ""
     tag: str = ""
+    #: the job's samples (a quarter of ``--samples`` for a one-node job)
+    samples: int = SAMPLES
     fault_end: float = 0.0
     recover_s: float | None = None
     regular_id: int | None = None
@@ -177,10 +180,16 @@ class Suite:
         d = LocalDaemon(work, env, self.cluster.slurm_conf, tick_s=1.0,
                         slurm={"command_timeout_s": 5}, coordinator_port=_free_port(),
                         snapshot_dir=work / "snapshots" if mounted else None).start()
-        r = Run(scenario, d, tag=f"f{index}")
+        one_node = scenario in ONE_NODE
+        r = Run(scenario, d, tag=f"f{index}",
+                samples=self.samples // 4 if one_node else self.samples)
         try:
-            r.job = d.submit_example("mt-alice", r.tag, f"1-{NODES}", self.samples, step_log=True)
-            self._wait_two_replicas(r, d)
+            r.job = d.submit_example("mt-alice", r.tag, "1-1" if one_node else f"1-{NODES}",
+                                     r.samples, step_log=True)
+            if one_node:
+                self._wait(lambda: self._samples(r) > 0, 180, "the job training", d)
+            else:
+                self._wait_two_replicas(r, d)
             time.sleep(self.rng.uniform(0.0, 5.0))
             SCENARIOS[scenario](self, r)
             r.fault_end = time.monotonic()
@@ -202,10 +211,10 @@ class Suite:
         samples = int(result["samples_total"]) if result else 0
         return {
             "scenario": scenario, "run": index,
-            "recovered": bool(done and result and samples == self.samples
+            "recovered": bool(done and result and samples == r.samples
                               and r.recover_s is not None),
             "recover_s": r.recover_s, "jobs_lost": 0 if done else 1,
-            "samples_lost": abs(samples - self.samples) if result else self.samples,
+            "samples_lost": abs(samples - r.samples) if result else r.samples,
             "redone_steps": redone_steps(d.step_log(r.tag)),
             "regular_wait_s": wait, "notes": r.notes,
         }
@@ -261,7 +270,7 @@ class Suite:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             now = self._samples(r)
-            if now >= self.samples or now > first >= 0 or (first < 0 <= now and now > 0):
+            if now >= r.samples or now > first >= 0 or (first < 0 <= now and now > 0):
                 r.recover_s = time.monotonic() - r.fault_end
                 return
             if first < 0:
@@ -293,6 +302,10 @@ class Suite:
             time.sleep(0.5)
 
 
+#: scenarios whose job runs on one node (1-1), with a quarter of the samples
+ONE_NODE = frozenset({"worker-sigkill-one-node"})
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -322,6 +335,12 @@ def _one_worker(s: Suite, r: Run) -> psutil.Process:
 
 def worker_sigkill_step(s: Suite, r: Run) -> None:
     """kill -9 of one worker in the middle of training (a step in flight)."""
+    _one_worker(s, r).send_signal(signal.SIGKILL)
+
+
+def worker_sigkill_one_node(s: Suite, r: Run) -> None:
+    """kill -9 of the only worker of a one-node job (as its node's loss: every replica gone);
+    the job resumes from its guard snapshot (docs/elastic.md) and redoes the steps since."""
     _one_worker(s, r).send_signal(signal.SIGKILL)
 
 
@@ -456,6 +475,7 @@ SCENARIOS: dict[str, Callable[[Suite, Run], None]] = {
     "slurm-hang": slurm_hang,
     "state-disk-full": state_disk_full,
     "preempt-during-grow": preempt_during_grow,
+    "worker-sigkill-one-node": worker_sigkill_one_node,
 }
 
 

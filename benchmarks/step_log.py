@@ -2,7 +2,9 @@
 
 Each worker appends one JSON line per step event; a ``failed_step`` record is a step that was
 started and not committed (the step in flight when a peer died or the group re-formed), which
-the job then ran again. Several ranks log the same failed step: it counts once.
+the job then ran again. Several ranks log the same failed step: it counts once. A step
+committed in two epochs was redone too: the job went back to a snapshot (a one-node job's
+guard snapshot, after its node was lost).
 """
 
 from __future__ import annotations
@@ -12,15 +14,21 @@ from pathlib import Path
 
 
 def redone_steps(path: Path) -> int:
-    """Distinct (epoch, step) pairs logged as ``failed_step`` in ``path`` (0 if absent)."""
+    """Distinct (epoch, step) pairs logged as ``failed_step`` in ``path``, plus the steps
+    committed in more than one epoch beyond the first (0 if absent)."""
     if not path.exists():
         return 0
     failed = set()
+    committed: dict[object, set[object]] = {}  # step -> epochs it was committed in
     for line in path.read_text().splitlines():
         try:
             rec = json.loads(line)
         except ValueError:
             continue  # a line cut short by a SIGKILL
-        if isinstance(rec, dict) and rec.get("event") == "failed_step":
+        if not isinstance(rec, dict):
+            continue
+        if rec.get("event") == "failed_step":
             failed.add((rec.get("epoch"), rec.get("step")))
-    return len(failed)
+        elif rec.get("event") == "step":
+            committed.setdefault(rec.get("step"), set()).add(rec.get("epoch"))
+    return len(failed) + sum(len(epochs) - 1 for epochs in committed.values())

@@ -1,8 +1,9 @@
-"""A smoke run of ``benchmarks/faults.py`` on the session's dev cluster: two scenarios, one run.
+"""A smoke run of ``benchmarks/faults.py`` on the session's dev cluster: three scenarios, one run.
 
-The suite itself (12 scenarios, 3 runs each) is a benchmark, outside CI; this runs the same
-code on the two faults that reach furthest (a worker killed mid-step, the daemon killed
-mid-rescale and restarted), so that the suite keeps working and those two keep recovering.
+The suite itself (13 scenarios, 3 runs each) is a benchmark, outside CI; this runs the same
+code on the faults that reach furthest (a worker killed mid-step, the daemon killed
+mid-rescale and restarted, the only worker of a one-node job killed: its guard snapshot),
+so that the suite keeps working and those keep recovering.
 The regular job's wait is printed, not asserted: timing belongs to the benchmark.
 """
 
@@ -42,8 +43,8 @@ def test_a_worker_and_the_daemon_killed_mid_run_recover_exactly(clean_cluster, w
     cluster = LocalCluster(clean_cluster.dir, clean_cluster.port, len(clean_cluster.nodes))
     suite = faults.Suite(args, cluster=cluster)
     suite.setup()
-    rows = suite.run_all(["worker-sigkill-step", "daemon-kill9-rescale"])
-    assert len(rows) == 2
+    rows = suite.run_all(["worker-sigkill-step", "daemon-kill9-rescale", "worker-sigkill-one-node"])
+    assert len(rows) == 3
     for row in rows:
         why = _evidence(workdir / "runs" / f"{row['scenario']}-0")
         assert row["recovered"], (row, why)
