@@ -207,8 +207,9 @@ class StateSettings:
     ))
     snapshot_dir: Path = field(default=Path("/var/lib/malletrain/snapshots"), metadata=meta(
         "Where a job evicted to zero nodes keeps its training state until it gets nodes "
-        "again; must be reachable by the job's workers (a parallel file system on a real "
-        "cluster).",
+        "again, and a job on one node its guard snapshot (one file per job: that node's loss "
+        "would take every replica); must be reachable by the job's workers (a parallel file "
+        "system on a real cluster).",
     ))
     keep_ended_jobs: int = field(default=1000, metadata=meta(
         "Ended jobs (completed, cancelled, failed) kept with their history for `malletrain "
