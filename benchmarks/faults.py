@@ -45,7 +45,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_log import redone_steps
+from step_log import first_step_after_epoch, newest_epoch, redone_steps
 from yield_trace import regular_traces
 
 from malletrain.devstack import (
@@ -74,6 +74,9 @@ class Run:
     #: the job's samples (a quarter of ``--samples`` for a one-node job)
     samples: int = SAMPLES
     fault_end: float = 0.0
+    #: one-node scenarios: the epoch the lost replica trained in (recovery = a step in a
+    #: newer one, from the step log)
+    lost_epoch: int | None = None
     recover_s: float | None = None
     regular_id: int | None = None
     notes: list[str] = field(default_factory=list)
@@ -265,7 +268,11 @@ class Suite:
             return -1.0  # the daemon does not answer (yet)
 
     def _measure_recovery(self, r: Run, timeout_s: float = 60.0) -> None:
-        """Seconds from the fault's end to the job's next progress (None: none in time)."""
+        """Seconds from the fault's end to the job's next progress (None: none in time);
+        after the loss of every replica, to its first step in a new group."""
+        if r.lost_epoch is not None:
+            self._measure_restart(r, timeout_s)
+            return
         first = self._samples(r)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -275,6 +282,17 @@ class Suite:
                 return
             if first < 0:
                 first = now
+            time.sleep(0.25)
+
+    def _measure_restart(self, r: Run, timeout_s: float) -> None:
+        assert r.lost_epoch is not None
+        wall_end = time.time() - (time.monotonic() - r.fault_end)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            at = first_step_after_epoch(r.daemon.step_log(r.tag), r.lost_epoch)
+            if at is not None:
+                r.recover_s = max(0.0, at - wall_end)
+                return
             time.sleep(0.25)
 
     def _finish(self, r: Run, timeout_s: float = 300.0) -> bool:
@@ -342,6 +360,7 @@ def worker_sigkill_one_node(s: Suite, r: Run) -> None:
     """kill -9 of the only worker of a one-node job (as its node's loss: every replica gone);
     the job resumes from its guard snapshot (docs/elastic.md) and redoes the steps since."""
     _one_worker(s, r).send_signal(signal.SIGKILL)
+    r.lost_epoch = newest_epoch(r.daemon.step_log(r.tag))
 
 
 def worker_sigstop(s: Suite, r: Run) -> None:

@@ -32,3 +32,31 @@ def redone_steps(path: Path) -> int:
         elif rec.get("event") == "step":
             committed.setdefault(rec.get("step"), set()).add(rec.get("epoch"))
     return len(failed) + sum(len(epochs) - 1 for epochs in committed.values())
+
+
+def _records(path: Path) -> list[dict[str, object]]:
+    out = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a SIGKILL
+            if isinstance(rec, dict):
+                out.append(rec)
+    return out
+
+
+def newest_epoch(path: Path) -> int:
+    """The newest epoch a step was committed in (0: none yet)."""
+    return max((int(r["epoch"]) for r in _records(path)  # type: ignore[call-overload]
+                if r.get("event") == "step"), default=0)
+
+
+def first_step_after_epoch(path: Path, epoch: int) -> float | None:
+    """Wall time of the first step committed in an epoch newer than ``epoch`` (None: none
+    yet): when a job that lost every replica trains again (its progress reports cannot
+    tell, the dead worker's last one may arrive after its death)."""
+    times = [float(r["t"]) for r in _records(path)  # type: ignore[arg-type]
+             if r.get("event") == "step" and int(r["epoch"]) > epoch]  # type: ignore[call-overload]
+    return min(times, default=None)

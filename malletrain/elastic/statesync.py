@@ -164,8 +164,11 @@ class StateSync(WorkerState):
         if now - self._guard_at_s < max(self.config.guard_snapshot_s,
                                         GUARD_COST_RATIO * self._guard_save_s):
             return
-        snapshot.save(self.config.state_dir, self.config.job_id, self.step, self._payload(),
-                      self.config.secret)
+        try:
+            snapshot.save(self.config.state_dir, self.config.job_id, self.step,
+                          self._payload(), self.config.secret)
+        except OSError as exc:  # a full or unreachable state dir must not stop training
+            log.warning("guard snapshot of step %d not saved: %s", self.step, exc)
         self._guard_at_s = time.monotonic()
         self._guard_save_s = self._guard_at_s - now
         log.info("guard snapshot of step %d (one node holds every replica) in %.2f s",

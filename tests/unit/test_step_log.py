@@ -11,12 +11,16 @@ from pathlib import Path
 STEP_LOG = Path(__file__).resolve().parents[2] / "benchmarks" / "step_log.py"
 
 
-def _redone_steps(path: Path) -> int:
+def _module():
     spec = importlib.util.spec_from_file_location("step_log_bench", STEP_LOG)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return int(module.redone_steps(path))
+    return module
+
+
+def _redone_steps(path: Path) -> int:
+    return int(_module().redone_steps(path))
 
 
 def _write(path: Path, records: list[dict[str, object]], tail: str = "") -> Path:
@@ -38,3 +42,20 @@ def test_failed_steps_count_once_and_steps_committed_again_count_per_extra_epoch
 
 def test_no_log_no_redone_steps(tmp_path):
     assert _redone_steps(tmp_path / "absent.log") == 0
+
+
+def test_a_restart_after_every_replica_was_lost_is_the_first_step_of_a_newer_epoch(tmp_path):
+    log = _write(tmp_path / "f0.log", [
+        {"event": "epoch", "epoch": 1, "step": 0, "t": 100.0},
+        *({"event": "step", "step": s, "epoch": 1, "rank": 0, "t": 101.0 + s} for s in range(5)),
+    ])
+    m = _module()
+    assert m.newest_epoch(log) == 1
+    assert m.first_step_after_epoch(log, 1) is None  # the lost worker's steps do not count
+    _write(log, [
+        *({"event": "step", "step": s, "epoch": 1, "rank": 0, "t": 101.0 + s} for s in range(5)),
+        {"event": "epoch", "epoch": 2, "step": 1, "t": 120.0},
+        {"event": "step", "step": 1, "epoch": 2, "rank": 0, "t": 120.5},
+        {"event": "step", "step": 2, "epoch": 2, "rank": 0, "t": 121.0},
+    ])
+    assert m.first_step_after_epoch(log, 1) == 120.5 and m.newest_epoch(log) == 2
