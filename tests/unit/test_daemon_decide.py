@@ -469,3 +469,26 @@ def test_a_busy_job_keeps_its_nodes_gets_no_actions_and_no_one_is_planned_onto_t
     # not busy: the equal share moves things as it likes (here it keeps n1 for m1 as well)
     free = decide(w, POLICY)
     assert any(a.job_id == "m1" for a in free.actions)
+
+
+def test_seen_slots_marks_only_what_changed_and_skips_busy_jobs():
+    from dataclasses import replace
+
+    from malletrain.daemon.tick.views import job_slots, seen_slots
+
+    slots = [SlotRecord("m1", 0, 11, last_status="running", last_node="n1"),  # as recorded
+             SlotRecord("m1", 1, 12, last_status="parked"),                   # now running
+             SlotRecord("m1", 2, 13, last_status="running", last_node="n3"),  # now held
+             SlotRecord("m2", 0, 21, last_status="parked")]                   # busy: skipped
+    jobs = [slot_job(11, "m1", 0, JobState.RUNNING, nodes=["n1"]),
+            slot_job(12, "m1", 1, JobState.RUNNING, nodes=["n2"]),
+            slot_job(13, "m1", 2, JobState.PENDING, reason="JobHeldUser"),
+            slot_job(21, "m2", 0, JobState.RUNNING, nodes=["n4"])]
+    w = world([node(f"n{i}", NodeState.ALLOCATED) for i in range(1, 5)], jobs, slots,
+              [record(max_nodes=3), record("m2", seq=2)])
+    w = replace(w, busy=frozenset({"m2"}))
+    views = {jid: js.views for jid, js in job_slots(w).items()}
+    nodes, marks = seen_slots(views, w)
+    assert nodes == {"m1": ("n1", "n2")}
+    assert marks == [("m1", 1, {"last_status": "running", "last_node": "n2"}),
+                     ("m1", 2, {"last_status": "parked"})]
