@@ -1,6 +1,6 @@
 """The store's typed rows, and the memo that turns the job table into records each tick.
 
-The daemon reads every job twice a tick (500 jobs at ``benchmarks/load.py``'s size). Built
+The daemon reads every job each tick (500 jobs at ``benchmarks/load.py``'s size). Built
 from scratch, that was ~55 ms a read: every row's history replayed through the lifecycle
 table, every record allocated again. :class:`JobRows` keeps what a read built and builds
 again only what changed: a job's lifecycle when a history row was added for it (history
