@@ -60,6 +60,8 @@ class MembershipPort(Protocol):
 
     def publish(self, job_id: str, members: Sequence[str]) -> int: ...
 
+    def depart(self, job_id: str, member_id: str) -> bool: ...
+
 
 @dataclass
 class Outcome:
@@ -203,6 +205,8 @@ class Actuator:
                              leaving_since_s=None, last_status="parked")
         log.info("slot %d (Slurm job %d) back in the pool: %s", a.slot, a.slurm_job_id, a.why)
         out.parked += 1
+        if a.gone_member is not None:
+            self._depart(a.job_id, a.gone_member)
         if a.start_failed:
             self._bump(a.job_id, "start_failures")
         if a.preempted:
@@ -210,6 +214,14 @@ class Actuator:
             self._bump(a.job_id, "preemptions")
             if a.yield_s is not None:
                 out.yields_s.append(a.yield_s)
+
+    def _depart(self, job_id: str, member: str) -> None:
+        """Best effort: a worker waiting for this member to leave waits its timeout else."""
+        try:
+            if self.coordinator.depart(job_id, member):
+                log.info("member %s marked gone (its slot ended without it)", member)
+        except (UserError, RuntimeError, OSError) as exc:
+            log.warning("could not mark member %s gone: %s", member, exc)
 
     def _extend(self, a: Extend, out: Outcome) -> None:
         self._slurm("extend", lambda: self.backend.update(a.slurm_job_id,

@@ -282,6 +282,19 @@ class Coordinator:
                 return epoch
             log.info("job %s: epoch %d was taken by the workers; retrying", js.job_id, epoch)
 
+    def depart(self, job_id: str, member_id: str) -> bool:
+        """Record that ``member_id`` is gone (its slot ended without it saying so: SIGKILL,
+        a node lost). Workers waiting for the last group to leave stop waiting for it
+        (:meth:`.statesync.StateSync._awaited_last_holders`). False if it had departed."""
+        def run() -> bool:
+            js = self._job(job_id)
+            if member_id in {d.member_id for d in p.departures(js.events())}:
+                return False
+            js.depart(member_id, "failed", None, None)
+            return True
+
+        return self._run(run)
+
     def membership(self, job_id: str) -> Membership | None:
         """The newest epoch of the job (None before the first publish)."""
         return self._run(lambda: self._job(job_id).current())

@@ -29,7 +29,7 @@ This module is pure (no torch, no I/O) so the record formats are unit-tested dir
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -285,3 +285,22 @@ def choose_source(table: list[list[int]]) -> tuple[int, int, bool]:
     if best_live is not None:
         return -best_live[2], best_live[0], False
     return 0, -1, False
+
+
+#: how far back :func:`last_holders` looks for the last group with members
+HOLDER_LOOKBACK_EPOCHS = 16
+
+
+def last_holders(
+    membership_of: Callable[[int], Membership | None], cfg: Membership
+) -> list[str]:
+    """The members of the newest epoch before ``cfg`` that had any, less ``cfg``'s own.
+
+    When ``cfg`` holds no state (newcomers only), these are the processes that may still be
+    writing the snapshot it needs. An eviction epoch (no members) in between is skipped.
+    """
+    for e in range(cfg.epoch - 1, max(0, cfg.epoch - 1 - HOLDER_LOOKBACK_EPOCHS), -1):
+        m = membership_of(e)
+        if m is not None and m.members:
+            return [x for x in m.members if x not in cfg.members]
+    return []

@@ -170,6 +170,9 @@ class Rendezvous(WorkerState):
                 before = self.link.js.membership(m.epoch - 1) if m.epoch > 1 else None
                 if self._saves_for_the_group(before.members if before else None):
                     self._save_snapshot()
+            elif self._saves_for_the_group(m.members):
+                # moved off all its nodes: the newcomers restore this (statesync waits)
+                self._save_snapshot()
             self._announce("removed")
             self.exit_reason = ExitReason.EVICTED if not cfg.members else ExitReason.REMOVED
             raise Leave
@@ -235,7 +238,7 @@ class Rendezvous(WorkerState):
             )
             t_init = time.monotonic()
             self.rank, self.world_size = rank, cfg.world_size
-            self._sync_state()
+            self._sync_state(cfg)
             t_sync = time.monotonic()
             self._ddp = DistributedDataParallel(
                 self.module,

@@ -146,7 +146,7 @@ class WorkerState(ABC):
     def _save_snapshot(self) -> None: ...  # statesync
 
     @abstractmethod
-    def _sync_state(self) -> None: ...  # statesync
+    def _sync_state(self, cfg: p.Membership) -> None: ...  # statesync
 
     @abstractmethod
     def _maybe_report(self, force: bool) -> None: ...  # worker

@@ -50,18 +50,15 @@ class StateSync(WorkerState):
         self.samples_total = int(payload["position"]["samples_total"])
         self.has_state = True
 
-    def _sync_state(self) -> None:
-        """Send the freshest state (by step; a newer snapshot wins over live state) to laggards."""
-        snap = snapshot.find_latest(self.config.state_dir, self.config.job_id)
-        mine = torch.tensor(
-            [int(self.has_state), self.step, -1 if snap is None else snap.step,
-             int(self._dirty)],
-            dtype=torch.int64,
-            device=self.device,
-        )
-        gathered = [torch.zeros_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(gathered, mine)
-        table = [t.cpu().tolist() for t in gathered]
+    def _sync_state(self, cfg: p.Membership) -> None:
+        """Send the freshest state (by step; a newer snapshot wins over live state) to laggards.
+
+        A group of newcomers only (a job moved off all its nodes) first waits for the last
+        group to leave: its leavers save the snapshot this group restores.
+        """
+        table, snap = self._gather_state()
+        if not any(row[0] for row in table) and self._awaited_last_holders(cfg):
+            table, snap = self._gather_state()
         src, target_step, use_snapshot = p.choose_source(table)
         if target_step < 0:
             self._refuse_if_state_lost()
@@ -78,6 +75,58 @@ class StateSync(WorkerState):
         if needy:
             self._send_to(src, needy)
         self._dirty = False
+
+    def _gather_state(self) -> tuple[list[list[int]], snapshot.SnapshotRef | None]:
+        """Every rank's [has state, step, newest snapshot step, dirty], and our snapshot."""
+        snap = snapshot.find_latest(self.config.state_dir, self.config.job_id)
+        mine = torch.tensor(
+            [int(self.has_state), self.step, -1 if snap is None else snap.step,
+             int(self._dirty)],
+            dtype=torch.int64,
+            device=self.device,
+        )
+        gathered = [torch.zeros_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(gathered, mine)
+        return [t.cpu().tolist() for t in gathered], snap
+
+    def _awaited_last_holders(self, cfg: p.Membership) -> bool:
+        """No rank of ``cfg`` holds state: wait (rank 0, bounded by ``join_timeout_s``) until
+        the members of the last group that held state have departed. True if it waited.
+
+        Their departure comes after their snapshot (:meth:`_not_in` of the rendezvous saves
+        before it announces), so the snapshot found afterwards is the newest there is. Without
+        this wait a group that replaced a one-node group found no snapshot yet (lost the
+        job), or an older guard snapshot (redid steps). A new job, or one whose last group
+        left long ago, does not wait.
+        """
+        flag = torch.zeros(1, dtype=torch.int64)
+        if self.rank == 0:
+            try:
+                flag[0] = int(self._wait_for_departures(cfg))
+            except (RuntimeError, OSError) as exc:  # the store: sync with what there is
+                log.warning("could not check the last group's departure: %s", exc)
+        flag = flag.to(self.device)
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
+
+    def _wait_for_departures(self, cfg: p.Membership) -> bool:
+        js = self.link.js
+        progress = js.progress()
+        if progress is None or progress.step <= 0:
+            return False
+        holders = set(p.last_holders(js.membership, cfg))
+        if not holders:
+            return False
+        deadline = time.monotonic() + self.config.join_timeout_s
+        t0 = time.monotonic()
+        while True:
+            gone = {d.member_id for d in p.departures(js.events())}
+            if holders <= gone or time.monotonic() > deadline:
+                break
+            time.sleep(self.config.poll_interval_s)
+        log.info("waited %.1f s for the last group %s to leave (departed: %s)",
+                 time.monotonic() - t0, sorted(holders), sorted(holders & gone))
+        return True
 
     def _restore(self, snap: snapshot.SnapshotRef | None) -> None:
         t_load = time.monotonic()

@@ -66,6 +66,12 @@ def test_daemon_restart_reattaches_to_the_standalone_coordinator(tmp_path):
         assert set(again.live_members("j1")) == {"a", "c"}
         [dep] = again.departures("j1")
         assert (dep.member_id, dep.reason, dep.step) == ("b", "sigterm", 42)
+        # c's slot ended without c saying so (SIGKILL): the daemon records it, once
+        assert again.depart("j1", "c") and not again.depart("j1", "c")
+        assert not again.depart("j1", "b")  # it left on its own
+        assert set(again.live_members("j1")) == {"a"}
+        assert [(d.member_id, d.reason) for d in again.departures("j1")] == [
+            ("b", "sigterm"), ("c", "failed")]
         assert again.progress("j1") is None and not again.is_finished("j1")
         again.forget("j1")
         assert again.membership("j1") is None and again.departures("j1") == []

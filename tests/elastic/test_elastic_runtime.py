@@ -385,6 +385,32 @@ def test_a_step_whose_group_is_aborted_is_not_committed_and_the_job_heals(cluste
     assert len(ends) == 1, f"replicas differ at the end: {ends}"
 
 
+def test_a_one_node_job_moved_to_another_node_goes_on_from_its_last_step(cluster, tmp_path):
+    """A membership that keeps no member of the group (the plan moved a one-node job): the
+    leaver saves, the newcomer waits for it to leave and restores that snapshot.
+
+    Before, the newcomer formed at once: with no snapshot it refused to start (state_lost,
+    three jobs of the 2 h soak), with a guard snapshot of step 1 it redid every step since.
+    """
+    total = 1600
+    state = tmp_path / "state"
+    cluster.state_dir = state
+    args = _args(total, "--step-sleep", "0.02", "--log-indices")
+    w0 = cluster.launch("m0", *args)
+    cluster.wait_registered("m0")
+    cluster.wait_epoch(w0, cluster.coord.publish(cluster.job_id, ["m0"]))
+    cluster.wait_step(w0, 40)
+    w1 = cluster.launch("m1", *args)
+    cluster.wait_registered("m1")
+    e2 = cluster.coord.publish(cluster.job_id, ["m1"])
+    assert w0.proc.wait(60) == 0
+    assert w0.exit_record()["reason"] == "removed"
+    assert cluster.wait_epoch(w1, e2)["step"] == w0.last_step() + 1
+    assert w1.proc.wait(90) == 0
+    assert w1.exit_record()["reason"] == "finished"
+    _assert_gapless_and_exact([w0, w1], total, check_indices=True)
+
+
 def test_a_one_node_job_killed_resumes_from_its_guard_snapshot(cluster, tmp_path):
     """One node holds every replica: its loss (here: SIGKILL of its only worker) costs the
     steps since the last guard snapshot, not the job; with two nodes nothing is written."""
@@ -401,6 +427,7 @@ def test_a_one_node_job_killed_resumes_from_its_guard_snapshot(cluster, tmp_path
     wait_for(lambda: any(state.glob("job1.step*.mtsnap")), 30, "a guard snapshot", cluster)
     w0.proc.send_signal(signal.SIGKILL)
     w0.proc.wait(10)
+    cluster.coord.depart(cluster.job_id, "m0")  # as the daemon does when the slot ends
     saved = sorted(state.glob("job1.step*.mtsnap"))
     assert len(saved) == 1, saved  # each guard replaces the one before
     guard_step = int(saved[0].name.split(".step")[1].split(".")[0])

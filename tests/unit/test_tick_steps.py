@@ -229,6 +229,22 @@ def test_reconcile_a_placed_slot_no_longer_wanted_is_held_and_an_ended_one_parke
     assert isinstance(park, Park) and park.preempted and park.node == "n2"
 
 
+def test_reconcile_an_ended_slot_whose_member_never_left_names_it_gone():
+    """SIGKILL or a lost node: the member never announced its departure. The actuator
+    records it, so newcomers waiting for the last group to leave stop waiting for it."""
+    job = record("m1", JobPhase.RUNNING, max_nodes=2)
+    ended = [slot_job(11, "m1", 0, JobState.FAILED, nodes=["n1"], end=NOW - 1),
+             slot_job(12, "m1", 1, JobState.COMPLETED, nodes=["n2"], end=NOW - 1)]
+    recs = [SlotRecord("m1", 0, 11, last_status="running", last_node="n1"),
+            SlotRecord("m1", 1, 12, last_status="running", last_node="n2")]
+    cv = CoordView(members=(M0, M1), live={M0: Registration("n1", NOW - 30)},
+                   departed={M1: NOW - 2})
+    w = world([node("n1"), node("n2")], ended, recs, [job], coord={"m1": cv})
+    parks = [a for a in reconcile(_ctx(w, job), job_slots(w)["m1"]).actions
+             if isinstance(a, Park)]
+    assert [(p.slot, p.gone_member) for p in parks] == [(0, M0), (1, None)]
+
+
 def test_reconcile_notes_a_target_no_slot_is_left_for():
     job = record("m1", JobPhase.QUEUED, max_nodes=1)
     w = world([node("n1"), node("n2")], [slot_job(11, "m1", 0, JobState.PENDING, "JobHeldUser")],

@@ -32,6 +32,8 @@ class Park:
     node: str | None = None
     #: seconds from the claiming job's submission to this slot's end (yield latency).
     yield_s: float | None = None
+    #: the slot's member, still registered though the slot ended (killed, node lost)
+    gone_member: str | None = None
 
 
 @dataclass(frozen=True)

@@ -157,7 +157,8 @@ def _park_ended(ctx: JobContext, v: SlotView, rec: SlotRecord) -> Park:
            "preempted or ended by Slurm" if preempted else "left the job")
     return Park(ctx.job.job_id, v.slot, v.slurm_job_id, why, preempted=preempted,
                 start_failed=start_failed, node=rec.last_node,
-                yield_s=yield_s(ctx.snapshot, rec.last_node, v.end_time) if preempted else None)
+                yield_s=yield_s(ctx.snapshot, rec.last_node, v.end_time) if preempted else None,
+                gone_member=slot_member(v.slot, cv.live))
 
 
 def _grow(ctx: JobContext, d: SlotDiff) -> None:
