@@ -287,20 +287,25 @@ def choose_source(table: list[list[int]]) -> tuple[int, int, bool]:
     return 0, -1, False
 
 
-#: how far back :func:`last_holders` looks for the last group with members
+#: how far back :func:`previous_members` looks for the last group with members
 HOLDER_LOOKBACK_EPOCHS = 16
+
+
+def previous_members(
+    membership_of: Callable[[int], Membership | None], cfg: Membership
+) -> tuple[str, ...]:
+    """The members of the newest epoch before ``cfg`` that had any (the last group; an
+    eviction epoch, with no members, in between is skipped)."""
+    for e in range(cfg.epoch - 1, max(0, cfg.epoch - 1 - HOLDER_LOOKBACK_EPOCHS), -1):
+        m = membership_of(e)
+        if m is not None and m.members:
+            return m.members
+    return ()
 
 
 def last_holders(
     membership_of: Callable[[int], Membership | None], cfg: Membership
 ) -> list[str]:
-    """The members of the newest epoch before ``cfg`` that had any, less ``cfg``'s own.
-
-    When ``cfg`` holds no state (newcomers only), these are the processes that may still be
-    writing the snapshot it needs. An eviction epoch (no members) in between is skipped.
-    """
-    for e in range(cfg.epoch - 1, max(0, cfg.epoch - 1 - HOLDER_LOOKBACK_EPOCHS), -1):
-        m = membership_of(e)
-        if m is not None and m.members:
-            return [x for x in m.members if x not in cfg.members]
-    return []
+    """The last group's members that ``cfg`` leaves out: when ``cfg`` holds no state
+    (newcomers only), the processes that may still be writing the snapshot it needs."""
+    return [x for x in previous_members(membership_of, cfg) if x not in cfg.members]

@@ -32,10 +32,14 @@ def stop(signum, frame):
     open(tag + ".stopped", "w").write(signal.Signals(signum).name)
     if os.path.exists(f"{out}/slow-stop"):
         time.sleep(60)  # a checkpoint that takes longer than the grace
+    if os.path.exists(f"{out}/checkpoint-s"):  # a checkpoint within the grace
+        time.sleep(float(open(f"{out}/checkpoint-s").read()))
+        open(tag + ".saved", "w").write(repr(time.time()))
     sys.exit(0)
 signal.signal(signal.SIGUSR1, stop)
 orphan = subprocess.Popen(["sleep", "300"], start_new_session=True)  # escapes the group
 me["orphan"] = orphan.pid
+me["t"] = time.time()
 open(tag + ".tmp", "w").write(json.dumps(me))
 os.replace(tag + ".tmp", tag + ".json")  # the test reads it while this runs: whole or absent
 if os.path.exists(f"{out}/finish"):
@@ -163,3 +167,22 @@ def test_slurm_sigterm_cuts_a_graceful_stop_short(setup):
     b.terminate()  # Slurm preempts b's slot during its graceful stop
     assert b.wait(30) in (0, 143)
     assert time.monotonic() - t < 3.0  # SIGKILL 1 s after SIGTERM, not the 20 s grace
+
+
+def test_the_next_generation_starts_once_the_last_one_has_stopped(setup):
+    """A job moved off its node: the newcomer's launch (which would read the checkpoint)
+    starts only after the leaver's generation has saved and stopped, within its grace."""
+    coord, out, launch, _ = setup
+    (out / "checkpoint-s").write_text("3")
+    a = launch("a")
+    wait_for(lambda: "a" in coord.registered("rj"), 60, "registration")
+    e1 = coord.publish("rj", ["a"])
+    wait_for(lambda: len(seen(out, e1)) == 2, 60, "the tasks of generation 1")
+    launch("b")
+    wait_for(lambda: "b" in coord.registered("rj"), 60, "registration of b")
+    e2 = coord.publish("rj", ["b"])  # a removed, b added: no node stays
+    wait_for(lambda: len(seen(out, e2)) == 2, 60, "the tasks of generation 2")
+    saved = [float(p.read_text()) for p in out.glob(f"e{e1}-r*.saved")]
+    assert len(saved) == 2
+    assert min(r["t"] for r in seen(out, e2)) > max(saved)
+    assert a.wait(30) == 0

@@ -81,3 +81,22 @@ def test_progress_and_finish_round_trip():
 )
 def test_choose_source(table, expected):
     assert p.choose_source(table) == expected
+
+
+def test_the_last_group_and_its_holders_skip_evictions_and_look_back_a_bounded_way():
+    sizes = {m: 1 for m in ("a", "b", "c", "d")}
+    history = {1: ["a", "b"], 2: ["a"], 3: [], 4: ["c", "d"], 5: ["d"]}
+    ms = {e: p.build_membership(e, mem, sizes, "publish", 0.0) for e, mem in history.items()}
+    assert p.previous_members(ms.get, ms[5]) == ("c", "d")
+    assert p.last_holders(ms.get, ms[5]) == ["c"]
+    assert p.last_holders(ms.get, ms[4]) == ["a"]  # the eviction (epoch 3) is skipped
+    assert p.previous_members(ms.get, ms[1]) == ()
+    far = p.build_membership(6 + p.HOLDER_LOOKBACK_EPOCHS, ["c"], sizes, "publish", 0.0)
+    assert p.previous_members(ms.get, far) == ()  # nothing in the window: no wait
+
+
+def test_a_generation_record_says_whether_an_older_one_still_runs():
+    from malletrain.elastic.restart.handover import running_before
+    assert running_before(b"4:run", 5) and not running_before(b"5:run", 5)
+    assert not running_before(b"4:stop", 5) and not running_before(None, 5)
+    assert not running_before(b"x:run", 5) and not running_before(b"\xff", 5)

@@ -37,7 +37,7 @@ from pathlib import Path
 from malletrain.elastic import protocol as p
 from malletrain.elastic.config import ElasticConfig
 from malletrain.elastic.link import STORE_ERRORS, CoordinatorLink
-from malletrain.elastic.restart import tree
+from malletrain.elastic.restart import handover, tree
 from malletrain.elastic.restart.script import SCRIPT_ENV, ScriptPlan, analyse, render
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,8 @@ class NodeAgent:
             mine = m is not None and self.config.member_id in m.members
             if m is not None and mine and (self.child is None or self.child.epoch != m.epoch):
                 self._stop_child(self.stop)
-                self._start(m)
+                if self._last_generation_stopped(m):
+                    self._start(m)
             elif m is not None and not mine and self.joined:
                 return self._leave("removed", self.stop, 0)
             if m is not None and mine:
@@ -182,10 +183,28 @@ class NodeAgent:
         log.info("left the job (%s)", reason)
         return rc
 
+    def _record(self, epoch: int, state: str) -> None:
+        """Once, no retry: a preempted slot must not hold its node for the coordinator."""
+        try:
+            handover.record(self.link.js, self.config.member_id, epoch, state)
+        except STORE_ERRORS as exc:
+            log.warning("could not record generation %d %s: %s", epoch, state, exc)
+
     def _call(self, fn: Callable[[], object]) -> None:
         self.link.call_with_retry(fn, "a record", deadline_s=10.0)
 
     # ------------------------------------------------------------------ generations
+
+    def _last_generation_stopped(self, m: p.Membership) -> bool:
+        """Wait for the other nodes of the last generation to stop (:mod:`.handover`);
+        False if Slurm's SIGTERM came meanwhile (the loop leaves)."""
+        bound_s = self.stop.grace_s + 2 * KILL_AFTER_S + 5.0
+        try:
+            handover.wait_for_last_generation(self.link.js, m, self.config.member_id,
+                                              bound_s, POLL_S, self._preempted)
+        except STORE_ERRORS as exc:  # the coordinator: start as before rather than hang
+            log.warning("could not check the last generation: %s", exc)
+        return not self._preempted()
 
     def _start(self, m: p.Membership) -> None:
         env = self._generation_env(m)
@@ -195,6 +214,7 @@ class NodeAgent:
         argv = [*self.plan.interpreter, str(script)]
         proc = subprocess.Popen(argv, env=env, start_new_session=True)
         self.child = Running(m.epoch, m.members, proc, time.time())
+        self._record(m.epoch, "run")
         self.joined = True
         self.failed_at = None
         log.info("epoch %d: launch started on %d node(s) as node %d", m.epoch,
@@ -252,6 +272,7 @@ class NodeAgent:
         c.proc.poll()
         tree.reap_orphans(keep=None)
         log.info("epoch %d: launch stopped in %.2f s", c.epoch, time.monotonic() - t0)
+        self._record(c.epoch, "stop")
         self.child = None
 
     def _wait_stage(self, wait_s: float) -> None:
