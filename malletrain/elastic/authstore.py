@@ -1,26 +1,25 @@
 """``AuthStore``: a ``torch.distributed.Store`` over the coordinator's authenticated wire.
 
-Used everywhere a ``TCPStore`` client was: the workers' link to the coordinator, the process
-group's rendezvous (``init_process_group(store=PrefixStore(prefix, auth_store))``, verified with
-gloo on torch 2.13), and the daemon's admin session. Errors keep torch's types, so callers that
+Used everywhere a ``TCPStore`` client was in the workers: their link to the coordinator and
+the process group's rendezvous (``init_process_group(store=PrefixStore(prefix, auth_store))``,
+verified with gloo on torch 2.13). It wraps an :class:`.authclient.AuthClient` (the daemon
+uses that one directly, without torch) and gives its errors torch's types, so callers that
 handle a ``TCPStore`` failure handle this one: a timeout is ``DistStoreError``, a lost or
 refused connection ``DistNetworkError`` (both ``RuntimeError``).
 """
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
+from typing import TypeVar
 
 import torch.distributed as dist
 
-from malletrain.elastic import wire
-from malletrain.elastic.wire import Op, Status
+from malletrain.elastic import authclient as ac
+from malletrain.elastic.authclient import DEFAULT_TIMEOUT_S
 
-DEFAULT_TIMEOUT_S = 300.0
+T = TypeVar("T")
 
 
 class AuthenticationRefused(dist.DistNetworkError):
@@ -31,16 +30,17 @@ class StoreRefused(dist.DistStoreError):
     """The coordinator refused a request (not this job's key, history rewrite, a quota)."""
 
 
-def _bytes(value: object) -> bytes:
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode()
-    if isinstance(value, (bytearray, memoryview)):
-        return bytes(value)
-    if isinstance(value, list):
-        return bytes(value)
-    raise TypeError(f"store values are bytes or str, got {type(value).__name__}")
+def _torch_errors(fn: Callable[[], T]) -> T:
+    try:
+        return fn()
+    except ac.AuthenticationRefused as exc:
+        raise AuthenticationRefused(str(exc)) from exc
+    except ac.CoordinatorUnreachable as exc:
+        raise dist.DistNetworkError(str(exc)) from exc
+    except ac.KeyTimeout as exc:
+        raise dist.DistStoreError(str(exc)) from exc
+    except ac.StoreRefused as exc:
+        raise StoreRefused(str(exc)) from exc
 
 
 class AuthStore(dist.Store):
@@ -49,155 +49,39 @@ class AuthStore(dist.Store):
     def __init__(self, host: str, port: int, job: str | None, secret: bytes, *,
                  timeout_s: float = DEFAULT_TIMEOUT_S, connect_timeout_s: float = 10.0) -> None:
         super().__init__()
-        self._addr = (host, port)
-        self._job = job
-        self._secret = secret
-        self._timeout_s = timeout_s
-        self._lock = threading.Lock()
-        self._session = self._open(connect_timeout_s)
-
-    def _open(self, timeout_s: float) -> wire.Session:
-        """Connect and authenticate. A connection dropped mid-handshake (a flood of other
-        clients makes the coordinator shed the oldest handshakes) is tried again until
-        ``timeout_s``; a refused proof is not."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            sock = self._dial(max(deadline - time.monotonic(), 0.0))
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                session = wire.client_handshake(sock, self._job, self._secret)
-                sock.settimeout(None)
-                return session
-            except (OSError, wire.WireError) as exc:
-                sock.close()
-                if isinstance(exc, wire.AuthRefused):
-                    raise AuthenticationRefused(
-                        f"coordinator at {self._addr[0]}:{self._addr[1]}: {exc}") from exc
-                if isinstance(exc, wire.WireError) or time.monotonic() > deadline:
-                    raise dist.DistNetworkError(
-                        f"coordinator at {self._addr[0]}:{self._addr[1]}: {exc}") from exc
-                time.sleep(0.05)
-
-    def _dial(self, timeout_s: float) -> socket.socket:
-        """Connect, retrying a refused connection until ``timeout_s`` (as TCPStore waits for
-        a server that is still starting)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                return socket.create_connection(self._addr, timeout=max(left, 0.1))
-            except OSError as exc:
-                if left <= 0 or not isinstance(exc, ConnectionRefusedError):
-                    raise dist.DistNetworkError(
-                        f"cannot reach the coordinator at {self._addr[0]}:{self._addr[1]}: "
-                        f"{exc}") from exc
-                time.sleep(min(0.1, max(left, 0.01)))
-
-    def clone(self) -> AuthStore:
-        """A new session with the same credentials (for a thread or backend of its own)."""
-        return AuthStore(*self._addr, self._job, self._secret, timeout_s=self._timeout_s)
+        self._client = _torch_errors(lambda: ac.AuthClient(
+            host, port, job, secret, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s))
 
     def close(self) -> None:
-        self._session.close()
-
-    def _call(self, op: Op, fields: Sequence[bytes]) -> tuple[Status, list[bytes]]:
-        with self._lock:
-            try:
-                self._session.send(op, fields)
-                code, answer = self._session.recv()
-            except (OSError, wire.WireError) as exc:
-                raise dist.DistNetworkError(f"coordinator connection lost: {exc}") from exc
-        status = Status(code) if code in Status._value2member_map_ else None
-        if status is Status.REFUSED:
-            reason = answer[0].decode(errors="replace") if answer else "refused"
-            raise StoreRefused(f"the coordinator refused {op.name}: {reason}")
-        if status is None:
-            raise dist.DistNetworkError(f"coordinator answered with status {code}")
-        return status, answer
-
-    def _ok(self, op: Op, fields: Sequence[bytes]) -> list[bytes]:
-        status, answer = self._call(op, fields)
-        if status is Status.TIMEOUT:
-            key = answer[0].decode(errors="replace") if answer else "?"
-            raise dist.DistStoreError(f"timed out waiting for key {key!r}")
-        return answer
-
-    def _ms(self, timeout: timedelta | float | None) -> bytes:
-        if timeout is None:
-            seconds = self._timeout_s
-        elif isinstance(timeout, timedelta):
-            seconds = timeout.total_seconds()
-        else:
-            seconds = float(timeout)
-        return str(int(seconds * 1000)).encode()
-
-    # ------------------------------------------------------------------ the Store API
+        self._client.close()
 
     def set_timeout(self, timeout: timedelta) -> None:
-        self._timeout_s = timeout.total_seconds()
+        self._client.timeout_s = timeout.total_seconds()
 
     @property
     def timeout(self) -> timedelta:
-        return timedelta(seconds=self._timeout_s)
+        return timedelta(seconds=self._client.timeout_s)
 
     def set(self, key: str, value: object) -> None:
-        self._ok(Op.SET, [key.encode(), _bytes(value)])
+        _torch_errors(lambda: self._client.set(key, value))
 
     def get(self, key: str) -> bytes:
-        return self._ok(Op.GET, [key.encode(), self._ms(None)])[0]
+        return _torch_errors(lambda: self._client.get(key))
 
     def add(self, key: str, amount: int) -> int:
-        return int(self._ok(Op.ADD, [key.encode(), str(int(amount)).encode()])[0])
+        return _torch_errors(lambda: self._client.add(key, amount))
 
     def check(self, keys: Sequence[str]) -> bool:
-        return self._ok(Op.CHECK, [k.encode() for k in keys])[0] == b"1"
+        return _torch_errors(lambda: self._client.check(keys))
 
     def wait(self, keys: Sequence[str], timeout: timedelta | None = None) -> None:
-        self._ok(Op.WAIT, [self._ms(timeout), *(k.encode() for k in keys)])
+        _torch_errors(lambda: self._client.wait(keys, timeout))
 
     def num_keys(self) -> int:
-        return int(self._ok(Op.NUM_KEYS, [])[0])
+        return _torch_errors(self._client.num_keys)
 
     def delete_key(self, key: str) -> bool:
-        return self._ok(Op.DELETE, [key.encode()])[0] == b"1"
+        return _torch_errors(lambda: self._client.delete_key(key))
 
     def compare_set(self, key: str, expected: object, desired: object) -> bytes:
-        return self._ok(Op.COMPARE_SET, [key.encode(), _bytes(expected), _bytes(desired)])[0]
-
-    # ------------------------------------------------------------------ admin only
-
-    def forget_job(self, job_id: str) -> int:
-        """Drop every key of ``job_id`` on the server (admin session only)."""
-        return int(self._ok(Op.FORGET_JOB, [job_id.encode()])[0])
-
-    def set_realm(self, realm: str) -> None:
-        """Derive job secrets in ``realm`` from now on (admin session only)."""
-        self._ok(Op.REALM, [realm.encode()])
-
-    def read_many(self, keys: Sequence[str], per_request: int = 1024) -> list[bytes | None]:
-        """The value of each key, ``None`` where absent, in few round trips (admin only)."""
-        out: list[bytes | None] = [None] * len(keys)
-        todo = list(range(len(keys)))
-        while todo:
-            batch, todo = todo[:per_request], todo[per_request:]
-            answer = self._ok(Op.READ_MANY, [keys[i].encode() for i in batch])
-            if len(answer) != 2 * len(batch):
-                raise dist.DistNetworkError("coordinator: malformed READ_MANY answer")
-            again = []
-            for i, flag, value in zip(batch, answer[0::2], answer[1::2], strict=True):
-                if flag == b"1":
-                    out[i] = value
-                elif flag == b"-":
-                    again.append(i)
-            if again and len(again) == len(batch):
-                raise dist.DistNetworkError("coordinator: READ_MANY read nothing")
-            todo = again + todo
-        return out
-
-    def jobs(self) -> dict[str, tuple[int, int]]:
-        """``{job: (keys, bytes)}`` held by the server (admin session only)."""
-        out = {}
-        for line in self._ok(Op.JOBS, []):
-            job, keys, size = line.decode().split()
-            out[job] = (int(keys), int(size))
-        return out
+        return _torch_errors(lambda: self._client.compare_set(key, expected, desired))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from malletrain.elastic import protocol as p
 from malletrain.elastic import records as r
-from malletrain.elastic.authstore import AuthStore
+from malletrain.elastic.authclient import AuthClient
 from malletrain.elastic.jobstore import JobStore, epoch_hint
 
 
@@ -36,7 +36,7 @@ class JobRead:
     bad_records: int
 
 
-def read_jobs(store: AuthStore, job_store: Callable[[str], JobStore],
+def read_jobs(store: AuthClient, job_store: Callable[[str], JobStore],
               job_ids: Sequence[str]) -> dict[str, JobRead | r.RecordError]:
     """Every job's :class:`JobRead` (or the error of its bad record), in two round trips."""
     stores = [job_store(j) for j in job_ids]

@@ -79,11 +79,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-import torch.distributed as dist
-
 from malletrain.elastic import protocol as p
 from malletrain.elastic import wire
-from malletrain.elastic.authstore import AuthenticationRefused, AuthStore
+from malletrain.elastic.authclient import AuthClient, AuthenticationRefused, CoordinatorUnreachable
 from malletrain.elastic.batchread import JobRead, read_jobs
 from malletrain.elastic.jobstore import JobStore
 from malletrain.elastic.kvserver import KVServer, ServerLimits
@@ -130,7 +128,7 @@ def parse_address(address: str) -> tuple[str, int]:
 class Coordinator:
     """Typed access to the membership store. Thread-safe (one lock around store calls)."""
 
-    def __init__(self, store: AuthStore, host: str, port: int, master: bytes,
+    def __init__(self, store: AuthClient, host: str, port: int, master: bytes,
                  realm: str = "") -> None:
         self._store = store
         self._host = host
@@ -183,9 +181,9 @@ class Coordinator:
 
     @staticmethod
     def _connect(host: str, port: int, master: bytes, timeout_s: float,
-                 realm: str) -> AuthStore:
+                 realm: str) -> AuthClient:
         try:
-            store = AuthStore(host, port, None, wire.admin_secret(master),
+            store = AuthClient(host, port, None, wire.admin_secret(master),
                               timeout_s=timeout_s, connect_timeout_s=timeout_s)
             store.set_realm(realm)
             return store
@@ -201,7 +199,7 @@ class Coordinator:
         return f"{self._host}:{self._port}"
 
     @property
-    def store(self) -> AuthStore:
+    def store(self) -> AuthClient:
         """The daemon's admin session (tests and tools; not needed for normal use)."""
         return self._store
 
@@ -229,7 +227,7 @@ class Coordinator:
         with self._lock:
             try:
                 return fn()
-            except dist.DistNetworkError as exc:
+            except CoordinatorUnreachable as exc:
                 log.warning("coordinator connection lost (%s); reconnecting", exc)
                 host = "127.0.0.1" if self._server is not None else self._host
                 self._store = self._connect(host, self._port, self._master, 5.0, self._realm)

@@ -18,6 +18,8 @@ import torch.distributed as dist
 
 from malletrain.elastic import records as r
 from malletrain.elastic import wire
+from malletrain.elastic.authclient import AuthClient
+from malletrain.elastic.authclient import StoreRefused as ClientRefused
 from malletrain.elastic.authstore import AuthStore, StoreRefused
 from malletrain.elastic.kvserver import KVServer, ServerLimits
 from malletrain.elastic.protocol import build_membership
@@ -36,8 +38,9 @@ def job(srv: KVServer, job_id: str, realm: str = "") -> AuthStore:
     return AuthStore("127.0.0.1", srv.port, job_id, wire.job_secret(MASTER, job_id, realm))
 
 
-def admin(srv: KVServer) -> AuthStore:
-    return AuthStore("127.0.0.1", srv.port, None, wire.admin_secret(MASTER))
+def admin(srv: KVServer) -> AuthClient:
+    """The daemon's session: the torch-free client."""
+    return AuthClient("127.0.0.1", srv.port, None, wire.admin_secret(MASTER))
 
 
 def epoch(e: int, members: list[str], source: str) -> str:
@@ -91,13 +94,17 @@ def test_a_client_refuses_a_server_that_does_not_know_the_key():
 
 
 def test_a_job_names_only_its_own_keys(server):
-    s = job(server, "m1")
+    # the raw client: a job's own processes could send the admin requests too
+    s = AuthClient("127.0.0.1", server.port, "m1", wire.job_secret(MASTER, "m1"))
     for call in (lambda: s.get("mt/m2/progress"), lambda: s.set("mt/m2/finished", "{}"),
                  lambda: s.check(["mt/m2/latest"]), lambda: s.wait(["mt/m2/x"]),
                  lambda: s.set("other/key", "1"), lambda: s.set("mt/m1", "1"),
-                 lambda: s.forget_job("m2"), lambda: s.jobs(), lambda: s.set_realm("r")):
-        with pytest.raises(StoreRefused):
+                 lambda: s.forget_job("m2"), lambda: s.jobs(), lambda: s.set_realm("r"),
+                 lambda: s.read_many(["mt/m2/progress"])):
+        with pytest.raises(ClientRefused):
             call()
+    with pytest.raises(StoreRefused):  # the workers' torch store: torch's error type
+        job(server, "m1").get("mt/m2/progress")
     s.set("mt/m1/progress", "{}")  # the session goes on after refusals
     assert admin(server).jobs() == {"m1": (1, len("mt/m1/progress") + 2)}
 
