@@ -306,6 +306,17 @@ def previous_members(
 def last_holders(
     membership_of: Callable[[int], Membership | None], cfg: Membership
 ) -> list[str]:
-    """The last group's members that ``cfg`` leaves out: when ``cfg`` holds no state
-    (newcomers only), the processes that may still be writing the snapshot it needs."""
-    return [x for x in previous_members(membership_of, cfg) if x not in cfg.members]
+    """Members of the :data:`HOLDER_LOOKBACK_EPOCHS` epochs before ``cfg`` that ``cfg``
+    leaves out.
+
+    When ``cfg`` holds no state (newcomers only), these are the processes that may still be
+    writing the snapshot it needs: the last group's members, and a member an epoch before
+    removed while the others left on a SIGTERM (it saves then). Those that left long ago
+    have their departure recorded, so waiting for them costs nothing.
+    """
+    out: list[str] = []
+    for e in range(cfg.epoch - 1, max(0, cfg.epoch - 1 - HOLDER_LOOKBACK_EPOCHS), -1):
+        m = membership_of(e)
+        if m is not None:
+            out += [x for x in m.members if x not in cfg.members and x not in out]
+    return out

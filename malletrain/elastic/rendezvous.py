@@ -63,7 +63,7 @@ class Rendezvous(WorkerState):
                 self._propose_without(cfg, stale)
                 continue
             if self.member_id not in cfg.members:
-                self._not_in(cfg)
+                self._not_in(cfg, gone)
                 time.sleep(self.config.poll_interval_s)
                 continue
             outcome = self._form(cfg)
@@ -152,8 +152,13 @@ class Rendezvous(WorkerState):
                 for m in dropped:
                     self.link.js.depart(m, "failed", cfg.epoch, self.step)
 
-    def _not_in(self, cfg: p.Membership) -> None:
-        """The newest epoch leaves this member out: planned removal, or dropped by a heal."""
+    def _not_in(self, cfg: p.Membership, gone: set[str]) -> None:
+        """The newest epoch leaves this member out: planned removal, or dropped by a heal.
+
+        Removed while no other member of this process's group stays with the state (``gone``:
+        left at the same boundary, e.g. on a SIGTERM, or departed), this one saves: the
+        job's soak lost a job (m188) when the daemon shrank [s0, s1] to [s0] as s0 left on
+        Slurm's SIGTERM, and each of the two counted on the other."""
         if self._formed_epoch == 0:
             if self._registered_seq < 0:
                 self._register()
@@ -170,7 +175,7 @@ class Rendezvous(WorkerState):
                 before = self.link.js.membership(m.epoch - 1) if m.epoch > 1 else None
                 if self._saves_for_the_group(before.members if before else None):
                     self._save_snapshot()
-            elif self._saves_for_the_group(m.members):
+            elif self._saves_for_the_group(self._still_there(m.members, gone)):
                 # moved off all its nodes: the newcomers restore this (statesync waits)
                 self._save_snapshot()
             self._announce("removed")
@@ -181,6 +186,14 @@ class Rendezvous(WorkerState):
         self._formed_epoch = 0
         self.rank = -1
         self._register()
+
+    def _still_there(self, members: Sequence[str], gone: set[str]) -> list[str]:
+        """``members`` less those known to have left (``gone``, or a departure recorded)."""
+        try:
+            departed = {d.member_id for d in p.departures(self.link.js.events())}
+        except (RuntimeError, OSError):
+            departed = set()
+        return [x for x in members if x not in gone and x not in departed]
 
     def _form(self, cfg: p.Membership) -> Outcome:
         """Meet the other processes of ``cfg``, build the group, sync the state."""

@@ -91,7 +91,8 @@ class StateSync(WorkerState):
 
     def _awaited_last_holders(self, cfg: p.Membership) -> bool:
         """No rank of ``cfg`` holds state: wait (rank 0, bounded by ``join_timeout_s``) until
-        the members of the last group that held state have departed. True if it waited.
+        the members of the last groups (:func:`.protocol.last_holders`) have departed.
+        True if it waited.
 
         Their departure comes after their snapshot (:meth:`_not_in` of the rendezvous saves
         before it announces), so the snapshot found afterwards is the newest there is. Without
@@ -124,7 +125,7 @@ class StateSync(WorkerState):
             if holders <= gone or time.monotonic() > deadline:
                 break
             time.sleep(self.config.poll_interval_s)
-        log.info("waited %.1f s for the last group %s to leave (departed: %s)",
+        log.info("waited %.1f s for the last groups' %s to leave (departed: %s)",
                  time.monotonic() - t0, sorted(holders), sorted(holders & gone))
         return True
 

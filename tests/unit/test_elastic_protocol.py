@@ -83,16 +83,17 @@ def test_choose_source(table, expected):
     assert p.choose_source(table) == expected
 
 
-def test_the_last_group_and_its_holders_skip_evictions_and_look_back_a_bounded_way():
+def test_the_last_group_and_the_holders_look_back_a_bounded_way():
     sizes = {m: 1 for m in ("a", "b", "c", "d")}
     history = {1: ["a", "b"], 2: ["a"], 3: [], 4: ["c", "d"], 5: ["d"]}
     ms = {e: p.build_membership(e, mem, sizes, "publish", 0.0) for e, mem in history.items()}
     assert p.previous_members(ms.get, ms[5]) == ("c", "d")
-    assert p.last_holders(ms.get, ms[5]) == ["c"]
-    assert p.last_holders(ms.get, ms[4]) == ["a"]  # the eviction (epoch 3) is skipped
+    assert p.last_holders(ms.get, ms[5]) == ["c", "a", "b"]
+    assert p.last_holders(ms.get, ms[4]) == ["a", "b"]  # the eviction (epoch 3) is skipped
     assert p.previous_members(ms.get, ms[1]) == ()
     far = p.build_membership(6 + p.HOLDER_LOOKBACK_EPOCHS, ["c"], sizes, "publish", 0.0)
     assert p.previous_members(ms.get, far) == ()  # nothing in the window: no wait
+    assert p.last_holders(ms.get, far) == []
 
 
 def test_a_generation_record_says_whether_an_older_one_still_runs():
