@@ -31,7 +31,9 @@ class Rendezvous(WorkerState):
     def _rendezvous(self, failed_epoch: int | None, gone: set[str]) -> None:
         """Leave the current group and form the newest epoch that includes this member."""
         t0 = time.monotonic()
-        self._teardown(broken=failed_epoch is not None)
+        # after a failed step this process cannot tell which of its group are still alive
+        unsure = failed_epoch is not None
+        self._teardown(broken=unsure)
         heal_deadline = 0.0
         if failed_epoch is not None:
             heal_deadline = self._mark_alive(failed_epoch)
@@ -63,7 +65,7 @@ class Rendezvous(WorkerState):
                 self._propose_without(cfg, stale)
                 continue
             if self.member_id not in cfg.members:
-                self._not_in(cfg, gone)
+                self._not_in(cfg, gone, unsure)
                 time.sleep(self.config.poll_interval_s)
                 continue
             outcome = self._form(cfg)
@@ -152,13 +154,15 @@ class Rendezvous(WorkerState):
                 for m in dropped:
                     self.link.js.depart(m, "failed", cfg.epoch, self.step)
 
-    def _not_in(self, cfg: p.Membership, gone: set[str]) -> None:
+    def _not_in(self, cfg: p.Membership, gone: set[str], unsure: bool = False) -> None:
         """The newest epoch leaves this member out: planned removal, or dropped by a heal.
 
         Removed while no other member of this process's group stays with the state (``gone``:
         left at the same boundary, e.g. on a SIGTERM, or departed), this one saves: the
         job's soak lost a job (m188) when the daemon shrank [s0, s1] to [s0] as s0 left on
-        Slurm's SIGTERM, and each of the two counted on the other."""
+        Slurm's SIGTERM, and each of the two counted on the other. ``unsure`` (this process
+        came here from a failed step: the member kept may be the one that died) saves too.
+        """
         if self._formed_epoch == 0:
             if self._registered_seq < 0:
                 self._register()
@@ -175,7 +179,7 @@ class Rendezvous(WorkerState):
                 before = self.link.js.membership(m.epoch - 1) if m.epoch > 1 else None
                 if self._saves_for_the_group(before.members if before else None):
                     self._save_snapshot()
-            elif self._saves_for_the_group(self._still_there(m.members, gone)):
+            elif unsure or self._saves_for_the_group(self._still_there(m.members, gone)):
                 # moved off all its nodes: the newcomers restore this (statesync waits)
                 self._save_snapshot()
             self._announce("removed")

@@ -411,11 +411,14 @@ def test_a_one_node_job_moved_to_another_node_goes_on_from_its_last_step(cluster
     _assert_gapless_and_exact([w0, w1], total, check_indices=True)
 
 
-def test_the_survivor_of_a_sigterm_removed_by_the_daemon_at_once_still_saves(cluster, tmp_path):
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_the_survivor_of_a_preemption_removed_by_the_daemon_at_once_still_saves(
+        cluster, tmp_path, how):
     """The 2 h soak's job m188: m0 got SIGTERM (its slot preempted) while the daemon, not
     knowing yet, shrank the job to [m0]. Both reached the same boundary: m0 left on its
     SIGTERM (m1 keeps the state, so it did not save) and m1 found itself removed (m0 keeps
-    it, so it did not save either). Nobody saved; the next group had nothing to restore."""
+    it, so it did not save either). Nobody saved; the next group had nothing to restore.
+    With SIGKILL (Slurm's kill after its grace) m1 comes from a failed step instead."""
     total = 240
     state = tmp_path / "state"
     cluster.state_dir = state
@@ -427,16 +430,21 @@ def test_the_survivor_of_a_sigterm_removed_by_the_daemon_at_once_still_saves(clu
     cluster.wait_epoch(w0, e1)
     cluster.wait_step(w0, 4)
     cluster.coord.publish(cluster.job_id, ["m0"])  # the daemon drops m1 ...
-    w0.proc.send_signal(signal.SIGTERM)  # ... as Slurm preempts m0, within one step
-    assert w0.proc.wait(30) == 0 and w1.proc.wait(30) == 0
-    reasons = {r["reason"] for r in (w0.exit_record(), w1.exit_record())}
+    # ... as Slurm preempts m0, within one step
+    w0.proc.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
+    w0.proc.wait(30)
+    assert w1.proc.wait(30) == 0
+    if how == "sigkill":
+        cluster.coord.depart(cluster.job_id, "m0")  # as the daemon does when the slot ends
+    reasons = {r["reason"] for w in (w0, w1) if (r := w.exit_record())}
     last = max(w0.last_step(), w1.last_step())
     w2 = cluster.launch("m2", *args, env=env)
     cluster.wait_registered("m2")
     e3 = cluster.coord.publish(cluster.job_id, ["m2"])
     assert cluster.wait_epoch(w2, e3)["step"] == last + 1, reasons  # not state_lost
     assert w2.proc.wait(120) == 0
-    _assert_gapless_and_exact([w0, w1, w2], total, check_indices=True)
+    # a SIGKILLed worker may have logged its part of the step in flight, never committed
+    _assert_gapless_and_exact([w0, w1, w2], total, check_indices=how == "sigterm")
 
 
 def test_a_one_node_job_killed_resumes_from_its_guard_snapshot(cluster, tmp_path):
