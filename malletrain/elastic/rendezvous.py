@@ -31,9 +31,8 @@ class Rendezvous(WorkerState):
     def _rendezvous(self, failed_epoch: int | None, gone: set[str]) -> None:
         """Leave the current group and form the newest epoch that includes this member."""
         t0 = time.monotonic()
-        # after a failed step this process cannot tell which of its group are still alive
-        unsure = failed_epoch is not None
-        self._teardown(broken=unsure)
+        self._after_failure = failed_epoch is not None
+        self._teardown(broken=self._after_failure)
         heal_deadline = 0.0
         if failed_epoch is not None:
             heal_deadline = self._mark_alive(failed_epoch)
@@ -65,33 +64,44 @@ class Rendezvous(WorkerState):
                 self._propose_without(cfg, stale)
                 continue
             if self.member_id not in cfg.members:
-                self._not_in(cfg, gone, unsure)
+                self._not_in(cfg, gone)
                 time.sleep(self.config.poll_interval_s)
                 continue
             outcome = self._form(cfg)
             if outcome is Outcome.FORMED:
                 self.last_reconfig["total_s"] = time.monotonic() - t0
+                self._after_failure = False
                 return
             if outcome is Outcome.RETRY:
                 time.sleep(self.config.poll_interval_s)
             elif outcome is Outcome.FAILED:
+                self._after_failure = True
                 failed_epoch = cfg.epoch
                 heal_deadline = self._mark_alive(cfg.epoch)
 
     def _check_sigterm_waiting(self) -> None:
         """SIGTERM while not in a formed group: announce and leave.
 
-        The first holder of the last group's state (:meth:`_saves_for_the_group`) saves a
+        The first holder of the last group's state (:meth:`_saves_when_leaving`) saves a
         snapshot first: the others may be gone too (evicted to zero while re-forming).
         """
         if self.sigterm.at is None:
             return
         self._teardown()
-        if self._saves_for_the_group(self._newest_members):
+        if self._saves_when_leaving(self._newest_members):
             self._save_snapshot()
         self._announce("sigterm")
         self.exit_reason = ExitReason.SIGTERM
         raise Leave
+
+    def _saves_when_leaving(self, still: Sequence[str] | None) -> bool:
+        """:meth:`_saves_for_the_group`, unless this process re-forms after a failed step:
+        then the member it would count on may be the one that died (a faults run lost a job
+        when the regular job preempted every survivor of a SIGKILL before they healed, and
+        the dead worker was the first of the group), so it saves (local rank 0)."""
+        if self._after_failure:
+            return self._formed_epoch != 0 and self.config.local_rank == 0
+        return self._saves_for_the_group(still)
 
     def _saves_for_the_group(self, still: Sequence[str] | None) -> bool:
         """Whether this process writes the snapshot when the job may lose its last replica.
@@ -154,14 +164,14 @@ class Rendezvous(WorkerState):
                 for m in dropped:
                     self.link.js.depart(m, "failed", cfg.epoch, self.step)
 
-    def _not_in(self, cfg: p.Membership, gone: set[str], unsure: bool = False) -> None:
+    def _not_in(self, cfg: p.Membership, gone: set[str]) -> None:
         """The newest epoch leaves this member out: planned removal, or dropped by a heal.
 
         Removed while no other member of this process's group stays with the state (``gone``:
         left at the same boundary, e.g. on a SIGTERM, or departed), this one saves: the
         job's soak lost a job (m188) when the daemon shrank [s0, s1] to [s0] as s0 left on
-        Slurm's SIGTERM, and each of the two counted on the other. ``unsure`` (this process
-        came here from a failed step: the member kept may be the one that died) saves too.
+        Slurm's SIGTERM, and each of the two counted on the other. After a failed step (the
+        member kept may be the one that died) it saves too.
         """
         if self._formed_epoch == 0:
             if self._registered_seq < 0:
@@ -177,9 +187,10 @@ class Rendezvous(WorkerState):
         if m is not None and m.source == "publish":
             if not cfg.members:
                 before = self.link.js.membership(m.epoch - 1) if m.epoch > 1 else None
-                if self._saves_for_the_group(before.members if before else None):
+                if self._saves_when_leaving(
+                        self._still_there(before.members, gone) if before else None):
                     self._save_snapshot()
-            elif unsure or self._saves_for_the_group(self._still_there(m.members, gone)):
+            elif self._saves_when_leaving(self._still_there(m.members, gone)):
                 # moved off all its nodes: the newcomers restore this (statesync waits)
                 self._save_snapshot()
             self._announce("removed")

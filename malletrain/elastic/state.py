@@ -84,6 +84,9 @@ class WorkerState(ABC):
     _formed_epoch: int
     #: members of the newest epoch this process read while re-forming (None: none yet)
     _newest_members: tuple[str, ...] | None
+    #: re-forming after a failed step: which members of the last group are alive is not
+    #: known, so a leaving process saves the state rather than count on another
+    _after_failure: bool
     _registered_seq: int
     #: monotonic start of the collective work in flight (a step, or the boundary check);
     #: the watcher aborts an NCCL group that overruns ``step_timeout_s``

@@ -447,6 +447,42 @@ def test_the_survivor_of_a_preemption_removed_by_the_daemon_at_once_still_saves(
     _assert_gapless_and_exact([w0, w1, w2], total, check_indices=how == "sigterm")
 
 
+@pytest.mark.parametrize("then", ["sigterm", "evict"])
+def test_survivors_of_a_sigkill_preempted_or_evicted_before_they_heal_save(cluster, tmp_path,
+                                                                           then):
+    """A faults run (worker-sigkill-step) lost its job: a worker was SIGKILLed and, before
+    the survivors healed, a regular job preempted all of them. Each counted on the group's
+    first member to save, and that was the dead one. Here m0 (rank 0) dies, and m1 gets
+    SIGTERM (or the daemon evicts the job) while it heals."""
+    total = 240
+    state = tmp_path / "state"
+    cluster.state_dir = state
+    args = _args(total, "--step-sleep", "0.1")
+    env = {"MALLETRAIN_GUARD_SNAPSHOT_S": "3600", "MALLETRAIN_HEAL_WAIT_S": "5"}
+    w0, w1 = cluster.launch("m0", *args, env=env), cluster.launch("m1", *args, env=env)
+    cluster.wait_registered("m0", "m1")
+    e1 = cluster.coord.publish(cluster.job_id, ["m0", "m1"])
+    cluster.wait_epoch(w1, e1)
+    cluster.wait_step(w1, 4)
+    w0.proc.send_signal(signal.SIGKILL)
+    w0.proc.wait(10)
+    time.sleep(0.5)  # m1 notices at its next collective, then waits to heal
+    if then == "sigterm":
+        w1.proc.send_signal(signal.SIGTERM)
+    else:
+        cluster.coord.depart(cluster.job_id, "m0")  # the daemon: slot ended, then evicts
+        cluster.coord.publish(cluster.job_id, [])
+    assert w1.proc.wait(30) == 0
+    last = w1.last_step()
+    cluster.coord.depart(cluster.job_id, "m0")  # as the daemon does when the slot ends
+    w2 = cluster.launch("m2", *args)
+    cluster.wait_registered("m2")
+    e3 = cluster.coord.publish(cluster.job_id, ["m2"])
+    assert cluster.wait_epoch(w2, e3)["step"] == last + 1  # not state_lost
+    assert w2.proc.wait(120) == 0
+    _assert_gapless_and_exact([w0, w1, w2], total, check_indices=False)
+
+
 def test_a_one_node_job_killed_resumes_from_its_guard_snapshot(cluster, tmp_path):
     """One node holds every replica: its loss (here: SIGKILL of its only worker) costs the
     steps since the last guard snapshot, not the job; with two nodes nothing is written."""

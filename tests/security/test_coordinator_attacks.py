@@ -26,7 +26,8 @@ ATTACKS = r"""
 import json, socket, sys
 from datetime import timedelta
 import torch.distributed as dist
-from malletrain.elastic.authstore import AuthStore
+# the raw client: every request the wire has, admin ones included
+from malletrain.elastic.authclient import AuthClient
 host, port, victim, own = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 own_secret = bytes.fromhex(sys.stdin.read().strip())
 out = {}
@@ -39,13 +40,13 @@ def attempt(name, fn):
 attempt("tcpstore_read", lambda: dist.TCPStore(host, port, is_master=False,
         timeout=timedelta(seconds=3)).get(f"mt/{victim}/progress"))
 # no secret, a guessed one, its own secret presented for the victim's job or as the daemon
-attempt("guessed_secret", lambda: AuthStore(host, port, victim, b"\0" * 32, connect_timeout_s=3))
+attempt("guessed_secret", lambda: AuthClient(host, port, victim, b"\0" * 32, connect_timeout_s=3))
 attempt("own_secret_as_victim",
-        lambda: AuthStore(host, port, victim, own_secret, connect_timeout_s=3))
+        lambda: AuthClient(host, port, victim, own_secret, connect_timeout_s=3))
 attempt("own_secret_as_daemon",
-        lambda: AuthStore(host, port, None, own_secret, connect_timeout_s=3))
+        lambda: AuthClient(host, port, None, own_secret, connect_timeout_s=3))
 # its own job's session, naming the victim's keys
-s = AuthStore(host, port, own, own_secret)
+s = AuthClient(host, port, own, own_secret)
 s.set(f"mt/{own}/progress", "{}")
 attempt("read_progress", lambda: s.get(f"mt/{victim}/progress"))
 attempt("probe_key", lambda: s.check([f"mt/{victim}/latest"]))
@@ -53,6 +54,7 @@ attempt("write_finished", lambda: s.set(f"mt/{victim}/finished", "{}"))
 attempt("write_epoch", lambda: s.compare_set(f"mt/{victim}/cfg/99", "", "{}"))
 attempt("join_group", lambda: s.get(f"mt/{victim}/pg/1/0"))
 attempt("forget_victim", lambda: s.forget_job(victim))
+attempt("read_many_victim", lambda: s.read_many([f"mt/{victim}/progress"]))
 attempt("count_keys", lambda: s.num_keys())
 # junk on the wire: a huge length, then garbage
 for junk in (b"\xff\xff\xff\xff" + b"x" * 64, b"GET / HTTP/1.0\r\n\r\n"):
@@ -124,7 +126,7 @@ def test_another_user_can_neither_read_nor_change_a_job(dev_cluster, tmp_path):
         for name in ("guessed_secret", "own_secret_as_victim", "own_secret_as_daemon"):
             assert out[name] == "AuthenticationRefused", (name, out)  # at the handshake
         for name in ("read_progress", "probe_key", "write_finished", "write_epoch",
-                     "join_group", "forget_victim"):
+                     "join_group", "forget_victim", "read_many_victim"):
             assert out[name] == "StoreRefused", (name, out)
         assert out["count_keys"] == ["ok", "1"]  # its own key only: nothing of the victim's
         # closed without a byte of answer (a reset: the junk was left unread)
