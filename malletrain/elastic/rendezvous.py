@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 
 class Rendezvous(WorkerState):
+    _after_failure = False  # see WorkerState
+
     def _rendezvous(self, failed_epoch: int | None, gone: set[str]) -> None:
         """Leave the current group and form the newest epoch that includes this member."""
         t0 = time.monotonic()

@@ -160,7 +160,6 @@ class ElasticJob(Rendezvous, StateSync):
         self._step_started: float | None = None  # monotonic start of the step in flight
         self._aborts = 0
         self._dirty = False
-        self._after_failure = False
         # training position: identical on every replica, moved with the state
         self.step = 0
         self.samples_total = 0
