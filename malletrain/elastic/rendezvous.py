@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -29,11 +29,14 @@ log = logging.getLogger(__name__)
 
 class Rendezvous(WorkerState):
     _after_failure = False  # see WorkerState
+    #: members that left this process's group at its last boundary (SIGTERM)
+    _gone: frozenset[str] = frozenset()
 
     def _rendezvous(self, failed_epoch: int | None, gone: set[str]) -> None:
         """Leave the current group and form the newest epoch that includes this member."""
         t0 = time.monotonic()
         self._after_failure = failed_epoch is not None
+        self._gone = frozenset(gone)
         self._teardown(broken=self._after_failure)
         heal_deadline = 0.0
         if failed_epoch is not None:
@@ -85,12 +88,17 @@ class Rendezvous(WorkerState):
         """SIGTERM while not in a formed group: announce and leave.
 
         The first holder of the last group's state (:meth:`_saves_when_leaving`) saves a
-        snapshot first: the others may be gone too (evicted to zero while re-forming).
+        snapshot first: the others may be gone too (evicted to zero while re-forming). Those
+        that left at the last boundary do not count: a faults run (daemon-kill9-rescale)
+        redid 6 steps when rank 0 left on its SIGTERM one boundary before the others got
+        theirs, and each of them counted on rank 0 to save.
         """
         if self.sigterm.at is None:
             return
         self._teardown()
-        if self._saves_when_leaving(self._newest_members):
+        newest = self._newest_members
+        still = None if newest is None else self._still_there(newest, self._gone)
+        if self._saves_when_leaving(still):
             self._save_snapshot()
         self._announce("sigterm")
         self.exit_reason = ExitReason.SIGTERM
@@ -204,13 +212,16 @@ class Rendezvous(WorkerState):
         self.rank = -1
         self._register()
 
-    def _still_there(self, members: Sequence[str], gone: set[str]) -> list[str]:
-        """``members`` less those known to have left (``gone``, or a departure recorded)."""
+    def _still_there(self, members: Sequence[str], gone: Collection[str]) -> list[str]:
+        """``members`` less those known to have left (``gone``, or a departure recorded;
+        the daemon records one for a slot that ended, maybe before its process has: this
+        process itself always counts)."""
         try:
             departed = {d.member_id for d in p.departures(self.link.js.events())}
         except (RuntimeError, OSError):
             departed = set()
-        return [x for x in members if x not in gone and x not in departed]
+        return [x for x in members
+                if x == self.member_id or (x not in gone and x not in departed)]
 
     def _form(self, cfg: p.Membership) -> Outcome:
         """Meet the other processes of ``cfg``, build the group, sync the state."""
