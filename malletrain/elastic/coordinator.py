@@ -257,7 +257,7 @@ class Coordinator:
     def _publish(self, js: JobStore, members: list[str]) -> int:
         events = js.events()
         live = p.live_registrations(events)
-        departed = {d.member_id for d in p.departures(events)}
+        departed = p.departed(events)
         current = js.current()
         # members of the current epoch are valid even without a registration in the log
         # (a restarted coordinator store: the workers re-publish their epoch first)
@@ -286,7 +286,7 @@ class Coordinator:
         (:meth:`.statesync.StateSync._awaited_last_holders`). False if it had departed."""
         def run() -> bool:
             js = self._job(job_id)
-            if member_id in {d.member_id for d in p.departures(js.events())}:
+            if member_id in p.departed(js.events()):
                 return False
             js.depart(member_id, "failed", None, None)
             return True

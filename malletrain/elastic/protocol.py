@@ -29,7 +29,7 @@ This module is pure (no torch, no I/O) so the record formats are unit-tested dir
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -219,6 +219,11 @@ def departures(events: Iterable[Event]) -> list[Departure]:
     return out
 
 
+def departed(events: Iterable[Event], reason: DepartureReason | None = None) -> set[str]:
+    """The members that departed (for ``reason`` only, if given)."""
+    return {d.member_id for d in departures(events) if reason is None or d.reason == reason}
+
+
 def live_registrations(events: Iterable[Event]) -> dict[str, MemberInfo]:
     """Members whose newest event is a registration (up, not departed since)."""
     latest: dict[str, Event] = {}
@@ -291,16 +296,21 @@ def choose_source(table: list[list[int]]) -> tuple[int, int, bool]:
 HOLDER_LOOKBACK_EPOCHS = 16
 
 
+def _recent(membership_of: Callable[[int], Membership | None],
+            cfg: Membership) -> Iterator[Membership]:
+    """The epochs before ``cfg``, newest first, up to :data:`HOLDER_LOOKBACK_EPOCHS`."""
+    for e in range(cfg.epoch - 1, max(0, cfg.epoch - 1 - HOLDER_LOOKBACK_EPOCHS), -1):
+        m = membership_of(e)
+        if m is not None:
+            yield m
+
+
 def previous_members(
     membership_of: Callable[[int], Membership | None], cfg: Membership
 ) -> tuple[str, ...]:
     """The members of the newest epoch before ``cfg`` that had any (the last group; an
     eviction epoch, with no members, in between is skipped)."""
-    for e in range(cfg.epoch - 1, max(0, cfg.epoch - 1 - HOLDER_LOOKBACK_EPOCHS), -1):
-        m = membership_of(e)
-        if m is not None and m.members:
-            return m.members
-    return ()
+    return next((m.members for m in _recent(membership_of, cfg) if m.members), ())
 
 
 def last_holders(
@@ -315,8 +325,6 @@ def last_holders(
     have their departure recorded, so waiting for them costs nothing.
     """
     out: list[str] = []
-    for e in range(cfg.epoch - 1, max(0, cfg.epoch - 1 - HOLDER_LOOKBACK_EPOCHS), -1):
-        m = membership_of(e)
-        if m is not None:
-            out += [x for x in m.members if x not in cfg.members and x not in out]
+    for m in _recent(membership_of, cfg):
+        out += [x for x in m.members if x not in cfg.members and x not in out]
     return out

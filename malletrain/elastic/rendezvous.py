@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -69,7 +69,7 @@ class Rendezvous(WorkerState):
                 self._propose_without(cfg, stale)
                 continue
             if self.member_id not in cfg.members:
-                self._not_in(cfg, gone)
+                self._not_in(cfg)
                 time.sleep(self.config.poll_interval_s)
                 continue
             outcome = self._form(cfg)
@@ -97,7 +97,7 @@ class Rendezvous(WorkerState):
             return
         self._teardown()
         newest = self._newest_members
-        still = None if newest is None else self._still_there(newest, self._gone)
+        still = None if newest is None else self._still_there(newest)
         if self._saves_when_leaving(still):
             self._save_snapshot()
         self._announce("sigterm")
@@ -174,11 +174,11 @@ class Rendezvous(WorkerState):
                 for m in dropped:
                     self.link.js.depart(m, "failed", cfg.epoch, self.step)
 
-    def _not_in(self, cfg: p.Membership, gone: set[str]) -> None:
+    def _not_in(self, cfg: p.Membership) -> None:
         """The newest epoch leaves this member out: planned removal, or dropped by a heal.
 
-        Removed while no other member of this process's group stays with the state (``gone``:
-        left at the same boundary, e.g. on a SIGTERM, or departed), this one saves: the
+        Removed while no other member of this process's group stays with the state (left at
+        the last boundary, e.g. on a SIGTERM, or departed), this one saves: the
         job's soak lost a job (m188) when the daemon shrank [s0, s1] to [s0] as s0 left on
         Slurm's SIGTERM, and each of the two counted on the other. After a failed step (the
         member kept may be the one that died) it saves too.
@@ -198,9 +198,9 @@ class Rendezvous(WorkerState):
             if not cfg.members:
                 before = self.link.js.membership(m.epoch - 1) if m.epoch > 1 else None
                 if self._saves_when_leaving(
-                        self._still_there(before.members, gone) if before else None):
+                        self._still_there(before.members) if before else None):
                     self._save_snapshot()
-            elif self._saves_when_leaving(self._still_there(m.members, gone)):
+            elif self._saves_when_leaving(self._still_there(m.members)):
                 # moved off all its nodes: the newcomers restore this (statesync waits)
                 self._save_snapshot()
             self._announce("removed")
@@ -212,16 +212,16 @@ class Rendezvous(WorkerState):
         self.rank = -1
         self._register()
 
-    def _still_there(self, members: Sequence[str], gone: Collection[str]) -> list[str]:
-        """``members`` less those known to have left (``gone``, or a departure recorded;
-        the daemon records one for a slot that ended, maybe before its process has: this
-        process itself always counts)."""
+    def _still_there(self, members: Sequence[str]) -> list[str]:
+        """``members`` less those known to have left (at the last boundary, ``_gone``, or
+        with a departure recorded; the daemon records one for a slot that ended, maybe
+        before its process has: this process itself always counts)."""
         try:
-            departed = {d.member_id for d in p.departures(self.link.js.events())}
+            departed = p.departed(self.link.js.events())
         except (RuntimeError, OSError):
             departed = set()
         return [x for x in members
-                if x == self.member_id or (x not in gone and x not in departed)]
+                if x == self.member_id or (x not in self._gone and x not in departed)]
 
     def _form(self, cfg: p.Membership) -> Outcome:
         """Meet the other processes of ``cfg``, build the group, sync the state."""

@@ -121,7 +121,7 @@ class StateSync(WorkerState):
         deadline = time.monotonic() + self.config.join_timeout_s
         t0 = time.monotonic()
         while True:
-            gone = {d.member_id for d in p.departures(js.events())}
+            gone = p.departed(js.events())
             if holders <= gone or time.monotonic() > deadline:
                 break
             time.sleep(self.config.poll_interval_s)

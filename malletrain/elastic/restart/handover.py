@@ -48,7 +48,7 @@ def still_running(js: JobStore, m: p.Membership, me: str) -> list[str]:
     others = [x for x in p.previous_members(js.membership, m) if x != me]
     if not others:
         return []
-    gone = {d.member_id for d in p.departures(js.events()) if d.reason == "failed"}
+    gone = p.departed(js.events(), "failed")
     busy = []
     for x in others:
         if x in gone:
