@@ -256,7 +256,7 @@ class ReplaySlurm:
         """(exit status, stdout, stderr) of one command, as Slurm 22.05 would print them."""
         name = argv[0]
         if uid == 0:
-            key = f"{name} {argv[1]}" if name == "scontrol" and len(argv) > 1 else name
+            key = f"{name} {argv[1] if len(argv) > 1 else 'script'}" if name == "scontrol" else name
             if name == "sinfo" and any(a.startswith("--Format") for a in argv):
                 key = "sinfo states"
             if name == "squeue":  # the tick's job list, an attach's, the arrival probe's
@@ -277,6 +277,8 @@ class ReplaySlurm:
                 return self._sbatch(argv, stdin, uid)
             if name == "scancel":
                 return self._act(argv[-1], lambda j: self._cancel(j))
+            if name == "scontrol" and len(argv) == 1:
+                return self._scontrol_script(stdin)
             if name == "scontrol":
                 return self._scontrol(list(argv[1:]))
         return 1, "", f"{name}: not replayed\n"
@@ -380,6 +382,21 @@ class ReplaySlurm:
         if len(args) == 2 and args[0] in ("release", "hold", "requeuehold"):
             return self._act_list(args[1], getattr(self, f"_{args[0]}"))
         return 1, "", f"scontrol {' '.join(args[:2])}: not replayed\n"
+
+    def _scontrol_script(self, stdin: str) -> tuple[int, str, str]:
+        """``scontrol`` reading its commands from stdin (the daemon's batched updates): it
+        echoes each one on stdout, and an update it refuses names the job on stderr."""
+        code, out, err = 0, [], []
+        for line in stdin.splitlines():
+            args = line.split()
+            out.append(f"scontrol: {line}\n")
+            rc, o, e = self._scontrol(args)
+            if rc and args[:1] == ["update"]:
+                ident = dict(a.split("=", 1) for a in args[1:] if "=" in a).get("JobId", "?")
+                e = f"Invalid job id specified for job {ident}\n"
+            code, _ = max(code, rc), out.append(o)
+            err.append(e)
+        return code, "".join(out), "".join(err)
 
     def _update(self, job: RJob, kv: dict[str, str]) -> None:
         if "NodeList" in kv:

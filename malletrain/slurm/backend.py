@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, runtime_checkable
 
 from malletrain.core.cluster import ClusterSnapshot, Job
-from malletrain.slurm.coalesce import CoalescedActs
+from malletrain.slurm.coalesce import CoalescedActs, CoalescedUpdates
 from malletrain.slurm.commands import (
     JOB_LIST_VERBS,
     classify_failure,
@@ -40,6 +40,7 @@ from malletrain.slurm.commands import (
     render_job_list,
     render_signal,
     render_update,
+    render_update_line,
 )
 from malletrain.slurm.errors import (
     SlurmCommandError,
@@ -172,6 +173,8 @@ class CliBackend:
         #: (slurm/coalesce.py)
         self._acts = {verb: CoalescedActs(functools.partial(self._job_list, verb))
                       for verb in JOB_LIST_VERBS}
+        #: the placements' updates from the action workers: one script per batch
+        self._updates = CoalescedUpdates(self._update_script)
 
     def _run(
         self,
@@ -365,4 +368,16 @@ class CliBackend:
         return job_list_failures(argv, job_ids, res.returncode, res.stderr or res.stdout)
 
     def update(self, job_id: int, **fields: str | int | Sequence[str]) -> None:
-        self._check(render_update(job_id, fields))
+        line = render_update_line(job_id, fields)
+        if line is None:
+            self._check(render_update(job_id, fields))
+        else:
+            self._updates.update(job_id, line)
+
+    def _update_script(self, job_ids: Sequence[int], lines: Sequence[str]
+                       ) -> dict[int, Exception]:
+        """One ``scontrol`` reading the updates whose calls arrived together, a line each
+        (it echoes them on stdout; its errors, ``... for job N``, go to stderr)."""
+        res = self._run(["scontrol"], input_text="".join(f"{line}\n" for line in lines))
+        return job_list_failures(["scontrol", "update"], job_ids, res.returncode,
+                                 res.stderr or f"exit status {res.returncode}")

@@ -17,6 +17,11 @@ few calls, and a lone request waits for no one. Each caller gets only its own an
   the list it can and names each one it could not (``... for job N``); a caller fails only
   on a line naming its own job, or when the whole call failed (slurmctld down). A call is
   never repeated alone: the other ids of the batch were acted on already.
+* :class:`CoalescedUpdates` (``scontrol update``, one per placement: each sets its own
+  node): the batch's updates go to one ``scontrol`` reading them as a script, one command a
+  line; Slurm names each job whose update it refused, as above. When the call fails as a
+  whole, each caller of several repeats its update alone (an update can be repeated: it
+  sets the same fields again), so that one job's odd update fails only its own caller.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ R = TypeVar("R")
 @dataclass
 class _Batch(Generic[R]):
     ids: set[int] = field(default_factory=set)
+    #: the callers' lines, in arrival order (:class:`CoalescedUpdates`' script)
+    lines: list[str] = field(default_factory=list)
     callers: int = 0
     done: bool = False
     result: R | None = None
@@ -41,26 +48,28 @@ class _Batch(Generic[R]):
 
 
 class _Coalescer(Generic[R]):
-    """The batching of both kinds: ``call(ids)`` joins the open batch and returns it done."""
+    """The batching of every kind: ``call(ids, lines)`` joins the open batch and returns it
+    done; ``run(ids, lines)`` makes a batch's call."""
 
-    def __init__(self, run: Callable[[Sequence[int]], R]) -> None:
-        self._run_ids = run
+    def __init__(self, run: Callable[[Sequence[int], Sequence[str]], R]) -> None:
+        self._run_batch = run
         self._cond = threading.Condition()
         self._open: _Batch[R] | None = None  # gathering ids while a call runs
         self._running = False
 
-    def call(self, wanted: Sequence[int]) -> _Batch[R]:
-        batch = self._join(wanted)
+    def call(self, wanted: Sequence[int], lines: Sequence[str] = ()) -> _Batch[R]:
+        batch = self._join(wanted, lines)
         if not batch.done:  # this caller runs it
             self._run(batch)
         return batch
 
-    def _join(self, wanted: Sequence[int]) -> _Batch[R]:
+    def _join(self, wanted: Sequence[int], lines: Sequence[str]) -> _Batch[R]:
         """Add the ids to the open batch; return it once it is done or this caller's turn."""
         with self._cond:
             batch = self._open if self._open is not None else _Batch[R]()
             self._open = batch
             batch.ids.update(wanted)
+            batch.lines.extend(lines)
             batch.callers += 1
             while not batch.done:
                 if not self._running and self._open is batch:
@@ -72,7 +81,7 @@ class _Coalescer(Generic[R]):
 
     def _run(self, batch: _Batch[R]) -> None:
         try:
-            batch.result = self._run_ids(sorted(batch.ids))
+            batch.result = self._run_batch(sorted(batch.ids), batch.lines)
         except Exception as exc:
             batch.error = exc
         with self._cond:
@@ -86,7 +95,7 @@ class CoalescedJobs:
 
     def __init__(self, fetch: Callable[[Sequence[int]], Sequence[Job]]) -> None:
         self._fetch = fetch
-        self._batches = _Coalescer(lambda ids: {j.job_id: j for j in fetch(ids)})
+        self._batches = _Coalescer(lambda ids, _: {j.job_id: j for j in fetch(ids)})
 
     def jobs(self, job_ids: Sequence[int]) -> tuple[Job, ...]:
         wanted = [int(i) for i in job_ids]
@@ -109,12 +118,33 @@ class CoalescedActs:
     """
 
     def __init__(self, run: Callable[[Sequence[int]], Mapping[int, Exception]]) -> None:
-        self._batches = _Coalescer(run)
+        self._batches = _Coalescer(lambda ids, _: run(ids))
 
     def act(self, job_id: int) -> None:
         batch = self._batches.call([int(job_id)])
         if batch.error is not None:
             raise batch.error
         failed = batch.result or {}
+        if int(job_id) in failed:
+            raise failed[int(job_id)]
+
+
+class CoalescedUpdates:
+    """``update(job_id, line)`` for many threads at once, over one ``run`` per batch (module
+    doc). ``run(ids, lines)`` runs the lines as one script and returns the errors of the ids
+    Slurm named as failed; it raises when the call as a whole failed."""
+
+    def __init__(self, run: Callable[[Sequence[int], Sequence[str]],
+                                     Mapping[int, Exception]]) -> None:
+        self._run = run
+        self._batches = _Coalescer(run)
+
+    def update(self, job_id: int, line: str) -> None:
+        batch = self._batches.call([int(job_id)], [line])
+        failed = batch.result or {}
+        if batch.error is not None:
+            if batch.callers == 1:
+                raise batch.error
+            failed = self._run([int(job_id)], [line])  # alone: its own error, if any
         if int(job_id) in failed:
             raise failed[int(job_id)]

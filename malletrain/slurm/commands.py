@@ -28,6 +28,9 @@ _RETRYABLE_MARKERS = (
     "slurm backup controller in standby mode",
     "protocol authentication error",
     "munge",
+    # 22.05's scontrol update/release/hold with slurmctld down: "Unexpected message
+    # received for job N", one line per job (seen on the dev cluster)
+    "unexpected message received",
 )
 
 
@@ -82,6 +85,17 @@ def render_update(job_id: int, fields: Mapping[str, str | int | Sequence[str]]) 
             raise ValueError(f"update: field {key} must be one line")
         argv.append(f"{key}={text}")
     return argv
+
+
+def render_update_line(job_id: int, fields: Mapping[str, str | int | Sequence[str]]
+                       ) -> str | None:
+    """The same update as one line of a ``scontrol`` script (``update JobId=5 ...``, the
+    commands it reads from stdin), or None when a value holds a blank or a quote: the
+    script's words are split on blanks, so such an update runs alone as argv."""
+    words = render_update(job_id, fields)[1:]
+    if any(c.isspace() or c in "\"'" for w in words for c in w):
+        return None
+    return " ".join(words)
 
 
 def render_signal(job_id: int, sig: str, steps: str = "children") -> list[str]:

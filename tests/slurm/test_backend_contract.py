@@ -228,6 +228,37 @@ def test_concurrent_releases_and_parks_share_calls_and_fail_only_their_own_job(
                for e in errors.values()), errors
 
 
+def test_concurrent_updates_share_one_scontrol_script_and_fail_only_their_own_job(
+        backend, clean_cluster, monkeypatch):
+    """The placements' updates from the action workers, made as one ``scontrol`` reading
+    them from stdin (slurm/coalesce.py CoalescedUpdates): each job gets its own node and
+    time limit, and an unknown id fails only its caller."""
+    calls: list[list[str]] = []
+    run = backend._runner
+
+    def counting(argv, **kw):
+        calls.append(list(argv))
+        return run(argv, **kw)
+
+    jobs = [backend.submit(sleeper(nodes=1, hold=True, partition="scavenger"))
+            for _ in range(5)]
+    monkeypatch.setattr(backend, "_runner", counting)
+    gone = 999_999
+    node = {j: f"n{k + 1}" for k, j in enumerate([*jobs, gone])}
+    errors = _at_once(lambda j: backend.update(j, NodeList=node[j], TimeLimit=3 + j % 5),
+                      [*jobs, gone])
+    assert [errors[j] for j in jobs] == [None] * 5
+    assert isinstance(errors[gone], SlurmCommandError)
+    assert "invalid job id" in str(errors[gone]).lower() and str(gone) in str(errors[gone])
+    assert len(calls) < 6 and all(c == ["scontrol"] for c in calls), calls
+    monkeypatch.undo()
+    for job_id in jobs:
+        record = backend._check(["scontrol", "show", "job", "--oneliner", str(job_id)])
+        assert f" ReqNodeList={node[job_id]} " in record, record
+        assert f" TimeLimit=00:0{3 + job_id % 5}:00 " in record, record
+        assert "JobState=PENDING" in record and "Reason=JobHeldUser" in record, record
+
+
 def test_the_daemons_node_states_say_what_the_node_records_say(clean_cluster):
     """The daemon reads the nodes' states each tick (``sinfo --Node --Format=...``) and their
     records periodically (slurm/parse_states.py): every state and flag it ends up with is

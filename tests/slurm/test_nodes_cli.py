@@ -13,6 +13,7 @@ import pytest
 from malletrain.slurm.backend import CliBackend
 from malletrain.slurm.cache import SnapshotCache
 from malletrain.slurm.errors import SlurmUnavailableError
+from malletrain.slurm.sbatch import SbatchSpec
 
 pytestmark = pytest.mark.slurm
 
@@ -75,11 +76,20 @@ def _epoch(text: str) -> float:
 
 
 def test_slurm_down_is_a_retryable_error_and_one_clear_line(clean_cluster):
+    """... for a tick's reads, ``malletrain nodes``, and the actions: 22.05's scontrol says
+    "Unexpected message received for job N" for each job of an update or release then."""
     c = clean_cluster
-    cache = SnapshotCache(CliBackend(timeout_s=20))
+    backend = CliBackend(timeout_s=20)
+    held = backend.submit(SbatchSpec(script="#!/bin/sh\nsleep 60\n", partition="scavenger",
+                                     hold=True, time_limit_s=300, output="/dev/null"))
+    cache = SnapshotCache(backend)
     good = cache.refresh()
     c.dev_cluster("stop-controller")
     try:
+        for act in (lambda: backend.update(held, TimeLimit=3, NodeList="n1"),
+                    lambda: backend.release(held)):
+            with pytest.raises(SlurmUnavailableError):
+                act()
         stale = cache.refresh()  # the backend raised; the cache kept the last good view
         assert isinstance(cache.last_error, SlurmUnavailableError)
         assert "slurmctld" in str(cache.last_error)

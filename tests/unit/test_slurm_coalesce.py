@@ -10,8 +10,8 @@ import pytest
 
 from malletrain.core.cluster import Job, JobState
 from malletrain.errors import RetryableError
-from malletrain.slurm.coalesce import CoalescedActs, CoalescedJobs
-from malletrain.slurm.commands import job_list_failures, render_job_list
+from malletrain.slurm.coalesce import CoalescedActs, CoalescedJobs, CoalescedUpdates
+from malletrain.slurm.commands import job_list_failures, render_job_list, render_update_line
 from malletrain.slurm.errors import SlurmCommandError, SlurmUnavailableError
 
 
@@ -60,7 +60,7 @@ class Lookups:
         return self.results
 
 
-def wait_for_callers(c: CoalescedJobs | CoalescedActs, n: int) -> None:
+def wait_for_callers(c: CoalescedJobs | CoalescedActs | CoalescedUpdates, n: int) -> None:
     """Until ``n`` callers wait in the open batch (the call before it still runs)."""
     batches = c._batches
     deadline = time.monotonic() + 10
@@ -222,3 +222,100 @@ def test_slurm_down_fails_every_act_of_the_call():
     results = act_at_once(c, s, [1, 2, 3])
     assert all(isinstance(r, SlurmUnavailableError) for r in results.values()), results
     assert len(s.calls) == 2
+
+
+class ScontrolScript:
+    """``scontrol`` reading update lines, knowing jobs below 1000; the first call blocks.
+    ``garbled`` lines make the whole call fail without naming a job."""
+
+    def __init__(self, down: bool = False) -> None:
+        self.calls: list[list[str]] = []
+        self.release = threading.Event()
+        self.first_in = threading.Event()
+        self.down = down
+
+    def run(self, ids: Sequence[int], lines: Sequence[str]) -> dict[int, Exception]:
+        self.calls.append(list(lines))
+        if len(self.calls) == 1:
+            self.first_in.set()
+            assert self.release.wait(10)
+        argv = ["scontrol", "update"]
+        if self.down:
+            return job_list_failures(argv, ids, 1, DOWN)
+        if any("garbled" in line for line in lines):
+            return job_list_failures(argv, ids, 1, "scontrol: error: Invalid input\n")
+        bad = "".join(f"Invalid job id specified for job {i}\n" for i in ids if i >= 1000)
+        return job_list_failures(argv, ids, 1 if bad else 0, bad)
+
+
+def update_at_once(c: CoalescedUpdates, s: ScontrolScript, lines: dict[int, str]
+                   ) -> dict[int, object]:
+    """The first job's update runs alone and blocks; the rest gather behind it."""
+    results: dict[int, object] = {}
+
+    def one(i: int) -> None:
+        try:
+            c.update(i, lines[i])
+            results[i] = None
+        except (SlurmCommandError, SlurmUnavailableError) as exc:
+            results[i] = exc
+
+    ids = list(lines)
+    first = threading.Thread(target=one, args=(ids[0],))
+    first.start()
+    assert s.first_in.wait(5)
+    rest = [threading.Thread(target=one, args=(i,)) for i in ids[1:]]
+    for t in rest:
+        t.start()
+    wait_for_callers(c, len(rest))
+    s.release.set()
+    for t in [first, *rest]:
+        t.join(10)
+    return results
+
+
+def placements(ids: list[int]) -> dict[int, str]:
+    return {i: f"update JobId={i} NodeList=n{i} StartTime=now" for i in ids}
+
+
+def test_updates_arriving_during_a_call_share_one_script():
+    s = ScontrolScript()
+    results = update_at_once(CoalescedUpdates(s.run), s, placements([1, 2, 3, 4]))
+    assert results == dict.fromkeys([1, 2, 3, 4])
+    assert s.calls == [["update JobId=1 NodeList=n1 StartTime=now"],
+                       [f"update JobId={i} NodeList=n{i} StartTime=now" for i in (2, 3, 4)]]
+
+
+def test_an_update_slurm_refuses_fails_its_own_caller_only():
+    s = ScontrolScript()
+    results = update_at_once(CoalescedUpdates(s.run), s, placements([1, 2, 5000, 3]))
+    assert [results[i] for i in (1, 2, 3)] == [None] * 3
+    assert isinstance(results[5000], SlurmCommandError) and "5000" in str(results[5000])
+    assert len(s.calls) == 2
+
+
+def test_a_script_failing_as_a_whole_is_repeated_alone_by_each_caller():
+    """One odd line fails the script without naming a job: each caller of the batch makes
+    its own update alone, and only the odd one fails."""
+    s = ScontrolScript()
+    lines = {**placements([1, 2, 3]), 4: "update JobId=4 garbled"}
+    results = update_at_once(CoalescedUpdates(s.run), s, lines)
+    assert [results[i] for i in (1, 2, 3)] == [None] * 3
+    assert isinstance(results[4], SlurmCommandError)
+    assert sorted(map(tuple, s.calls[2:])) == sorted((line,) for line in list(lines.values())[1:])
+
+
+def test_slurm_down_fails_every_update():
+    s = ScontrolScript(down=True)
+    results = update_at_once(CoalescedUpdates(s.run), s, placements([1, 2, 3]))
+    assert all(isinstance(r, SlurmUnavailableError) for r in results.values()), results
+
+
+def test_an_update_line_is_the_argv_after_scontrol_or_none_where_blanks_would_split_it():
+    assert render_update_line(5, {"NodeList": ["n1", "n2", "n3"], "TimeLimit": 12}) == (
+        "update JobId=5 NodeList=n[1-3] TimeLimit=12")
+    assert render_update_line(5, {"Comment": "two words"}) is None
+    assert render_update_line(5, {"Comment": "it's"}) is None
+    assert render_update_line(5, {"Comment": 'say"x"'}) is None
+    with pytest.raises(ValueError):
+        render_update_line(5, {"NodeList": "n1\nupdate JobId=6 Priority=1"})
