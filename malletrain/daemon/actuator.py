@@ -44,8 +44,10 @@ from malletrain.slurm.backend import SlurmBackend
 
 log = logging.getLogger(__name__)
 
-#: Jobs whose actions are applied at once (slurmctld serves RPCs in parallel threads).
-ACTION_WORKERS = 8
+#: Jobs whose actions are applied at once. The workers' placements, releases, parks and
+#: holds made together share one Slurm call per kind (slurm/coalesce.py): more workers make
+#: bigger batches, not more calls (at 5,000 nodes x 500 jobs, ``benchmarks/load.py``).
+ACTION_WORKERS = 32
 #: Actions that give a node back or stop a job: their jobs go first.
 _URGENT = (Park, Leave, Publish, Hold, Cancel)
 
