@@ -263,9 +263,6 @@ class Daemon:
         jobs = [replace(j, **written[j.job_id]) if j.job_id in written else j for j in jobs]
         with self._rows_lock:
             self._job_members = {jid: len(cv.members) for jid, cv in coord.items()}
-            # read by the channel's threads: never let them touch the advisor itself
-            self._profile_points = {j.job_id: len(self.advisor.measured_sizes(j.job_id))
-                                    for j in jobs if j.state.active}
         return jobs, coord
 
     def _world(self, snap: ClusterSnapshot, jobs: list[JobRecord],
@@ -274,10 +271,13 @@ class Daemon:
         (a submission that expires now is seen failed next tick)."""
         now = time.time()
         self._expire_submissions(jobs, snap, now)
+        models = self.monitor.models([j for j in jobs if j.state.active],
+                                     sorted(set(self._node_kinds.values()) - {""}))
+        with self._rows_lock:  # read by the channel's threads: never the advisor itself
+            self._profile_points = dict(self.monitor.measured_points)
         return World(
             now_s=now, snapshot=snap, jobs=tuple(jobs), slots=slots, coord=coord,
-            models=self.monitor.models([j for j in jobs if j.state.active],
-                                       sorted(set(self._node_kinds.values()) - {""})),
+            models=models,
             settings=decide_settings(self.settings, **self._decide_overrides),
             hole_start_s=self._last_plan.hole_start_s if self._last_plan else {},
         )

@@ -58,6 +58,8 @@ class JobMonitor:
         self._last_typed: dict[str, tuple[str, float, int]] = {}
         #: job -> the progress fields the last :meth:`observe` wrote to the store
         self.written: dict[str, dict[str, Any]] = {}
+        #: job -> how many sizes its profile has measured, as of the last :meth:`models`
+        self.measured_points: dict[str, int] = {}
 
     def observe(self, coordinator: Any, jobs: list[JobRecord],
                 node_types: Mapping[str, str] | None = None) -> dict[str, CoordView]:
@@ -191,6 +193,7 @@ class JobMonitor:
     def models(self, jobs: list[JobRecord], types: Sequence[str] = ()) -> dict[str, JobModel]:
         """Each job's model; with two or more node ``types``, its throughput per type too."""
         out = {}
+        points = {}
         for job in jobs:
             self.advisor.register(job.job_id, job.spec.kind)
             up, down = self.advisor.scale_costs(job.job_id)
@@ -201,11 +204,13 @@ class JobMonitor:
                 # "worth nothing" (that would evict it)
                 model = ThroughputModel(((1, 1.0),), optimistic_slope=1.0)
             # how far the curve is measured: the policy explores beyond it on free nodes only
-            model = replace(model, measured_max_nodes=max(
-                self.advisor.measured_sizes(job.job_id), default=0))
+            sizes = self.advisor.measured_sizes(job.job_id)
+            points[job.job_id] = len(sizes)
+            model = replace(model, measured_max_nodes=max(sizes, default=0))
             out[job.job_id] = JobModel(model, up, down, start,
                                        self.advisor.rate_noise(job.job_id),
                                        self._by_type(job, types) if len(types) > 1 else {})
+        self.measured_points = points
         return out
 
     def _by_type(self, job: JobRecord, types: Sequence[str]) -> dict[str, ThroughputModel]:
