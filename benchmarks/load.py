@@ -348,7 +348,10 @@ def measure(pid: int, port: int, slurm: ReplaySlurm, seconds: float) -> dict[str
     ticks.sort()
     return {"ticks": ticks, "n_ticks": n_ticks, "cpu_fraction": cpu / wall, "wall_s": wall,
             "calls": calls, "calls_per_tick": sum(calls.values()) / max(1, n_ticks),
-            "observe_calls_per_tick": observe / max(1, n_ticks), "phase_ms": phase_ms}
+            "observe_calls_per_tick": observe / max(1, n_ticks), "phase_ms": phase_ms,
+            "probe_calls_per_s": calls.get("squeue pending", 0) / wall,
+            "tick_calls_per_tick": (sum(calls.values()) - calls.get("squeue pending", 0))
+            / max(1, n_ticks)}
 
 
 def p99(values: list[float]) -> float:
@@ -400,7 +403,9 @@ def main() -> int:
               f"{1000 * statistics.median(ticks):.1f} ms, p99 {1000 * p99(ticks):.1f} ms, "
               f"max {1000 * max(ticks):.1f} ms; {running} slots running")
         print(f"daemon calls in {m['wall_s']:.0f} s: {m['calls']}; the snapshot's "
-              f"{m['observe_calls_per_tick']:.2f} a tick")
+              f"{m['observe_calls_per_tick']:.2f} a tick, with its actions' "
+              f"{m['tick_calls_per_tick']:.2f}; the arrival probe's "
+              f"{m['probe_calls_per_s']:.2f} a second")
         print("tick phases, mean ms: " + ", ".join(
             f"{p} {ms:.1f}" for p, ms in m["phase_ms"].items()))  # type: ignore[attr-defined]
         print(f"submit request p99 {1000 * p99([a for a, _ in submitted]):.1f} ms, attach "
