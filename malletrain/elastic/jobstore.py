@@ -50,15 +50,15 @@ class JobStore:
 
     # ------------------------------------------------------------------ memberships
 
-    def _get(self, key: str) -> bytes | None:
-        # get() blocks until the key exists, so always check() first.
+    def get_if_set(self, key: str) -> bytes | None:
+        """The key's value, or None when it is not set (``get()`` would block on it)."""
         if not self.store.check([key]):
             return None
         return self.store.get(key)
 
     def latest_epoch(self) -> int:
         """The newest published epoch, 0 if none. Scans upward from the ``latest`` hint."""
-        epoch = epoch_hint(self._get(self.keys.latest))
+        epoch = epoch_hint(self.get_if_set(self.keys.latest))
         while self.store.check([self.keys.cfg(epoch + 1)]):
             epoch += 1
         return epoch
@@ -67,7 +67,7 @@ class JobStore:
         return self.store.check([self.keys.cfg(epoch)])
 
     def membership(self, epoch: int) -> p.Membership | None:
-        raw = self._get(self.keys.cfg(epoch))
+        raw = self.get_if_set(self.keys.cfg(epoch))
         return None if raw is None else r.decode_membership(raw)
 
     def current(self) -> p.Membership | None:
@@ -94,7 +94,7 @@ class JobStore:
         """All events so far (cached; only new ones are read)."""
         count = self.store.add(self.keys.events, 0)
         while len(self._events) < count:
-            raw = self._get(self.keys.event(len(self._events)))
+            raw = self.get_if_set(self.keys.event(len(self._events)))
             if raw is None:  # counter bumped, record not written yet: read it next time
                 break
             self.absorb_events([raw])
@@ -142,14 +142,14 @@ class JobStore:
         self.store.set(self.keys.progress, r.encode_progress(report))
 
     def progress(self) -> p.ProgressReport | None:
-        raw = self._get(self.keys.progress)
+        raw = self.get_if_set(self.keys.progress)
         return None if raw is None else r.decode_progress(raw)
 
     def set_finished(self, record: p.FinishRecord) -> None:
         self.store.set(self.keys.finished, r.encode_finish(record))
 
     def finished(self) -> p.FinishRecord | None:
-        raw = self._get(self.keys.finished)
+        raw = self.get_if_set(self.keys.finished)
         return None if raw is None else r.decode_finish(raw)
 
     # ------------------------------------------------------------------ per-epoch markers

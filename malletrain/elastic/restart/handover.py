@@ -53,9 +53,7 @@ def still_running(js: JobStore, m: p.Membership, me: str) -> list[str]:
     for x in others:
         if x in gone:
             continue
-        key = generation_key(js, x)
-        raw = js.store.get(key) if js.store.check([key]) else None
-        if running_before(raw, m.epoch):
+        if running_before(js.get_if_set(generation_key(js, x)), m.epoch):
             busy.append(x)
     return busy
 
