@@ -48,12 +48,13 @@ from malletrain.slurm.errors import (
     SlurmParseError,
     SlurmUnavailableError,
 )
-from malletrain.slurm.parse import SnapshotTexts, build_snapshot
+from malletrain.slurm.parse import SnapshotTexts, build_snapshot, check_periodic
 from malletrain.slurm.parse_json import check_json_errors
 from malletrain.slurm.parse_plain_jobs import RecordMemo, parse_jobs_plain
 from malletrain.slurm.parse_states import UNRECORDED_NODE
 from malletrain.slurm.parse_text import parse_job_ids
 from malletrain.slurm.privacy import Privacy, read_privacy
+from malletrain.slurm.refresh import BackgroundRefresh
 from malletrain.slurm.sbatch import SbatchSpec, parse_job_id
 from malletrain.slurm.versions import (
     FORMAT_ENV,
@@ -175,6 +176,9 @@ class CliBackend:
                       for verb in JOB_LIST_VERBS}
         #: the placements' updates from the action workers: one script per batch
         self._updates = CoalescedUpdates(self._update_script)
+        #: the daemon's periodic answers, read again off the tick
+        self._refresh = BackgroundRefresh(lambda c: self._run_batch(c, {}), check_periodic,
+                                          clock)
 
     def _run(
         self,
@@ -244,7 +248,7 @@ class CliBackend:
         a JSON answer with errors stops the tick at once (each further call would wait
         seconds more for a dead slurmctld).
         """
-        commands = self.due_commands()
+        commands = self._due_now()
         token = secrets.token_hex(12)  # the job list's record marker, new for every call
         outputs = self._run_batch(commands, {"jobs_plain": {FORMAT_ENV: jobs_format(token)}})
         if "jobs_plain" in outputs:
@@ -256,6 +260,18 @@ class CliBackend:
             if key not in outputs:
                 outputs[key] = self._periodic[key][1]
         return SnapshotTexts(**outputs)
+
+    def _due_now(self) -> dict[str, tuple[str, ...]]:
+        """The calls this tick waits for: for the daemon, a due periodic call of which it
+        has an answer is read off the tick instead (slurm/refresh.py)."""
+        if not self.daemon:
+            return self.due_commands()
+        self._periodic.update(self._refresh.take())
+        commands = self.due_commands()
+        late = {k: argv for k, argv in commands.items() if k in self._periodic}
+        if late:
+            self._refresh.start(late, {k: text for k, (_, text) in self._periodic.items()})
+        return {k: argv for k, argv in commands.items() if k not in late}
 
     def _run_batch(self, commands: Mapping[str, Sequence[str]],
                    envs: Mapping[str, Mapping[str, str]]) -> dict[str, str]:

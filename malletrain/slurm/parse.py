@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -114,24 +114,38 @@ def slurm_version(text: str) -> str | None:
 # ----------------------------------------------------------------------------- snapshot
 
 T = TypeVar("T")
-#: the last parse of each periodic answer (partitions, reservations, topology): the same
-#: text comes back every tick until its period ends, and re-parsing the topology of 5,000
-#: nodes each tick cost the daemon ~25 ms (``benchmarks/load.py``)
-_LAST_PARSE: dict[Callable[..., Any], tuple[tuple[str, ...], Any, tuple[str, ...]]] = {}
+#: the last two parses of each periodic answer (partitions, reservations, topology, the
+#: nodes' records): the same text comes back every tick until its period ends, and
+#: re-parsing the topology of 5,000 nodes each tick cost the daemon ~25 ms
+#: (``benchmarks/load.py``). Two: a new answer parsed off the tick (slurm/refresh.py) and
+#: the one the ticks use until they take it.
+_LAST_PARSE: dict[Callable[..., Any], list[tuple[tuple[str, ...], Any, tuple[str, ...]]]] = {}
 
 
 def _periodic(parse: Callable[..., T], warns: list[str], *texts: str) -> T:
-    """``parse(*texts, warns)``, answered from the last call when the texts are the same
+    """``parse(*texts, warns)``, answered from an earlier call when the texts are the same
     (the same objects, mostly: the backend hands its kept answer back every tick)."""
-    last = _LAST_PARSE.get(parse)
-    if last is not None and last[0] == texts:
-        warns.extend(last[2])
-        return cast(T, last[1])
+    entries = _LAST_PARSE.get(parse, [])
+    for seen, result, seen_warns in entries:
+        if seen == texts:
+            warns.extend(seen_warns)
+            return cast(T, result)
     mine: list[str] = []
-    result = parse(*texts, mine)
-    _LAST_PARSE[parse] = (texts, result, tuple(mine))
+    parsed = parse(*texts, mine)
+    _LAST_PARSE[parse] = [(texts, parsed, tuple(mine)), *entries[:1]]
     warns.extend(mine)
-    return result
+    return parsed
+
+
+def check_periodic(texts: Mapping[str, str]) -> None:
+    """Parse the daemon's periodic answers (by key) as its tick will, raising on an odd one;
+    run where they are read off the tick, it leaves the tick a memo hit."""
+    warns: list[str] = []
+    if "nodes_json" in texts and "topology" in texts:  # the records: read at the tick when
+        _periodic(_node_records, warns, texts["nodes_json"], texts["topology"])  # missing
+    for key, parse in (("partitions", parse_partitions), ("reservations", parse_reservations)):
+        if key in texts:
+            _periodic(parse, warns, texts[key])
 
 
 def _node_records(nodes_json: str, topology: str, warns: list[str]) -> tuple[Node, ...]:

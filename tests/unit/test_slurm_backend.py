@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import threading
 import types
 from pathlib import Path
 
@@ -419,3 +420,61 @@ def test_a_scontrol_line_without_any_key_is_a_parse_error_not_a_crash():
     assert parse_key_values("A=1 B=two words") == {"A": "1", "B": "two words"}
     with pytest.raises(SlurmParseError, match="line without PartitionName"):
         parse_partitions('{"jobs": [{"job_id": "x", "nodes": 7}], "meta":')
+
+
+def test_the_daemons_periodic_answers_are_read_off_the_tick():
+    """The nodes' records (every 60 s; ~5 MB at 5,000 nodes) made the tick that read them
+    the slowest (benchmarks/load.py). Once the daemon has an answer, a due one is read on a
+    thread of its own while the ticks use the one they have, and kept once it parsed; an
+    odd one is asked again at the next tick (slurm/refresh.py)."""
+    d = GOLDEN.with_name("slurm") / "busy"
+    golden_token = (d / "jobs.token").read_text()
+    by_file = {tuple(c.split(": ", 1)[1].split()): c.split(": ", 1)[0]
+               for c in (d / "commands.txt").read_text().splitlines() if ": " in c}
+    records = [(d / "nodes.json").read_text()]
+    gate = threading.Event()
+    gate.set()
+    calls: list[list[str]] = []
+
+    def run(argv, *, input=None, capture_output, text, timeout, env, check, errors="strict"):
+        calls.append(list(argv))
+        if argv == ["sinfo", "--version"]:
+            return subprocess.CompletedProcess(argv, 0, "slurm-wlm 22.05.8\n", "")
+        if argv == ["sinfo", "--json"]:
+            assert gate.wait(10)
+            return subprocess.CompletedProcess(argv, 0, records[0], "")
+        out = (d / by_file[tuple(argv)]).read_text()
+        token = env.get("SQUEUE_FORMAT", "")[:24]
+        return subprocess.CompletedProcess(
+            argv, 0, out.replace(golden_token, token) if token else out, "")
+
+    now = [1000.0]
+    backend = CliBackend(runner=run, daemon=True, parallel=False, clock=lambda: now[0])
+    assert all(n.reason != "fan failed" for n in backend.snapshot().nodes)
+    # 61 s later the records are due; a tick must not wait for them
+    gate.clear()
+    records[0] = records[0].replace('"reason": ""', '"reason": "fan failed"', 1)
+    now[0] += 61
+    ticked = threading.Event()
+    snaps: list[ClusterSnapshot] = []
+    threading.Thread(target=lambda: (snaps.append(backend.snapshot()), ticked.set()),
+                     daemon=True).start()
+    assert ticked.wait(5), "the tick waited for the periodic read"
+    assert all(n.reason != "fan failed" for n in snaps[0].nodes)  # the records it had
+    gate.set()
+    backend._refresh.wait(5)
+    assert backend._refresh.last_error is None
+    calls.clear()
+    changed = [n.name for n in backend.snapshot().nodes if n.reason == "fan failed"]
+    assert len(changed) == 1 and ["sinfo", "--json"] not in calls
+    # an odd answer is not kept: the ticks go on with the last good one, and ask again
+    records[0] = '{"nodes": [{"name": 7}], "meta":'
+    now[0] += 61
+    backend.snapshot()
+    backend._refresh.wait(5)
+    assert isinstance(backend._refresh.last_error, SlurmParseError)
+    calls.clear()
+    snap = backend.snapshot()
+    backend._refresh.wait(5)
+    assert [n.name for n in snap.nodes if n.reason == "fan failed"] == changed
+    assert calls.count(["sinfo", "--json"]) == 1  # asked again, off the tick
