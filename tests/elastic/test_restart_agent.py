@@ -82,9 +82,13 @@ def setup(tmp_path):
 
     yield coord, out, launch, agents
     for p in agents.values():
-        if p.poll() is None:
-            p.kill()
-            p.wait(10)
+        if p.poll() is None:  # as Slurm ends a slot: SIGTERM, so the agent stops its
+            p.terminate()     # generation (its own session, which a SIGKILL would leave)
+            try:
+                p.wait(40)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(10)
     coord.close()
     proc.terminate()
     proc.wait(10)
