@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -175,13 +175,14 @@ class Scontrol:
         return job_list_failures(argv, ids, 1 if bad else 0, bad)
 
 
-def act_at_once(c: CoalescedActs, s: Scontrol, ids: list[int]) -> dict[int, object]:
-    """The first id's call runs alone and blocks; the rest gather behind it."""
+def at_once(c: CoalescedActs | CoalescedUpdates, s: Scontrol | ScontrolScript,
+            ids: list[int], call: Callable[[int], None]) -> dict[int, object]:
+    """``call(id)`` per id: the first one runs alone and blocks; the rest gather behind it."""
     results: dict[int, object] = {}
 
     def one(i: int) -> None:
         try:
-            c.act(i)
+            call(i)
             results[i] = None
         except (SlurmCommandError, SlurmUnavailableError) as exc:
             results[i] = exc
@@ -197,6 +198,10 @@ def act_at_once(c: CoalescedActs, s: Scontrol, ids: list[int]) -> dict[int, obje
     for t in [first, *rest]:
         t.join(10)
     return results
+
+
+def act_at_once(c: CoalescedActs, s: Scontrol, ids: list[int]) -> dict[int, object]:
+    return at_once(c, s, ids, c.act)
 
 
 def test_acts_arriving_during_a_call_share_the_next_one():
@@ -250,28 +255,7 @@ class ScontrolScript:
 
 def update_at_once(c: CoalescedUpdates, s: ScontrolScript, lines: dict[int, str]
                    ) -> dict[int, object]:
-    """The first job's update runs alone and blocks; the rest gather behind it."""
-    results: dict[int, object] = {}
-
-    def one(i: int) -> None:
-        try:
-            c.update(i, lines[i])
-            results[i] = None
-        except (SlurmCommandError, SlurmUnavailableError) as exc:
-            results[i] = exc
-
-    ids = list(lines)
-    first = threading.Thread(target=one, args=(ids[0],))
-    first.start()
-    assert s.first_in.wait(5)
-    rest = [threading.Thread(target=one, args=(i,)) for i in ids[1:]]
-    for t in rest:
-        t.start()
-    wait_for_callers(c, len(rest))
-    s.release.set()
-    for t in [first, *rest]:
-        t.join(10)
-    return results
+    return at_once(c, s, list(lines), lambda i: c.update(i, lines[i]))
 
 
 def placements(ids: list[int]) -> dict[int, str]:
