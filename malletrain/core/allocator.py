@@ -101,6 +101,10 @@ class MalleTrainPolicy:
     #: for), capped by ``horizon_s``; ``None``: ``horizon_s``. See effective_windows.
     #: The simulator's replays use 120 s (preset malletrain.core.options.REPLAY).
     estimate_horizon_s: float | None = None
+    #: An unplanned node idle for ``a`` seconds is valued over at least
+    #: ``estimate_age_factor x a`` (still capped by ``horizon_s``; 0: off; replays: 3).
+    #: See effective_windows.
+    estimate_age_factor: float = 0.0
     #: Unplanned nodes that turned idle within the same slot of this many seconds share
     #: one reclaim event (0: off; replays: 1 s, to the second; the daemon: off for now).
     reclaim_group_s: float = 0.0
@@ -148,7 +152,12 @@ class MalleTrainPolicy:
         Nodes without a plan get the hole model's estimate over ``estimate_horizon_s``
         where set (replays: 120 s): beyond a few minutes the estimate extrapolates the
         hole-length tail, and an allocation on a trace that changes every minute or two
-        is re-decided long before 30 minutes are up. With ``reclaim_group_s`` > 0 (replays:
+        is re-decided long before 30 minutes are up. A node idle for ``a`` seconds is
+        valued over ``estimate_age_factor x a`` if that is longer: its age is evidence for
+        as long again (a hole's remaining length grows with its age), and with a short
+        horizon on every node a job that lost one node to a reclaim never took a free
+        long-idle node back: 18 s of scale-up against 120 s of one node's gain (Philly,
+        docs/evaluation.md). With ``reclaim_group_s`` > 0 (replays:
         1 s), unplanned nodes that turned idle in the same slot (``now - idle_age``) are
         one reclaim event when they may be reclaimed within that horizon: they were freed
         together (one job ended) and the youngest are taken back first, together, so a job
@@ -175,7 +184,11 @@ class MalleTrainPolicy:
             ages = np.fromiter(
                 (nodes[i].idle_age_s for i in unknown.tolist()), dtype=float, count=unknown.size
             )
-            h_est = h if self.estimate_horizon_s is None else min(h, self.estimate_horizon_s)
+            h_est: float | np.ndarray = (
+                h if self.estimate_horizon_s is None else min(h, self.estimate_horizon_s)
+            )
+            if self.estimate_age_factor > 0:
+                h_est = np.clip(ages * self.estimate_age_factor, h_est, h)
             rem, p_end = self.holes.model.expected_remaining_s(ages, h_est)
             w[unknown] = rem
             p[unknown] = p_end
@@ -301,6 +314,7 @@ def malletrain_policy(options: PolicyOptions, name: str = "malletrain",
         holes=HoleTracker(HoleLengthModel(prior_floor=options.hole_prior_floor)),
         keep_margin=options.keep_margin,
         estimate_horizon_s=options.estimate_horizon_s,
+        estimate_age_factor=options.estimate_age_factor,
         reclaim_group_s=options.reclaim_group_s,
         explore_free_only=explore_free_only,
         finish_weight=options.finish_weight,

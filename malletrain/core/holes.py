@@ -119,10 +119,12 @@ class HoleLengthModel:
     def expected_remaining_s(
         self,
         ages_s: Sequence[float] | np.ndarray,
-        horizon_s: float,
+        horizon_s: float | np.ndarray,
         open_ages_s: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """(E[min(L - a, H) | L > a], P(L - a < H | L > a)) for each age ``a``.
+
+        ``horizon_s``: one H for all, or one per age.
 
         ``open_ages_s``: ages of the holes open now (censored observations); by
         default ``ages_s`` itself.

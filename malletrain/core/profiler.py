@@ -248,11 +248,17 @@ class ProfilingAdvisor:
             # of the total is exactly what gets replaced.
             total = self._kind_total(st.kind)
             # sizes the job's own evidence answers (warm-up only counts while it has
-            # nothing clean, as in Profile.rates)
+            # nothing clean, as in Profile.rates) ...
             mine = set(own.rates(self.settings.min_warmup_evidence_s))
+            # ... but not a size it saw only in warm-up that its kind measured clean: a
+            # stint's stall understates the rate, and one such stint at 64 nodes (26 s
+            # against the kind's clean hours) made a replayed job's curve flat beyond 47
+            # for a day (theta23-d100-sia, docs/evaluation.md)
+            kind_clean = {n for n, s in total.clean.items() if s.weight > 0}
+            mine -= kind_clean - {n for n, s in own.clean.items() if s.weight > 0}
             for src, dst in ((total.clean, prof.clean), (total.dirty, prof.dirty)):
                 for n, s in src.items():
-                    if n not in mine:
+                    if n not in mine and not (dst is prof.dirty and n in own.dirty):
                         dst[n] = WeightedSum(s.total, s.weight)
             prof.steps = {n: list(v) for n, v in total.steps.items() if n not in own.steps}
             for name in ("scale_up_s", "scale_down_s", "start_s"):

@@ -584,6 +584,33 @@ def test_estimate_horizon_caps_only_unplanned_windows():
     assert max(w_cap) <= 200.0
 
 
+def test_an_unplanned_node_is_valued_over_a_multiple_of_its_idle_age():
+    nodes = (IdleNode("old", None, 10_800.0), IdleNode("new", None, 5.0))
+    inp = AllocationInput(0.0, nodes, ())
+    policy = MalleTrainPolicy(horizon_s=1800.0, estimate_horizon_s=120.0)
+    w, _, _ = policy.effective_windows(inp)
+    w_age, _, _ = dataclasses.replace(policy, estimate_age_factor=3.0).effective_windows(inp)
+    assert w[0] <= 120.0 < w_age[0] <= 1800.0
+    # a node idle for 5 s has no age to speak for it: still the 120 s estimate
+    assert w_age[1] == pytest.approx(w[1]) and w_age[1] <= 120.0
+
+
+def test_a_job_that_lost_a_node_takes_back_a_free_long_idle_one():
+    """Philly, docs/evaluation.md: a job cut from 8 to 7 nodes by a reclaim never took a
+    free node idle for hours back, since 120 s of one node's gain (60/s) never paid 18 s
+    of scale-up at 700/s. Valued over three times its age, the node pays."""
+    curve = ThroughputModel(((1, 100.0), (7, 700.0), (8, 760.0)))
+    held = [IdleNode(f"h{i}", None, 10_800.0) for i in range(7)]
+    job = make_job("a", hi=8, nodes=tuple(n.name for n in held), up=18.0, down=12.0, tm=curve)
+    inp = AllocationInput(0.0, (*held, IdleNode("free", None, 10_800.0)), (job,))
+    policy = MalleTrainPolicy(horizon_s=1800.0, estimate_horizon_s=120.0)
+    assert policy.decide(inp).count("a") == 7
+    aged = dataclasses.replace(policy, estimate_age_factor=3.0)
+    plan = aged.decide(inp)
+    check_plan(inp, plan)
+    assert plan.count("a") == 8
+
+
 def test_reclaim_groups_concentrate_young_nodes_on_the_job_that_has_some():
     """Two identical running jobs; ``a`` already holds two nodes freed at t=900, two more
     from that moment are free. With reclaim groups they go to ``a``: when that group is

@@ -215,6 +215,31 @@ def test_running_jobs_of_one_kind_share_measurements():
     assert adv.scale_costs("b")[0] == pytest.approx(18.0)
 
 
+def test_a_warm_up_stint_does_not_replace_its_kinds_clean_rate():
+    """theta23-d100-sia, docs/evaluation.md: a job's 26 s at 64 nodes, all warm-up
+    (stall included), replaced its kind's clean hours at 64, and its curve went flat
+    beyond 47 for a day. Where the kind measured a size clean, a job's own warm-up there
+    does not count; its own clean measurements still do."""
+    adv = ProfilingAdvisor(EXACT)
+    adv.register("a", "resnet")
+    adv.register("b", "resnet")
+    fa = Feed(adv, job="a", n=4)
+    fa.run(100)
+    fa.rescale(8, 18.0)
+    fa.run(200)  # a measures 8 nodes clean
+    fb = Feed(adv, job="b", n=4)
+    fb.run(100)
+    fb.rescale(8, 5.0)
+    fb.run(20)  # b's own stint at 8: warm-up only, the scale-up's stall in it (415/s)
+    fb.rescale(4, 5.0)
+    fb.run(100)
+    assert adv.model("b").rate(8) == pytest.approx(TRUE[8])
+    # once b measured 8 clean itself, its own measurement is what counts
+    fb.rescale(8, 18.0)
+    fb.run(100, rate=450.0)
+    assert adv.model("b").rate(8) == pytest.approx(450.0)
+
+
 def test_optimistic_below_the_smallest_measured_size():
     adv = ProfilingAdvisor()
     adv.observe("j", 0.0, 8, 0.0)
