@@ -222,6 +222,9 @@ def fit_curve(
 class AdvisorSettings:
     #: Progress within this many seconds after a size change is warm-up: not used for rates.
     warmup_s: float = 30.0
+    #: Answers may be this many seconds old (the caller's clock) while evidence only grows
+    #: at sizes already known (core.answers); 0: always exact (replays). The daemon: 30 s.
+    refresh_s: float = 0.0
     #: A size seen only during warm-up needs this many seconds of it to count (Profile.rates).
     #: 0 (every stint counts) for replays, whose warm-up stints temper the optimistic
     #: extension (10 s cost 0.6 % on the philly-gavel replay); the daemon sets 10 s

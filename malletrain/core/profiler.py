@@ -33,6 +33,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from malletrain.core.answers import AnswerCache
 from malletrain.core.comm import fit_comm, temper
 from malletrain.core.model import ThroughputModel
 from malletrain.core.profile import (
@@ -81,26 +82,21 @@ class ProfilingAdvisor:
         self.settings = settings or AdvisorSettings()
         self._jobs: dict[str, _JobState] = {}
         self._kinds: dict[str, Profile] = {}
-        # Answers are cached per job and dropped when anything they depend on changes:
-        # a job's answers depend on its own evidence and on its kind's (archive and
-        # running jobs of that kind), so every change bumps the generation of the
-        # job's pool (its kind, else the job itself). The simulator and the daemon ask
-        # for every job's model, costs and start cost at every decision; re-merging and
-        # re-fitting each time was over a quarter of a replay's time.
-        self._gen: dict[str, int] = {}
-        self._cache: dict[str, tuple[int, Profile, ThroughputModel | None]] = {}
-        self._kind_cache: dict[str, tuple[int, Profile]] = {}
+        # The simulator and the daemon ask for every job's model, costs and start cost at
+        # every decision; re-merging and re-fitting each time was over a quarter of a
+        # replay's time. What is kept, and when it is worked out again: core.answers.
+        self._answers = AnswerCache(self.settings.refresh_s)
 
     # -- feeding --------------------------------------------------------------
     def _pool(self, job_id: str) -> str:
         st = self._jobs.get(job_id)
         return f"kind:{st.kind}" if st is not None and st.kind is not None else f"job:{job_id}"
 
-    def _touch(self, job_id: str) -> None:
-        """Evidence of ``job_id`` changed: drop the cached answers of its pool."""
-        pool = self._pool(job_id)
-        self._gen[pool] = self._gen.get(pool, 0) + 1
-        self._cache.pop(job_id, None)
+    def _touch(self, job_id: str, structural: bool = True) -> None:
+        """Evidence of ``job_id`` changed (``structural``: see core.answers)."""
+        self._answers.changed(self._pool(job_id), structural)
+        if structural:
+            self._answers.drop(job_id)
 
     def register(self, job_id: str, kind: str | None = None) -> None:
         """Declare a job (optional: observe() registers unknown jobs without a kind)."""
@@ -115,7 +111,7 @@ class ProfilingAdvisor:
     def observe(self, job_id: str, t_s: float, nodes: int, samples_total: float) -> None:
         """The job's cumulative progress was ``samples_total`` at ``t_s`` on ``nodes`` nodes."""
         st = self._job(job_id)
-        self._touch(job_id)
+        self._answers.clock(t_s)
         if st.last_t_s is not None and t_s < st.last_t_s:
             log.debug("advisor: %s: report at %s older than %s ignored", job_id, t_s, st.last_t_s)
             return
@@ -140,11 +136,14 @@ class ProfilingAdvisor:
                 st.noise_sq += ((ds / dt - prior_mean) / prior_mean) ** 2
                 st.noise_n += 1
             if ds >= 0:
+                new_size = nodes not in book
                 book.setdefault(nodes, WeightedSum()).add(ds, dt)
+                self._touch(job_id, structural=new_size)
             if clean and ds >= 0:
                 st.last_rate, st.last_rate_n = ds / dt, nodes
             if clean and st.pending is not None and st.pending.new_n == nodes:
                 self._measure_cost(st, t_s, samples_total, ds / dt)
+                self._touch(job_id)
         st.last_t_s = t_s
         st.last_n = nodes
         st.last_samples = samples_total
@@ -152,13 +151,15 @@ class ProfilingAdvisor:
     def step_times(self, job_id: str, nodes: int, step_s: float, sync_s: float,
                    samples_per_node: float) -> None:
         """A report's mean step at ``nodes`` nodes and the part it waited for the all-reduce."""
-        self._job(job_id).profile.add_step(nodes, step_s, sync_s, samples_per_node)
-        self._touch(job_id)
+        profile = self._job(job_id).profile
+        new_size = nodes not in profile.steps
+        profile.add_step(nodes, step_s, sync_s, samples_per_node)
+        self._touch(job_id, structural=new_size)
 
     def rescaled(self, job_id: str, t_s: float, old_nodes: int, new_nodes: int) -> None:
         """The job changed from ``old_nodes`` to ``new_nodes`` at ``t_s``."""
         st = self._job(job_id)
-        self._touch(job_id)
+        self._answers.clock(t_s)
         # old == new: nodes were swapped; it still costs progress, so it still
         # starts a warm-up (but there is no direction to attribute a cost to)
         anchor = st.last_samples
@@ -192,7 +193,7 @@ class ProfilingAdvisor:
         if job_id in self._jobs:
             self._touch(job_id)
         st = self._jobs.pop(job_id, None)
-        self._cache.pop(job_id, None)
+        self._answers.drop(job_id)
         if st is not None and st.kind is not None:
             self._kinds.setdefault(st.kind, Profile()).merge(st.profile)
 
@@ -220,14 +221,8 @@ class ProfilingAdvisor:
 
     # -- answers --------------------------------------------------------------
     def _combined(self, job_id: str) -> Profile:
-        """:meth:`_merged`, cached until the job's pool changes (callers must not mutate it)."""
-        gen = self._gen.get(self._pool(job_id), 0)
-        hit = self._cache.get(job_id)
-        if hit is not None and hit[0] == gen:
-            return hit[1]
-        prof = self._merged(job_id)
-        self._cache[job_id] = (gen, prof, None)
-        return prof
+        """:meth:`_merged`, cached (core.answers; callers must not mutate it)."""
+        return self._answers.profile(job_id, self._pool(job_id), lambda: self._merged(job_id))
 
     def _merged(self, job_id: str) -> Profile:
         """The job's own measurements, completed by those of its kind.
@@ -269,36 +264,33 @@ class ProfilingAdvisor:
         return prof
 
     def _kind_total(self, kind: str) -> Profile:
-        pool = f"kind:{kind}"
-        gen = self._gen.get(pool, 0)
-        hit = self._kind_cache.get(kind)
-        if hit is not None and hit[0] == gen:
-            return hit[1]
-        total = Profile()
-        if kind in self._kinds:
-            total.merge(self._kinds[kind])
-        for other in self._jobs.values():
-            if other.kind == kind:
-                total.merge(other.profile)
-        self._kind_cache[kind] = (gen, total)
-        return total
+        def build() -> Profile:
+            total = Profile()
+            if kind in self._kinds:
+                total.merge(self._kinds[kind])
+            for other in self._jobs.values():
+                if other.kind == kind:
+                    total.merge(other.profile)
+            return total
+
+        return self._answers.kind_total(kind, build)
 
     def model(self, job_id: str) -> ThroughputModel:
         """What the allocator should believe about this job's throughput."""
         prof = self._combined(job_id)
-        hit = self._cache.get(job_id)
-        if hit is not None and hit[2] is not None and hit[1] is prof:
-            return hit[2]
-        rates = prof.rates(self.settings.min_warmup_evidence_s)
-        if rates:
-            st = self.settings
-            fitted = temper(fit_curve(rates, st.optimism, st.explore_fraction, st.concave,
-                                      st.optimistic_below), fit_comm(prof.step_times()))
-            if hit is not None and hit[1] is prof:
-                self._cache[job_id] = (hit[0], prof, fitted)
+        fitted = self._answers.model(job_id, prof, lambda: self._fit(prof))
+        if fitted is not None:
             return fitted
         per_node = self._population_rate_per_node()
         return ThroughputModel(((1, per_node),), optimistic_slope=per_node)
+
+    def _fit(self, prof: Profile) -> ThroughputModel | None:
+        rates = prof.rates(self.settings.min_warmup_evidence_s)
+        if not rates:
+            return None
+        st = self.settings
+        return temper(fit_curve(rates, st.optimism, st.explore_fraction, st.concave,
+                                st.optimistic_below), fit_comm(prof.step_times()))
 
     def scale_costs(self, job_id: str) -> tuple[float, float]:
         """(scale_up_s, scale_down_s): measured where possible, else the defaults.
@@ -381,8 +373,7 @@ class ProfilingAdvisor:
     def load_profile(self, kind: str, data: Any) -> None:
         """Restore a kind's profile from its stored form (ValueError if malformed)."""
         self._kinds[kind] = Profile.from_dict(data)
-        pool = f"kind:{kind}"
-        self._gen[pool] = self._gen.get(pool, 0) + 1
+        self._answers.changed(f"kind:{kind}", structural=True)
 
     def to_dict(self) -> dict[str, Any]:
         names = set(self._kinds) | {st.kind for st in self._jobs.values() if st.kind is not None}

@@ -144,6 +144,10 @@ class SlurmSettings:
 #: A size seen live only during warm-up counts with at least this many seconds of it
 #: (:attr:`malletrain.core.profiler.AdvisorSettings.min_warmup_evidence_s`).
 LIVE_MIN_WARMUP_EVIDENCE_S = 10.0
+#: The advisor's answers may be this old while evidence only grows at sizes already known
+#: (:mod:`malletrain.core.answers`): a job's model is refitted at most every 30 s, not at
+#: every report of any job of its kind; a new size or a measured cost refreshes it at once.
+LIVE_PROFILE_REFRESH_S = 30.0
 
 @dataclass(frozen=True)
 class AllocatorSettings:
@@ -193,6 +197,7 @@ class AllocatorSettings:
             # counted as throughput it flattened the curve and the daemon stopped regrowing
             # jobs (docs/daemon.md). Replays keep the core default (every stint counts).
             min_warmup_evidence_s=LIVE_MIN_WARMUP_EVIDENCE_S,
+            refresh_s=LIVE_PROFILE_REFRESH_S,
         )
 
 

@@ -1,9 +1,10 @@
-"""The advisor's per-job answer cache never serves a stale answer.
+"""The advisor's per-job answer cache: exact with ``refresh_s`` = 0 (replays), at most
+``refresh_s`` behind more evidence at known sizes otherwise (the daemon).
 
 The cache is keyed on the generation of the job's pool (its kind, else itself);
 these tests drive two advisors with the same random history, one asked after every
 step (the cache is hit and invalidated all the time), one only at the end, and
-check that both answer the same, and that evidence from another job of the same
+check that both answer the same (``refresh_s`` = 0), and that evidence from another job of the same
 kind reaches a job's cached answer.
 """
 
@@ -13,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from malletrain.core.profile import AdvisorSettings
 from malletrain.core.profiler import ProfilingAdvisor
 
 RATE = {1: 100.0, 2: 190.0, 3: 270.0, 4: 340.0, 6: 430.0, 8: 500.0}
@@ -91,3 +93,36 @@ def test_declaring_a_job_again_unchanged_keeps_the_cache_a_new_kind_does_not():
     adv.register("a-000", "b")  # moved to another kind: a-001 loses its evidence
     assert adv.model("a-001") is not cached
     assert adv.model("a-001").points != cached.points  # no measured point of kind a left
+
+
+def test_answers_may_lag_more_evidence_at_known_sizes_by_refresh_s_only():
+    """The daemon (refresh_s = 30): a job's model is refitted at most every 30 s of report
+    time while its kind only adds evidence at sizes it knows; a new size, a measured cost
+    or a sibling leaving refreshes it at once (core.answers)."""
+    adv = ProfilingAdvisor(AdvisorSettings(refresh_s=30.0, warmup_s=0.0))
+    adv.register("a-000", "a")
+    adv.register("a-001", "a")
+    adv.observe("a-000", 0.0, 2, 0.0)
+    adv.observe("a-000", 10.0, 2, 1900.0)
+    first = adv.model("a-001")
+    assert first.rate(2) == pytest.approx(190.0)
+    # more evidence at 2 nodes, slower: within 30 s the answer stands
+    adv.observe("a-000", 20.0, 2, 1900.0 + 1500.0)
+    assert adv.model("a-001") is first
+    adv.observe("a-000", 40.0, 2, 1900.0 + 1500.0 + 3000.0)
+    refreshed = adv.model("a-001")
+    assert refreshed is not first and refreshed.rate(2) == pytest.approx(6400.0 / 40.0)
+    # a size measured for the first time is known at once, whatever the clock
+    adv.observe("a-001", 41.0, 4, 0.0)
+    adv.observe("a-001", 42.0, 4, 340.0)
+    assert adv.model("a-000").rate(4) == pytest.approx(340.0)
+    assert adv.model("a-001").rate(4) == pytest.approx(340.0)
+
+
+def test_exact_answers_with_refresh_zero():
+    adv = ProfilingAdvisor(AdvisorSettings(warmup_s=0.0))
+    adv.observe("j", 0.0, 2, 0.0)
+    adv.observe("j", 10.0, 2, 1900.0)
+    assert adv.model("j").rate(2) == pytest.approx(190.0)
+    adv.observe("j", 11.0, 2, 1900.0 + 100.0)
+    assert adv.model("j").rate(2) == pytest.approx(2000.0 / 11.0)
