@@ -63,8 +63,8 @@ class AnswerCache:
     def drop(self, job_id: str) -> None:
         self._jobs.pop(job_id, None)
 
-    def _fresh(self, entry: _Entry | None, pool: str) -> bool:
-        if entry is None or entry.gen != self._gen.get(pool, 0):
+    def _fresh(self, entry: _Entry, pool: str) -> bool:
+        if entry.gen != self._gen.get(pool, 0):
             return False
         if entry.data == self._data.get(pool, 0):
             return True
@@ -73,14 +73,17 @@ class AnswerCache:
     def _entry(self, pool: str, profile: Profile) -> _Entry:
         return _Entry(self._gen.get(pool, 0), self._data.get(pool, 0), self.now_s, profile)
 
+    def _kept(self, table: dict[str, _Entry], key: str, pool: str,
+              build: Callable[[], Profile]) -> Profile:
+        hit = table.get(key)
+        if hit is not None and self._fresh(hit, pool):
+            return hit.profile
+        entry = table[key] = self._entry(pool, build())
+        return entry.profile
+
     def profile(self, job_id: str, pool: str, build: Callable[[], Profile]) -> Profile:
         """The job's merged profile (callers must not mutate it)."""
-        hit = self._jobs.get(job_id)
-        if self._fresh(hit, pool):
-            assert hit is not None
-            return hit.profile
-        entry = self._jobs[job_id] = self._entry(pool, build())
-        return entry.profile
+        return self._kept(self._jobs, job_id, pool, build)
 
     def model(self, job_id: str, profile: Profile,
               fit: Callable[[], ThroughputModel | None]) -> ThroughputModel | None:
@@ -94,10 +97,4 @@ class AnswerCache:
 
     def kind_total(self, kind: str, build: Callable[[], Profile]) -> Profile:
         """Everything known of ``kind`` (archive + running jobs), kept like a job's answers."""
-        pool = f"kind:{kind}"
-        hit = self._kinds.get(kind)
-        if self._fresh(hit, pool):
-            assert hit is not None
-            return hit.profile
-        entry = self._kinds[kind] = self._entry(pool, build())
-        return entry.profile
+        return self._kept(self._kinds, kind, f"kind:{kind}", build)

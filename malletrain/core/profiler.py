@@ -264,16 +264,17 @@ class ProfilingAdvisor:
         return prof
 
     def _kind_total(self, kind: str) -> Profile:
-        def build() -> Profile:
-            total = Profile()
-            if kind in self._kinds:
-                total.merge(self._kinds[kind])
-            for other in self._jobs.values():
-                if other.kind == kind:
-                    total.merge(other.profile)
-            return total
+        return self._answers.kind_total(kind, lambda: self._kind_sum(kind))
 
-        return self._answers.kind_total(kind, build)
+    def _kind_sum(self, kind: str) -> Profile:
+        """Everything known of ``kind``: its archive and every running job of it."""
+        total = Profile()
+        if kind in self._kinds:
+            total.merge(self._kinds[kind])
+        for st in self._jobs.values():
+            if st.kind == kind:
+                total.merge(st.profile)
+        return total
 
     def model(self, job_id: str) -> ThroughputModel:
         """What the allocator should believe about this job's throughput."""
@@ -359,12 +360,7 @@ class ProfilingAdvisor:
     # -- persistence ----------------------------------------------------------
     def profile_dict(self, kind: str) -> dict[str, Any] | None:
         """The stored form of a kind's profile (including running jobs of that kind)."""
-        prof = Profile()
-        if kind in self._kinds:
-            prof.merge(self._kinds[kind])
-        for st in self._jobs.values():
-            if st.kind == kind:
-                prof.merge(st.profile)
+        prof = self._kind_sum(kind)
         if (not prof.clean and not prof.dirty and not prof.steps
                 and prof.scale_up_s.weight == 0 and prof.start_s.weight == 0):
             return None
