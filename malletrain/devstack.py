@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -229,8 +229,11 @@ class LocalDaemon:
 
     def submit_example(self, user: str, tag: str, nodes: str, samples: int, *,
                        step_sleep_s: float = STEP_SLEEP_S, batch_per_rank: int = BATCH_PER_RANK,
-                       launcher: str = "srun", step_log: bool = False) -> str:
+                       launcher: str = "srun", step_log: bool = False,
+                       options: Sequence[str] = ()) -> str:
         """Submit ``examples/elastic_train.py`` as ``user``; its malletrain job id.
+
+        ``options``: more ``malletrain submit`` options (e.g. ``--rate-target=5``).
 
         ``step_log``: the workers also write one JSON line per step event to
         ``out/TAG.log`` (``--jsonl``), e.g. to count steps that failed and were redone.
@@ -241,7 +244,7 @@ class LocalDaemon:
             script_args += ["--jsonl", str(self.step_log(tag))]
         res = self.submit(
             user, "--parsable", "-N", nodes, "-J", tag, "--launcher", launcher,
-            "-o", str(self.out / f"{tag}-%j.out"), "-D", str(self.out), str(EXAMPLE),
+            "-o", str(self.out / f"{tag}-%j.out"), "-D", str(self.out), *options, str(EXAMPLE),
             *script_args,
         )
         return res.stdout.strip()

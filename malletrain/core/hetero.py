@@ -43,6 +43,11 @@ log = logging.getLogger(__name__)
 
 #: Bisection rounds for the per-type node prices (each halves every type's interval).
 LAGRANGE_ROUNDS = 40
+#: A node beyond those that meet a job's rate target counts as this share of the target
+#: lost (over at most TARGET_WASTE_NODES nodes): with a scale-down of ``d`` seconds, a node
+#: the target does not need is given back when it would be held longer than ``d / 0.01``.
+TARGET_WASTE_PER_NODE = 0.01
+TARGET_WASTE_NODES = 50
 
 
 def is_typed(inp: AllocationInput) -> bool:
@@ -54,20 +59,33 @@ def is_typed(inp: AllocationInput) -> bool:
                for j in inp.jobs)
 
 
-def capped(model: ThroughputModel, target: float) -> ThroughputModel:
-    """``model`` with its rate held at ``target`` from the first size that reaches it."""
+def capped(model: ThroughputModel, target: float, max_nodes: int | None = None
+           ) -> ThroughputModel:
+    """``model`` with its rate held at ``target`` from the first size that reaches it, and
+    each node beyond that size (up to ``max_nodes``) counted as a loss of
+    :data:`TARGET_WASTE_PER_NODE` of the target: a node a job does not need is given back,
+    so that it is not held (and not billed) for nothing where no price says so."""
     points: list[tuple[int, float]] = []
     for n, r in model.points:
         if r >= target:
             points.append((n, target))
-            return ThroughputModel(tuple(points), 0.0, model.measured_max_nodes)
+            return _wasteful_beyond(points, max_nodes, model.measured_max_nodes)
         points.append((n, r))
     if model.optimistic_slope > 0 and points:
         last_n, last_r = points[-1]
         reach = last_n + max(1, math.ceil((target - last_r) / model.optimistic_slope))
         points.append((reach, target))
-        return ThroughputModel(tuple(points), 0.0, model.measured_max_nodes)
+        return _wasteful_beyond(points, max_nodes, model.measured_max_nodes)
     return model
+
+
+def _wasteful_beyond(points: list[tuple[int, float]], max_nodes: int | None,
+                     measured_max_nodes: int | None) -> ThroughputModel:
+    reach, target = points[-1]
+    extra = min((max_nodes or reach) - reach, TARGET_WASTE_NODES)
+    if extra > 0:
+        points.append((reach + extra, target * (1.0 - TARGET_WASTE_PER_NODE * extra)))
+    return ThroughputModel(tuple(points), 0.0, measured_max_nodes)
 
 
 class CountSolver(Protocol):
@@ -80,11 +98,26 @@ class CountSolver(Protocol):
                ) -> tuple[dict[str, tuple[str, ...]], float]: ...
 
 
+#: a job behind its throughput target asks for enough to be back on it within this
+TARGET_CATCH_UP_S = 1800.0
+
+
 def catch_up_target(target: float, owed: float, horizon_s: float) -> float:
     """The rate to ask for now so that a job behind its target schedule (``owed`` samples
     short of target x time admitted) is back on it within ``horizon_s``: a target is met on
     average, so time without nodes (a reclaim, a busy machine) is made up afterwards."""
     return target + max(0.0, owed) / max(horizon_s, 1.0)
+
+
+def target_now(target: float | None, since_s: float | None, done: float,
+               now_s: float) -> float | None:
+    """The throughput target to tell the plan at ``now_s`` for a job that wants ``target``
+    on average since ``since_s`` and has done ``done`` samples: raised while it is behind
+    (the simulator and the daemon both ask this; None: no target, or not started yet)."""
+    if target is None or since_s is None:
+        return target
+    owed = target * max(0.0, now_s - since_s) - done
+    return catch_up_target(target, owed, TARGET_CATCH_UP_S)
 
 
 def decide_by_type(policy: CountSolver, inp: AllocationInput
@@ -109,7 +142,8 @@ class _TypeSearch:
             by_type.setdefault(node.node_type, []).append(node)
         self.pools = {t: tuple(ns) for t, ns in sorted(by_type.items())}
         self.type_of = {n.name: n.node_type for n in self.inp.nodes}
-        self.views = {t: [_view(j, t, self.type_of) for j in self.inp.jobs] for t in self.pools}
+        self.views = {t: [_view(j, t, self.type_of, self._price(t)) for j in self.inp.jobs]
+                      for t in self.pools}
 
     def _current(self, j: int) -> str | None:
         """The type job j runs on now (most of its nodes), if it may stay there."""
@@ -234,12 +268,16 @@ def _demand(choice: list[tuple[str | None, int]]) -> dict[str, int]:
     return out
 
 
-def _view(job: MalleableJob, t: str, type_of: dict[str, str]) -> MalleableJob | None:
+def _view(job: MalleableJob, t: str, type_of: dict[str, str], price: float
+          ) -> MalleableJob | None:
+    """Job ``job`` as the count problem of type ``t`` sees it: its model there, capped at
+    its target (nodes beyond it a small loss where the type is free: a price says so
+    otherwise), and only its nodes of that type."""
     model = job.model_on(t)
     if model is None:
         return None
     if job.rate_target is not None:
-        model = capped(model, job.rate_target)
+        model = capped(model, job.rate_target, None if price > 0 else job.max_nodes)
     nodes = tuple(n for n in job.nodes if type_of.get(n) == t)
     return replace(job, throughput=model, nodes=nodes, type_throughput={},
                    allowed_types=None, rate_target=None)

@@ -110,6 +110,10 @@ class Lifecycle:
         """When the current state was entered."""
         return self.history[-1].at_s
 
+    def first_s(self, state: JobPhase) -> float | None:
+        """When ``state`` was first entered (None: never), e.g. a job's first start."""
+        return next((t.at_s for t in self.history if t.to_state == state), None)
+
 
 def allowed(from_state: JobPhase, to_state: JobPhase) -> bool:
     return to_state in TRANSITIONS[from_state]

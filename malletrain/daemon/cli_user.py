@@ -110,6 +110,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument("--export")
     sub.add_argument("-A", "--account")
     sub.add_argument("--kind", help="profile key: jobs of one kind share a learned profile")
+    sub.add_argument("--rate-target", metavar="SAMPLES_PER_S",
+                     help="throughput beyond which more nodes are worth nothing to the job "
+                          "(with node prices: met on the cheapest nodes)")
     sub.add_argument("--launcher", choices=("torchrun", "srun"),
                      help="start the K workers of a node with srun (default) or torchrun")
     sub.add_argument("--python", default=sys.executable,
@@ -140,6 +143,7 @@ _FLAG_OPTS = (
     ("chdir", "--chdir"), ("export", "--export"), ("account", "--account"), ("kind", "--kind"),
     ("launcher", "--launcher"), ("gres", "--gres"), ("gpus", "--gpus"), ("ntasks", "--ntasks"),
     ("cpus_per_task", "--cpus-per-task"), ("mem", "--mem"), ("constraint", "--constraint"),
+    ("rate_target", "--rate-target"),
 )
 
 
@@ -206,6 +210,7 @@ def cmd_test_only(args: argparse.Namespace) -> int:
         "max_nodes": spec.max_nodes, "time_s": spec.time_limit_s,
         "gpus_per_node": spec.gpus_per_node, "gpu_type": spec.gpu_type,
         "workers_per_node": spec.nproc_per_node, "launcher": spec.launcher,
+        "rate_target": spec.rate_target,
         "slot_options": list(slot_extra_args(spec)), "warnings": list(read.warnings),
         "per_node_command": node_command(spec),
     }
@@ -233,6 +238,9 @@ def _describe(read: ReadScript) -> str:
              f"nodes ({time_text}), {spec.nproc_per_node} worker(s) and {gpus} per node",
              "each node slot: sbatch " + (" ".join(slot_extra_args(spec)) or
                                           "(no options beyond the pool's)")]
+    if spec.rate_target is not None:
+        lines.append(f"throughput target: {spec.rate_target:g} samples/s (more is worth "
+                     "nothing to the job)")
     if read.plan is None:
         shown = [*node_command(spec)[:4], "...", spec.script, *spec.args]
         lines += ["mode: native (ElasticJob rescales in process, no checkpoint)",

@@ -67,6 +67,7 @@ def decide_settings(settings: Settings, **overrides: float) -> DecideSettings:
         yield_confirm_s=settings.slurm.yield_confirm_s,
         yield_unplanned_s=settings.slurm.yield_unplanned_s,
         heartbeat_timeout_s=settings.coordinator.heartbeat_timeout_s,
+        node_prices=settings.allocator.prices_by_node_type(),
     )
     return replace(base, **overrides)  # type: ignore[arg-type]
 

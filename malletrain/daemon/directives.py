@@ -12,6 +12,7 @@ script is reported at once, each as ``FILE:LINE: message`` (:class:`ScriptErrors
 
 from __future__ import annotations
 
+import math
 import re
 import signal
 from collections.abc import Callable, Sequence
@@ -20,6 +21,7 @@ from typing import TypeVar
 from malletrain.daemon.sbatch_options import Options, parse_option_tokens
 from malletrain.daemon.spec import (
     MAX_NODES_LIMIT,
+    MAX_RATE_TARGET,
     MAX_STOP_GRACE_S,
     STOP_SIGNALS,
     JobSpec,
@@ -209,6 +211,18 @@ def _time(text: str, where: str) -> int | None:
     return None if text.strip().upper() in ("UNLIMITED", "INFINITE") else parse_time_s(text, where)
 
 
+def _rate(text: str, where: str) -> float:
+    """``--rate-target=N``: samples per second, a positive finite number."""
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = math.nan
+    if not 0 < rate <= MAX_RATE_TARGET:
+        raise SpecError(f"{where}: {text!r} is not a rate in samples/s (a number above 0 "
+                        f"and at most {MAX_RATE_TARGET:g})")
+    return rate
+
+
 def _stop_signal(text: str, where: str) -> tuple[str, int, bool]:
     """``[{R|B}:]SIG[@seconds]`` -> (signal name, grace, to the batch shell only), as sbatch
     reads it (60 s by default)."""
@@ -287,6 +301,7 @@ def build_spec(opts: Options, *, script: str, args: Sequence[str], cwd: str, pyt
     slot = tuple(opts.slot) + ((f"--gres={v['gres']}",) if "gres" in v and gpus else ())
     stop_signal, grace, shell_only = ((c.get("signal", _stop_signal) or ("TERM", 0, False))
                                       if plan else ("TERM", 0, False))
+    target = c.get("rate-target", _rate)
     workers = tasks or gpus or 1
     if plan is not None:
         workers = declared_workers(plan.launch) or gpus or (
@@ -303,7 +318,8 @@ def build_spec(opts: Options, *, script: str, args: Sequence[str], cwd: str, pyt
                 kind=v.get("kind", _kind_of(script)), python=python,
                 launcher=v.get("launcher", "srun"), slot_options=slot,
                 mode="restart" if plan else "native",
-                stop_signal=stop_signal, stop_grace_s=grace, stop_shell_only=shell_only)
+                stop_signal=stop_signal, stop_grace_s=grace, stop_shell_only=shell_only,
+                rate_target=target)
         except SpecError as exc:
             c.problems.append(str(exc))
     if spec is None:

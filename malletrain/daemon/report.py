@@ -60,4 +60,5 @@ def job_rows(jobs: Sequence[JobRecord], job_nodes: Mapping[str, tuple[str, ...]]
         profile_points=points.get(j.job_id, 0) if j.state.active else 0,
         rescales_up=j.rescales_up, rescales_down=j.rescales_down,
         preemptions=j.preemptions, message=j.lifecycle.history[-1].reason,
+        rate_target=j.spec.rate_target,
     ) for j in jobs]

@@ -53,6 +53,8 @@ class JobRow:
     rescales_down: int
     preemptions: int
     message: str
+    #: the job's ``--rate-target`` in samples/s (None: none)
+    rate_target: float | None = None
 
 
 class RequestHandler:

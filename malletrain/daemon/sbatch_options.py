@@ -43,7 +43,7 @@ _TABLE: tuple[Rule, ...] = (
     Rule("--nproc-per-node", _USE), Rule("--ntasks", _USE, "-n"),
     Rule("--output", _USE, "-o"), Rule("--error", _USE, "-e"), Rule("--chdir", _USE, "-D"),
     Rule("--export", _USE), Rule("--account", _USE, "-A"), Rule("--kind", _USE),
-    Rule("--launcher", _USE), Rule("--signal", _USE),
+    Rule("--launcher", _USE), Rule("--signal", _USE), Rule("--rate-target", _USE),
     # -- honoured by Slurm on every node slot
     *(Rule(o, _SLOT, s) for o, s in (
         ("--cpus-per-task", "-c"), ("--mem", None), ("--mem-per-cpu", None),

@@ -37,6 +37,8 @@ MODES = ("native", "restart")
 #: signals a restart-mode job may ask for before it is stopped (``--signal=B:USR1@60``)
 STOP_SIGNALS = ("TERM", "INT", "USR1", "USR2", "HUP", "QUIT", "ALRM")
 MAX_STOP_GRACE_S = 3600
+#: samples/s; beyond any real job's rate (NaN and infinity fail the range check too)
+MAX_RATE_TARGET = 1e12
 
 
 class SpecError(PermanentError):
@@ -171,6 +173,10 @@ class JobSpec:
     #: ``--signal=B:...``: the signal goes to the batch shell only (the script traps it);
     #: otherwise to every process of the launch but the shell, as Slurm sends it.
     stop_shell_only: bool = False
+    #: ``--rate-target``: the throughput (samples/s, as the job reports it) beyond which more
+    #: nodes are worth nothing to it. With ``allocator.node_prices`` the plan meets it on the
+    #: cheapest nodes (HeterPS's cost objective); None: as fast as the idle nodes allow.
+    rate_target: float | None = None
 
     def __post_init__(self) -> None:
         _check_spec(self)
@@ -216,6 +222,11 @@ class JobSpec:
                 if not isinstance(value, bool):
                     raise SpecError("spec.stop_shell_only: expected true or false")
                 kw[key] = value
+            elif key == "rate_target":
+                if value is not None and (isinstance(value, bool)
+                                          or not isinstance(value, (int, float))):
+                    raise SpecError("spec.rate_target: expected a number or null")
+                kw[key] = None if value is None else float(value)
             elif key in ("output", "error", "account", "gpu_type"):
                 if value is not None and not isinstance(value, str):
                     raise SpecError(f"spec.{key}: expected a string or null")
@@ -291,6 +302,9 @@ def _check_slot_fields(s: JobSpec) -> None:
             or not 0 <= s.stop_grace_s <= MAX_STOP_GRACE_S):
         raise SpecError(f"--signal: a grace of {s.stop_grace_s!r} s must be 0 to "
                         f"{MAX_STOP_GRACE_S} s")
+    if s.rate_target is not None and not 0 < s.rate_target <= MAX_RATE_TARGET:
+        raise SpecError(f"--rate-target: {s.rate_target!r} must be a rate in samples/s "
+                        f"above 0 and at most {MAX_RATE_TARGET:g}")
     if s.gpu_type is not None and not _NAME_RE.match(s.gpu_type):
         raise SpecError(f"gpu_type: {s.gpu_type!r} is not a GPU type name")
     if len(s.slot_options) > 32:

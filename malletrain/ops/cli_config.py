@@ -9,16 +9,19 @@ filled in, as YAML (or JSON), so nobody has to guess what an omitted field means
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
 import sys
+import typing
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from malletrain.ops.config_file import load_settings, settings_to_dict
-from malletrain.ops.settings import DEFAULT_CONFIG_PATH
+from malletrain.ops.config_file import load_settings
+from malletrain.ops.settings import DEFAULT_CONFIG_PATH, Settings
 
 log = logging.getLogger(__name__)
 
@@ -65,3 +68,30 @@ def _show(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(yaml.safe_dump(data, sort_keys=False))
     return 0
+
+
+def field_docs() -> dict[str, str]:
+    """Every leaf setting as ``"section.field" -> documentation``, in declaration order."""
+    out: dict[str, str] = {}
+    for sec in dataclasses.fields(Settings):
+        cls = typing.get_type_hints(Settings)[sec.name]
+        for f in dataclasses.fields(cls):
+            out[f"{sec.name}.{f.name}"] = f.metadata["doc"]
+    return out
+
+
+def settings_to_dict(settings: Settings) -> dict[str, Any]:
+    """Plain YAML-able data (paths as strings, tuples as lists), e.g. for ``config show``."""
+
+    def plain(v: Any) -> Any:
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, Path):
+            return str(v)
+        if isinstance(v, tuple):
+            return [plain(x) for x in v]
+        return v
+
+    result = plain(settings)
+    assert isinstance(result, dict)
+    return result

@@ -190,6 +190,12 @@ class _Converter:
                         return choice
             self.fail(path, f"must be one of {', '.join(map(str, args))}, got {_describe(raw)}")
             return None
+        if origin is Mapping:
+            if not isinstance(raw, Mapping):
+                self.fail(path, f"must be a mapping, got {_describe(raw)}")
+                return None
+            return {self.value(args[0], k, f"{path}.{k}"): self.value(args[1], v, f"{path}.{k}")
+                    for k, v in raw.items()}
         if origin is tuple:
             if not isinstance(raw, list):
                 self.fail(path, f"must be a list, got {_describe(raw)}")
@@ -247,8 +253,8 @@ class _Converter:
     def expected(tp: Any) -> str:
         if typing.get_origin(tp) is Literal:
             return "one of " + ", ".join(map(str, typing.get_args(tp)))
-        if typing.get_origin(tp) is tuple:
-            return "a list"
+        if typing.get_origin(tp) in (tuple, Mapping):
+            return "a list" if typing.get_origin(tp) is tuple else "a mapping"
         return {bool: "true or false", int: "an integer", float: "a number", str: "a string",
                 Path: "a path"}.get(tp, str(tp))
 
@@ -364,33 +370,3 @@ def reload_settings(path: str | os.PathLike[str] | None, running: Settings) -> R
                 changed.append(path)
         sections[sec.name] = dataclasses.replace(new_sec, **keep) if keep else new_sec
     return ReloadResult(Settings(**sections), None, tuple(needs_restart), tuple(changed))
-
-
-# ---------------------------------------------------------------------------------------
-# introspection (config show, docs tests)
-# ---------------------------------------------------------------------------------------
-def field_docs() -> dict[str, str]:
-    """Every leaf setting as ``"section.field" -> documentation``, in declaration order."""
-    out: dict[str, str] = {}
-    for sec in dataclasses.fields(Settings):
-        cls = typing.get_type_hints(Settings)[sec.name]
-        for f in dataclasses.fields(cls):
-            out[f"{sec.name}.{f.name}"] = f.metadata["doc"]
-    return out
-
-
-def settings_to_dict(settings: Settings) -> dict[str, Any]:
-    """Plain YAML-able data (paths as strings, tuples as lists), e.g. for ``config show``."""
-
-    def plain(v: Any) -> Any:
-        if dataclasses.is_dataclass(v) and not isinstance(v, type):
-            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
-        if isinstance(v, Path):
-            return str(v)
-        if isinstance(v, tuple):
-            return [plain(x) for x in v]
-        return v
-
-    result = plain(settings)
-    assert isinstance(result, dict)
-    return result

@@ -40,6 +40,7 @@ directory of the config file, so a config and its state can travel together in t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -47,12 +48,14 @@ from typing import Literal
 from malletrain.core.options import LIVE, PolicyOptions
 from malletrain.core.profile import AdvisorSettings
 from malletrain.ops.settings_fields import (
+    CPU_NODE_TYPE,
     check_address,
     check_host,
     check_name,
     check_names,
     check_optional_name,
     check_policy,
+    check_prices,
     check_socket_path,
     meta,
     parse_address,
@@ -183,9 +186,26 @@ class AllocatorSettings:
         min=0, max=3600,
     ))
 
+    node_prices: Mapping[str, float] = field(default_factory=dict, metadata=meta(
+        "Price of a node-second per node type (the TYPE `malletrain nodes` shows: a GPU "
+        "model, or cpu for nodes without GPUs; a type not named costs nothing), in a job's "
+        "own work: a node priced p is used only where it adds more than p times the job's "
+        "one-node throughput on its best type. A job with --rate-target then meets it on the "
+        "cheapest nodes (HeterPS's cost objective). Empty: every idle node is free.",
+        check=check_prices,
+    ))
+
     def policy_options(self) -> PolicyOptions:
-        """The knobs of :func:`malletrain.core.policies.make_policy` from these settings."""
-        return LIVE.with_(horizon_s=self.horizon_s)
+        """The knobs of :func:`malletrain.core.policies.make_policy` from these settings.
+
+        Prices are in each job's own one-node work, so with prices the plan counts work in
+        those units (``work_units``): a job's samples/s alone would make a fast job's nodes
+        worth more than a slow job's at the same price."""
+        return LIVE.with_(horizon_s=self.horizon_s, work_units=bool(self.node_prices))
+
+    def prices_by_node_type(self) -> dict[str, float]:
+        """``node_prices`` keyed as ``core.scavenger.node_type`` names types (cpu: "")."""
+        return {("" if t == CPU_NODE_TYPE else t): p for t, p in self.node_prices.items()}
 
     def advisor_settings(self) -> AdvisorSettings:
         """The Profiling Advisor's settings (:class:`malletrain.core.profiler.AdvisorSettings`)."""

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -119,4 +120,22 @@ def check_policy(value: str) -> str | None:
 def check_host(value: str) -> str | None:
     if not value or any(c.isspace() for c in value):
         return f"must be a host name or address, got {value!r}"
+    return None
+
+
+#: how ``allocator.node_prices`` names nodes without GPUs (``node_type`` gives them "")
+CPU_NODE_TYPE = "cpu"
+#: a node type as ``core.scavenger.node_type`` gives it: a GPU model from GRES, lower case
+_NODE_TYPE_RE = re.compile(r"^[a-z0-9_.+-]{1,64}$")
+#: a price per node-second in a job's one-node work; above 1000 no node is ever worth it
+MAX_NODE_PRICE = 1000.0
+
+
+def check_prices(value: Mapping[str, float]) -> str | None:
+    for kind, price in value.items():
+        if not _NODE_TYPE_RE.match(kind):
+            return (f"{kind!r} is not a node type as `malletrain nodes` shows it (a GPU model "
+                    f"in lower case, or {CPU_NODE_TYPE})")
+        if not 0 <= price <= MAX_NODE_PRICE:
+            return f"{kind}: a price is from 0 to {MAX_NODE_PRICE:g}, got {price:g}"
     return None

@@ -16,12 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from malletrain.core.hetero import catch_up_target
+from malletrain.core.hetero import target_now as core_target_now
 from malletrain.sim.result import JobRun, Result
 from malletrain.sim.trace import input_error
-
-#: a job behind its throughput target asks for enough to be back on it within this
-TARGET_CATCH_UP_S = 1800.0
 
 
 @dataclass(frozen=True)
@@ -88,8 +85,4 @@ def charge(result: Result, types: NodeTypes | None, nodes: list[int], dt_s: floa
 
 def target_now(run: JobRun, t_s: float) -> float | None:
     """The job's throughput target as told at ``t_s``: raised while it is behind it."""
-    target = run.job.rate_target
-    if target is None or run.admitted_s is None:
-        return target
-    owed = target * (t_s - run.admitted_s) - run.done
-    return catch_up_target(target, owed, TARGET_CATCH_UP_S)
+    return core_target_now(run.job.rate_target, run.admitted_s, run.done, t_s)

@@ -98,6 +98,19 @@ def test_capped_holds_the_rate_at_the_target():
     assert capped(flat, 10.0) == flat
 
 
+def test_a_node_beyond_the_target_counts_as_a_small_loss_so_it_is_given_back():
+    m = capped(ThroughputModel(((1, 2.0), (4, 6.0))), 5.0, max_nodes=10)
+    assert m.rate(4) == 5.0 and m.rate(5) == 5.0 * 0.99 and m.rate(10) == 5.0 * 0.94
+    # a job holding two nodes where one meets its target gives the other back (no prices)
+    a = job("a", 0, max_nodes=4, nodes=("-0", "-1"), rate_target=1.0,
+            throughput=ThroughputModel(((1, 200.0), (4, 700.0)), 0.0, 4))
+    plan = MalleTrainPolicy().decide(AllocationInput(0.0, tuple(nodes("", 6)), (a,)))
+    assert plan.count("a") == 1
+    untargeted = replace(a, rate_target=None)
+    assert MalleTrainPolicy().decide(AllocationInput(0.0, tuple(nodes("", 6)), (untargeted,))
+                                     ).count("a") == 4
+
+
 def test_one_type_takes_the_plain_path():
     a, b = job("a", 0), job("b", 1, throughput=linear(2.0))
     inp = AllocationInput(0.0, tuple(nodes("", 6)), (a, b))

@@ -69,13 +69,17 @@ def test_command_line_flags_win():
     ("#SBATCH -N 4-2", "min <= max"),
     ("#SBATCH --export=MALLETRAIN_JOB_ID=x", "set by malletrain"),
     ("#SBATCH --job-name='bad name'", "job name"),
+    ("#SBATCH --rate-target=fast", "is not a rate in samples/s"),
+    ("#SBATCH --rate-target=0", "is not a rate in samples/s"),
+    ("#SBATCH --rate-target=inf", "is not a rate in samples/s"),
+    ("#SBATCH --rate-target=nan", "is not a rate in samples/s"),
 ])
 def test_refused_and_invalid_directives_name_file_line_and_option(line, needle):
     text = f"#!/bin/bash\n{line}\necho hi\n"
     with pytest.raises(SpecError) as err:
         spec_from(text)
     assert needle in str(err.value)
-    if "unknown" in needle or "cannot be" in needle or "not a time" in needle:
+    if any(w in needle for w in ("unknown", "cannot be", "not a time", "not a rate")):
         assert "/home/u/train.py:2" in str(err.value)
 
 
@@ -101,11 +105,17 @@ def test_nodes_and_export():
 def test_spec_round_trips_and_from_dict_rejects_junk():
     spec, _ = spec_from(SCRIPT)
     assert JobSpec.from_dict(spec.to_dict()) == spec
+    targeted, _ = spec_from(SCRIPT, ["--rate-target=1250.5"])
+    assert targeted.rate_target == 1250.5
+    assert JobSpec.from_dict(targeted.to_dict()) == targeted
     for bad in ({}, [], {"script": "relative.py"}, {"script": "/x.py", "max_nodes": "4"},
                 {"script": "/x.py", "min_nodes": 3, "max_nodes": 2},
                 {"script": "/x.py", "python": "python3"}, {"script": "/x.py", "evil": 1},
                 {"script": "/x.py", "environment": {"MALLETRAIN_JOB_ID": "j"}},
-                {"script": "/x.py", "args": ["a\0b"]}, {"script": "/x.py", "min_nodes": True}):
+                {"script": "/x.py", "args": ["a\0b"]}, {"script": "/x.py", "min_nodes": True},
+                {"script": "/x.py", "rate_target": True}, {"script": "/x.py", "rate_target": "9"},
+                {"script": "/x.py", "rate_target": -1.0},
+                {"script": "/x.py", "rate_target": 1e300}):
         with pytest.raises(SpecError):
             JobSpec.from_dict(bad)
 

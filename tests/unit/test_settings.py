@@ -7,13 +7,12 @@ from pathlib import Path
 import pytest
 
 from malletrain.errors import ConfigError
+from malletrain.ops.cli_config import field_docs, settings_to_dict
 from malletrain.ops.config_file import (
     SettingsError,
-    field_docs,
     load_settings,
     parse_settings,
     reload_settings,
-    settings_to_dict,
 )
 from malletrain.ops.settings import Settings
 from malletrain.ops.settings_fields import parse_address
@@ -77,6 +76,12 @@ def test_values_are_typed_and_frozen(tmp_path):
         ("limits:\n  max_jobs_per_user: 0\n", "limits.max_jobs_per_user", ">= 1"),
         ("limits:\n  max_jobs_per_user: 500\n", "limits.max_jobs_per_user", "max_jobs_total"),
         ("sluurm: {}\n", "sluurm", "did you mean 'slurm'"),
+        ("allocator:\n  node_prices: 1\n", "allocator.node_prices", "must be a mapping"),
+        ("allocator:\n  node_prices: {a100: x}\n", "allocator.node_prices.a100",
+         "must be a number"),
+        ("allocator:\n  node_prices: {a100: -1}\n", "allocator.node_prices", "from 0 to"),
+        ("allocator:\n  node_prices: {A100: 1}\n", "allocator.node_prices", "lower case"),
+        ("allocator:\n  node_prices: {1: 1}\n", "allocator.node_prices.1", "string"),
     ],
 )
 def test_bad_values_name_file_field_and_problem(tmp_path, text, field, words):
@@ -205,3 +210,16 @@ def test_slot_settings_reach_the_decision(tmp_path):
         load_settings(write(tmp_path, "slurm:\n  yield_ahead_s: -1\n"))
     with pytest.raises(SettingsError, match=r"slurm\.yield_confirm_s"):
         load_settings(write(tmp_path, "slurm:\n  yield_confirm_s: 61\n"))
+
+
+def test_node_prices_reach_the_decision_in_slurms_type_names(tmp_path):
+    """``allocator.node_prices`` (issue 19 §1): keyed by the type ``malletrain nodes`` shows,
+    ``cpu`` for nodes without GPUs (whose type is ""); with prices the plan counts work in
+    each job's one-node units, the units a price is given in."""
+    from malletrain.daemon.daemon import decide_settings
+
+    s = load_settings(write(tmp_path, "allocator:\n  node_prices: {a100: 0.5, cpu: 0.1}\n"))
+    assert decide_settings(s).node_prices == {"a100": 0.5, "": 0.1}
+    assert s.allocator.policy_options().work_units
+    assert not Settings().allocator.policy_options().work_units
+    assert decide_settings(Settings()).node_prices == {}

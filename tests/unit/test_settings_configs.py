@@ -9,7 +9,8 @@ from pathlib import Path
 import yaml
 
 from malletrain.cli import main
-from malletrain.ops.config_file import field_docs, load_settings, settings_to_dict
+from malletrain.ops.cli_config import field_docs, settings_to_dict
+from malletrain.ops.config_file import load_settings
 from malletrain.ops.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,12 +15,11 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from malletrain.errors import ConfigError
+from malletrain.ops.cli_config import field_docs, settings_to_dict
 from malletrain.ops.config_file import (
     SettingsError,
-    field_docs,
     load_settings,
     parse_settings,
-    settings_to_dict,
 )
 from malletrain.ops.settings import Settings
 

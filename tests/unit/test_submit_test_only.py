@@ -48,6 +48,9 @@ def test_json_says_what_would_run(tmp_path):
     assert out["per_node_command"][-3:] == [str(script), "--lr", "0.1"]
     assert out["warnings"] == [f"{script}:7: --mail-type ignored: malletrain sends no mail; "
                                "watch `malletrain jobs`"]
+    assert out["rate_target"] is None
+    res, _ = submit(tmp_path, LLM, "--json", "--rate-target", "800")
+    assert json.loads(res.stdout)["rate_target"] == 800.0
 
 
 def test_a_refused_script_lists_every_problem_and_exits_non_zero(tmp_path):

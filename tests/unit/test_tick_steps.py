@@ -130,7 +130,7 @@ def test_allocate_caps_jobs_at_their_usable_slots_and_targets_only_offered_nodes
                slot_job(12, "m1", 1, JobState.PENDING, "JobHeldUser")],
               [SlotRecord("m1", k, 11 + k) for k in range(4)], [big])
     slots = job_slots(w)
-    jobs = policy_jobs((big,), slots, {"m1": ()}, {})
+    jobs = policy_jobs(0.0, (big,), slots, {"m1": ()}, {})
     assert [(j.job_id, j.max_nodes) for j in jobs] == [("m1", 2)]  # two slots are gone
     pool = build_pool(w, (big,), slots)
     out = allocate(NOW, pool, jobs, make_policy("equal-share"))
@@ -310,3 +310,46 @@ def test_views_a_slot_changed_outside_malletrain_is_no_longer_used():
     assert js.changed[0] in plan.notes
     assert all(getattr(a, "slurm_job_id", 14) == 14 for a in plan.actions
                if not isinstance(a, Transit))
+
+
+def test_allocate_meets_a_rate_target_on_the_cheapest_node_type():
+    """Issue 19 §1, in the daemon: node prices from ``allocator.node_prices`` and a job's
+    ``--rate-target`` reach the plan, which meets the target on the cheaper type and takes
+    no node beyond it; without a target the same job takes every node of that type."""
+    from malletrain.daemon.spec import JobSpec
+
+    def gpu_node(name, gres):
+        return dataclasses.replace(node(name), gres=gres)
+
+    def job(target):
+        return dataclasses.replace(record("m1", JobPhase.QUEUED, max_nodes=6), spec=JobSpec(
+            script="/x/t.py", min_nodes=1, max_nodes=6, gpus_per_node=1, rate_target=target))
+
+    nodes = [gpu_node(f"a{i}", "gpu:a100:1") for i in range(3)] + [
+        gpu_node(f"v{i}", "gpu:v100:1") for i in range(3)]
+    slots = [slot_job(11 + k, "m1", k, JobState.PENDING, "JobHeldUser") for k in range(6)]
+    records = [SlotRecord("m1", k, 11 + k) for k in range(6)]
+    prices = {"a100": 0.6, "v100": 0.1}
+    # no model yet: the job competes as a linear one, 1 sample/s per node on either type
+    w = world(nodes, slots, records, [job(2.0)], node_prices=prices)
+    assert sorted(decide(w, make_policy("malletrain")).targets["m1"]) == ["v0", "v1"]
+    w = world(nodes, slots, records, [job(None)], node_prices=prices)
+    assert sorted(decide(w, make_policy("malletrain")).targets["m1"]) == ["v0", "v1", "v2"]
+
+
+def test_a_rate_target_is_raised_while_the_job_is_behind_it():
+    """A target is met on average since the job first started: a job that trained for
+    900 s at half its target asks for more until it is back on schedule (30 minutes)."""
+    from malletrain.daemon.spec import JobSpec
+    from malletrain.daemon.tick.allocate import rate_target
+
+    spec = JobSpec(script="/x/t.py", rate_target=2.0)
+    queued = dataclasses.replace(record("m1", JobPhase.QUEUED), spec=spec)
+    assert rate_target(queued, NOW) == 2.0  # never started: nothing owed yet
+    started = dataclasses.replace(record("m1", JobPhase.RUNNING), spec=spec)
+    since = started.lifecycle.first_s(JobPhase.STARTING)
+    behind = dataclasses.replace(started, samples_total=int(2.0 * (NOW - since) / 2))
+    assert rate_target(behind, NOW) == 2.0 + (2.0 * (NOW - since) / 2) / 1800
+    ahead = dataclasses.replace(started, samples_total=int(4.0 * (NOW - since)))
+    assert rate_target(ahead, NOW) == 2.0
+    assert rate_target(record("m1", JobPhase.RUNNING), NOW) is None

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from malletrain.core.hetero import target_now
+from malletrain.core.lifecycle import JobPhase
 from malletrain.core.model import AllocationInput, MalleableJob, Plan, Policy, ThroughputModel
 from malletrain.daemon.slots import SlotStatus
 from malletrain.daemon.spec import JobSpec
@@ -42,7 +44,16 @@ def allowed_types(spec: JobSpec, gpu_types: frozenset[str]) -> frozenset[str] | 
     return None
 
 
-def policy_jobs(managed: tuple[JobRecord, ...], slots: Mapping[str, JobSlots],
+def rate_target(job: JobRecord, now_s: float) -> float | None:
+    """The job's ``--rate-target`` as the plan is told it now: met on average since its
+    first start, so time without nodes is made up (``core.hetero.target_now``)."""
+    if job.spec.rate_target is None:
+        return None
+    return target_now(job.spec.rate_target, job.lifecycle.first_s(JobPhase.STARTING),
+                      job.samples_total, now_s)
+
+
+def policy_jobs(now_s: float, managed: tuple[JobRecord, ...], slots: Mapping[str, JobSlots],
                 held: Mapping[str, tuple[str, ...]], models: Mapping[str, JobModel],
                 gpu_types: frozenset[str] = frozenset()) -> tuple[MalleableJob, ...]:
     out = []
@@ -57,20 +68,24 @@ def policy_jobs(managed: tuple[JobRecord, ...], slots: Mapping[str, JobSlots],
             nodes=held[job.job_id], throughput=model.throughput,
             scale_up_s=model.scale_up_s, scale_down_s=model.scale_down_s,
             submit_order=job.seq, start_s=model.start_s, rate_noise=model.rate_noise,
-            type_throughput=model.by_type, allowed_types=allowed_types(job.spec, gpu_types)))
+            type_throughput=model.by_type, allowed_types=allowed_types(job.spec, gpu_types),
+            rate_target=rate_target(job, now_s)))
     return tuple(out)
 
 
 def allocate(now_s: float, pool: Pool, jobs: tuple[MalleableJob, ...], policy: Policy,
-             pinned: Mapping[str, tuple[str, ...]] | None = None) -> Allocation:
+             pinned: Mapping[str, tuple[str, ...]] | None = None,
+             prices: Mapping[str, float] | None = None) -> Allocation:
     """The policy's targets for ``jobs``; ``pinned`` jobs keep what they hold, and their
-    nodes are not offered to the others."""
+    nodes are not offered to the others. ``prices``: per node type, per node-second
+    (``allocator.node_prices``)."""
     pinned = pinned or {}
     if not jobs:
         return Allocation(None, dict(pinned))
     taken = {n for ns in pinned.values() for n in ns}
     nodes = tuple(n for n in pool.free + pool.held + pool.leaving if n.name not in taken)
-    plan = policy.decide(AllocationInput(now_s=now_s, nodes=nodes, jobs=jobs))
+    plan = policy.decide(AllocationInput(now_s=now_s, nodes=nodes, jobs=jobs,
+                                         prices=dict(prices or {})))
     offered = pool.offered - taken
     # zero-window leftovers are offered to keep the hole model honest, never to be used
     targets = {k: tuple(n for n in v if n in offered) for k, v in plan.assignments.items()}

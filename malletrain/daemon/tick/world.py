@@ -49,6 +49,8 @@ class DecideSettings:
     #: from held nodes if it needs them
     #: (:func:`~malletrain.daemon.tick.yielding.serve_unplanned`).
     yield_unplanned_s: float = 10.0
+    #: price of a node-second per node type (``allocator.node_prices``; CPU nodes: "").
+    node_prices: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
