@@ -19,14 +19,13 @@ local search moving one job at a time between exactly solved types took 100x lon
 2,000 x 200 and planned worse on the mixed-cluster replay (benchmarks/hetero.py).
 
 The cost objective (HeterPS's formulation, minimise cost under a throughput target): a job
-with ``rate_target`` values throughput only up to that target, so with prices the plan
-meets each target with the cheapest nodes it can and spends nothing beyond it.
+with ``rate_target`` values throughput only up to that target (:mod:`.targets`), so with
+prices the plan meets each target with the cheapest nodes it can and spends nothing beyond.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -35,6 +34,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
+from malletrain.core.targets import capped
 
 if TYPE_CHECKING:  # the profiler is not needed to plan, only to tell models
     from malletrain.core.profiler import ProfilingAdvisor
@@ -43,11 +43,6 @@ log = logging.getLogger(__name__)
 
 #: Bisection rounds for the per-type node prices (each halves every type's interval).
 LAGRANGE_ROUNDS = 40
-#: A node beyond those that meet a job's rate target counts as this share of the target
-#: lost (over at most TARGET_WASTE_NODES nodes): with a scale-down of ``d`` seconds, a node
-#: the target does not need is given back when it would be held longer than ``d / 0.01``.
-TARGET_WASTE_PER_NODE = 0.01
-TARGET_WASTE_NODES = 50
 
 
 def is_typed(inp: AllocationInput) -> bool:
@@ -59,35 +54,6 @@ def is_typed(inp: AllocationInput) -> bool:
                for j in inp.jobs)
 
 
-def capped(model: ThroughputModel, target: float, max_nodes: int | None = None
-           ) -> ThroughputModel:
-    """``model`` with its rate held at ``target`` from the first size that reaches it, and
-    each node beyond that size (up to ``max_nodes``) counted as a loss of
-    :data:`TARGET_WASTE_PER_NODE` of the target: a node a job does not need is given back,
-    so that it is not held (and not billed) for nothing where no price says so."""
-    points: list[tuple[int, float]] = []
-    for n, r in model.points:
-        if r >= target:
-            points.append((n, target))
-            return _wasteful_beyond(points, max_nodes, model.measured_max_nodes)
-        points.append((n, r))
-    if model.optimistic_slope > 0 and points:
-        last_n, last_r = points[-1]
-        reach = last_n + max(1, math.ceil((target - last_r) / model.optimistic_slope))
-        points.append((reach, target))
-        return _wasteful_beyond(points, max_nodes, model.measured_max_nodes)
-    return model
-
-
-def _wasteful_beyond(points: list[tuple[int, float]], max_nodes: int | None,
-                     measured_max_nodes: int | None) -> ThroughputModel:
-    reach, target = points[-1]
-    extra = min((max_nodes or reach) - reach, TARGET_WASTE_NODES)
-    if extra > 0:
-        points.append((reach + extra, target * (1.0 - TARGET_WASTE_PER_NODE * extra)))
-    return ThroughputModel(tuple(points), 0.0, measured_max_nodes)
-
-
 class CountSolver(Protocol):
     """What the per-type plan needs of the allocator (``MalleTrainPolicy``)."""
 
@@ -96,28 +62,6 @@ class CountSolver(Protocol):
 
     def assign(self, inp: AllocationInput, price_per_node_s: float = 0.0
                ) -> tuple[dict[str, tuple[str, ...]], float]: ...
-
-
-#: a job behind its throughput target asks for enough to be back on it within this
-TARGET_CATCH_UP_S = 1800.0
-
-
-def catch_up_target(target: float, owed: float, horizon_s: float) -> float:
-    """The rate to ask for now so that a job behind its target schedule (``owed`` samples
-    short of target x time admitted) is back on it within ``horizon_s``: a target is met on
-    average, so time without nodes (a reclaim, a busy machine) is made up afterwards."""
-    return target + max(0.0, owed) / max(horizon_s, 1.0)
-
-
-def target_now(target: float | None, since_s: float | None, done: float,
-               now_s: float) -> float | None:
-    """The throughput target to tell the plan at ``now_s`` for a job that wants ``target``
-    on average since ``since_s`` and has done ``done`` samples: raised while it is behind
-    (the simulator and the daemon both ask this; None: no target, or not started yet)."""
-    if target is None or since_s is None:
-        return target
-    owed = target * max(0.0, now_s - since_s) - done
-    return catch_up_target(target, owed, TARGET_CATCH_UP_S)
 
 
 def decide_by_type(policy: CountSolver, inp: AllocationInput

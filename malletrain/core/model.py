@@ -105,6 +105,9 @@ class MalleableJob:
     #: Cost objective: the throughput (the model's units) beyond which more is worth
     #: nothing, so the plan meets it at the lowest price (``AllocationInput.prices``).
     rate_target: float | None = None
+    #: Nodes the job must never be given (its ``--exclude``): placement skips them; the
+    #: caller caps ``max_nodes`` at the nodes it may use.
+    excluded_nodes: frozenset[str] = frozenset()
 
     def model_on(self, node_type: str) -> ThroughputModel | None:
         """The job's throughput on nodes of ``node_type``; None where it cannot run."""

@@ -75,7 +75,8 @@ def assign_nodes(
     # 1. every job keeps (up to its count) its current nodes, longest windows first
     for job in inp.jobs:
         want = max(0, counts.get(job.job_id, 0))
-        own = [n for n in job.nodes if n in switch and n not in taken]
+        own = [n for n in job.nodes
+               if n in switch and n not in taken and n not in job.excluded_nodes]
         if not own or want == 0:
             result[job.job_id] = ()
             continue
@@ -101,7 +102,9 @@ def assign_nodes(
         if need <= 0:
             continue
         home = _home_switch(have, switch) if have else pool.next_switch()
-        result[job_id] = tuple(have + pool.take(need, home))
+        avoid = jobs_by_id[job_id].excluded_nodes
+        got = pool.take_avoiding(need, home, avoid) if avoid else pool.take(need, home)
+        result[job_id] = tuple(have + got)
     return result
 
 
@@ -175,6 +178,21 @@ class _Pool:
             if i >= len(lst) and b == self.first:
                 self.first += 1
             b += 1
+        return out
+
+    def take_avoiding(self, need: int, home: str | None, avoid: frozenset[str]) -> list[str]:
+        """``take`` for a job that must not get the nodes in ``avoid`` (``--exclude``): a
+        plain scan in the same order, leaving the pointers to ``take`` (exclusions are
+        rare). It may return fewer than ``need``; those nodes stay free this decision."""
+        out: list[str] = []
+        for b in range(self.first, len(self.buckets)):
+            home_first = self.by_switch[b].get(home, []) if home is not None else []
+            for n in (*home_first, *self.buckets[b]):
+                if need == 0:
+                    return out
+                if n not in self.taken and n not in avoid:
+                    self._grab(n, out)
+                    need -= 1
         return out
 
     def _grab(self, n: str, out: list[str]) -> None:

@@ -35,6 +35,7 @@ from malletrain.daemon.slots import node_command, render_slot, slot_extra_args
 from malletrain.daemon.spec import MAX_SCRIPT_BYTES, JobSpec, SpecError
 from malletrain.elastic.restart.script import ScriptPlan
 from malletrain.errors import PermanentError, UserError
+from malletrain.slurm.hostlist import compress_hostlist
 
 log = logging.getLogger(__name__)
 
@@ -75,21 +76,8 @@ def _call(sock: Path, request: dict[str, Any], idempotent: bool = True) -> dict[
     return call(sock, request, retry_s=window_s, idempotent=idempotent, on_retry=tell)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--socket", default=None,
-                        help="the daemon's socket (default $MALLETRAIN_SOCKET or "
-                             f"{DEFAULT_SOCKET})")
-
-    sub = subparsers.add_parser(
-        "submit", parents=[common],
-        help="submit a malleable training job (like sbatch)",
-        description=(
-            "Submit a malleable data-parallel training job. #SBATCH lines in the script are "
-            "read like sbatch reads them; flags given here win. The job grows onto idle nodes "
-            "and yields them to regular jobs at once."
-        ),
-    )
+def _add_job_options(sub: argparse.ArgumentParser) -> None:
+    """The sbatch-like options of ``submit`` (each also read from ``#SBATCH`` lines)."""
     sub.add_argument("-J", "--job-name")
     sub.add_argument("-N", "--nodes", help="node count range MIN[-MAX]")
     sub.add_argument("--min-nodes", type=str)
@@ -110,11 +98,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument("--export")
     sub.add_argument("-A", "--account")
     sub.add_argument("--kind", help="profile key: jobs of one kind share a learned profile")
+    sub.add_argument("-x", "--exclude", metavar="HOSTLIST",
+                     help="nodes the job never runs on, e.g. n[1-4],gpu7")
     sub.add_argument("--rate-target", metavar="SAMPLES_PER_S",
                      help="throughput beyond which more nodes are worth nothing to the job "
                           "(with node prices: met on the cheapest nodes)")
     sub.add_argument("--launcher", choices=("torchrun", "srun"),
                      help="start the K workers of a node with srun (default) or torchrun")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--socket", default=None,
+                        help="the daemon's socket (default $MALLETRAIN_SOCKET or "
+                             f"{DEFAULT_SOCKET})")
+
+    sub = subparsers.add_parser(
+        "submit", parents=[common],
+        help="submit a malleable training job (like sbatch)",
+        description=(
+            "Submit a malleable data-parallel training job. #SBATCH lines in the script are "
+            "read like sbatch reads them; flags given here win. The job grows onto idle nodes "
+            "and yields them to regular jobs at once."
+        ),
+    )
+    _add_job_options(sub)
     sub.add_argument("--python", default=sys.executable,
                      help="Python on the nodes that runs the workers (default: this one)")
     sub.add_argument("--parsable", action="store_true", help="print only the job id")
@@ -143,7 +151,7 @@ _FLAG_OPTS = (
     ("chdir", "--chdir"), ("export", "--export"), ("account", "--account"), ("kind", "--kind"),
     ("launcher", "--launcher"), ("gres", "--gres"), ("gpus", "--gpus"), ("ntasks", "--ntasks"),
     ("cpus_per_task", "--cpus-per-task"), ("mem", "--mem"), ("constraint", "--constraint"),
-    ("rate_target", "--rate-target"),
+    ("rate_target", "--rate-target"), ("exclude", "--exclude"),
 )
 
 
@@ -210,7 +218,7 @@ def cmd_test_only(args: argparse.Namespace) -> int:
         "max_nodes": spec.max_nodes, "time_s": spec.time_limit_s,
         "gpus_per_node": spec.gpus_per_node, "gpu_type": spec.gpu_type,
         "workers_per_node": spec.nproc_per_node, "launcher": spec.launcher,
-        "rate_target": spec.rate_target,
+        "rate_target": spec.rate_target, "exclude": list(spec.exclude),
         "slot_options": list(slot_extra_args(spec)), "warnings": list(read.warnings),
         "per_node_command": node_command(spec),
     }
@@ -238,6 +246,8 @@ def _describe(read: ReadScript) -> str:
              f"nodes ({time_text}), {spec.nproc_per_node} worker(s) and {gpus} per node",
              "each node slot: sbatch " + (" ".join(slot_extra_args(spec)) or
                                           "(no options beyond the pool's)")]
+    if spec.exclude:
+        lines.append(f"never on: {compress_hostlist(spec.exclude)}")
     if spec.rate_target is not None:
         lines.append(f"throughput target: {spec.rate_target:g} samples/s (more is worth "
                      "nothing to the job)")

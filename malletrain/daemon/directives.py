@@ -20,6 +20,7 @@ from typing import TypeVar
 
 from malletrain.daemon.sbatch_options import Options, parse_option_tokens
 from malletrain.daemon.spec import (
+    MAX_EXCLUDED_NODES,
     MAX_NODES_LIMIT,
     MAX_RATE_TARGET,
     MAX_STOP_GRACE_S,
@@ -37,6 +38,8 @@ from malletrain.elastic.restart.script import (
     declared_workers,
     is_shell_script,
 )
+from malletrain.slurm.errors import SlurmParseError
+from malletrain.slurm.hostlist import expand_hostlist
 
 T = TypeVar("T")
 
@@ -223,6 +226,20 @@ def _rate(text: str, where: str) -> float:
     return rate
 
 
+def _exclude(text: str, where: str) -> tuple[str, ...]:
+    """``--exclude=n[1-4],gpu7``: sbatch's hostlist, expanded (a file of names: refused)."""
+    if "/" in text:
+        raise SpecError(f"{where}: {text!r}: a file of node names is not read; list the "
+                        "nodes instead (--exclude=n[1-4],n9)")
+    try:
+        names = expand_hostlist(text.strip())
+    except SlurmParseError as exc:
+        raise SpecError(f"{where}: {exc}") from None
+    if len(names) > MAX_EXCLUDED_NODES:
+        raise SpecError(f"{where}: more than {MAX_EXCLUDED_NODES} nodes")
+    return tuple(dict.fromkeys(names))
+
+
 def _stop_signal(text: str, where: str) -> tuple[str, int, bool]:
     """``[{R|B}:]SIG[@seconds]`` -> (signal name, grace, to the batch shell only), as sbatch
     reads it (60 s by default)."""
@@ -302,6 +319,7 @@ def build_spec(opts: Options, *, script: str, args: Sequence[str], cwd: str, pyt
     stop_signal, grace, shell_only = ((c.get("signal", _stop_signal) or ("TERM", 0, False))
                                       if plan else ("TERM", 0, False))
     target = c.get("rate-target", _rate)
+    exclude = c.get("exclude", _exclude) or ()
     workers = tasks or gpus or 1
     if plan is not None:
         workers = declared_workers(plan.launch) or gpus or (
@@ -319,7 +337,7 @@ def build_spec(opts: Options, *, script: str, args: Sequence[str], cwd: str, pyt
                 launcher=v.get("launcher", "srun"), slot_options=slot,
                 mode="restart" if plan else "native",
                 stop_signal=stop_signal, stop_grace_s=grace, stop_shell_only=shell_only,
-                rate_target=target)
+                rate_target=target, exclude=exclude)
         except SpecError as exc:
             c.problems.append(str(exc))
     if spec is None:

@@ -44,6 +44,7 @@ _TABLE: tuple[Rule, ...] = (
     Rule("--output", _USE, "-o"), Rule("--error", _USE, "-e"), Rule("--chdir", _USE, "-D"),
     Rule("--export", _USE), Rule("--account", _USE, "-A"), Rule("--kind", _USE),
     Rule("--launcher", _USE), Rule("--signal", _USE), Rule("--rate-target", _USE),
+    Rule("--exclude", _USE, "-x"),
     # -- honoured by Slurm on every node slot
     *(Rule(o, _SLOT, s) for o, s in (
         ("--cpus-per-task", "-c"), ("--mem", None), ("--mem-per-cpu", None),
@@ -93,7 +94,6 @@ _TABLE: tuple[Rule, ...] = (
         ("--dependency", "-d", "a malleable job starts when nodes are idle; submit it "
          "after the job it waits for has ended"),
         ("--nodelist", "-w", "the daemon chooses the nodes among the idle ones"),
-        ("--exclude", "-x", "not supported yet for malleable jobs"),
         ("--begin", "-b", "a malleable job starts when nodes are idle"),
         ("--deadline", None, "not supported for malleable jobs"),
         ("--time-min", None, "the daemon sets each node slot's time from its idle window"),

@@ -20,6 +20,7 @@ from malletrain.errors import PermanentError
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
 #: ``@`` included: centres name accounts per partition that way (IDRIS: ``six@v100``)
 _ACCOUNT_RE = re.compile(r"^[A-Za-z0-9_.+@-]{1,64}$")
+_NODE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 #: Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
 _TIME_RE = re.compile(
@@ -39,6 +40,7 @@ STOP_SIGNALS = ("TERM", "INT", "USR1", "USR2", "HUP", "QUIT", "ALRM")
 MAX_STOP_GRACE_S = 3600
 #: samples/s; beyond any real job's rate (NaN and infinity fail the range check too)
 MAX_RATE_TARGET = 1e12
+MAX_EXCLUDED_NODES = 4096
 
 
 class SpecError(PermanentError):
@@ -177,6 +179,8 @@ class JobSpec:
     #: nodes are worth nothing to it. With ``allocator.node_prices`` the plan meets it on the
     #: cheapest nodes (HeterPS's cost objective); None: as fast as the idle nodes allow.
     rate_target: float | None = None
+    #: ``--exclude``: nodes the job never runs on (sbatch's hostlist, expanded)
+    exclude: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _check_spec(self)
@@ -186,6 +190,7 @@ class JobSpec:
         d = asdict(self)
         d["args"] = list(self.args)
         d["slot_options"] = list(self.slot_options)
+        d["exclude"] = list(self.exclude)
         d["environment"] = dict(self.environment)
         return d
 
@@ -200,7 +205,7 @@ class JobSpec:
             raise SpecError(f"spec: unknown field(s) {', '.join(unknown)}")
         kw: dict[str, Any] = {}
         for key, value in data.items():
-            if key in ("args", "slot_options"):
+            if key in ("args", "slot_options", "exclude"):
                 if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
                     raise SpecError(f"spec.{key}: expected a list of strings")
                 kw[key] = tuple(value)
@@ -307,6 +312,11 @@ def _check_slot_fields(s: JobSpec) -> None:
                         f"above 0 and at most {MAX_RATE_TARGET:g}")
     if s.gpu_type is not None and not _NAME_RE.match(s.gpu_type):
         raise SpecError(f"gpu_type: {s.gpu_type!r} is not a GPU type name")
+    if len(s.exclude) > MAX_EXCLUDED_NODES:
+        raise SpecError(f"--exclude: more than {MAX_EXCLUDED_NODES} nodes")
+    bad = next((n for n in s.exclude if not _NODE_NAME_RE.match(n)), None)
+    if bad is not None:
+        raise SpecError(f"--exclude: {bad!r} is not a node name")
     if len(s.slot_options) > 32:
         raise SpecError("slot_options: more than 32")
     for opt in s.slot_options:

@@ -633,3 +633,27 @@ def test_reclaim_groups_concentrate_young_nodes_on_the_job_that_has_some():
     grouped = plan(1.0)
     assert set(grouped.assignments["a"]) >= {"y0", "y1", "y2", "y3"}
     assert grouped.count("b") == 4
+
+
+def test_a_job_is_never_placed_on_a_node_it_excludes():
+    """``--exclude`` (issue 16): the excluded nodes are the longest windows on the job's own
+    switch, the first placement would take; the job gets the others, and another job
+    without exclusions may still take the excluded ones."""
+    nodes = (
+        IdleNode("a0", 1e6, 0.0, "s1"),
+        IdleNode("bad1", 1e6, 0.0, "s1"),
+        IdleNode("bad2", 1e6, 0.0, "s1"),
+        IdleNode("x1", 500.0, 0.0, "s2"),
+        IdleNode("x2", 400.0, 0.0, "s2"),
+    )
+    picky = dataclasses.replace(make_job("a", hi=3, nodes=("a0",), up=1.0),
+                                excluded_nodes=frozenset({"bad1", "bad2"}))
+    inp = AllocationInput(0.0, nodes, (picky,))
+    plan = MalleTrainPolicy(horizon_s=600.0).decide(inp)
+    check_plan(inp, plan)
+    assert sorted(plan.assignments["a"]) == ["a0", "x1", "x2"]
+    other = make_job("b", hi=2, order=1, up=1.0)
+    plan = MalleTrainPolicy(horizon_s=600.0).decide(AllocationInput(0.0, nodes, (picky, other)))
+    assert not {"bad1", "bad2"} & set(plan.assignments["a"])
+    assert set(plan.assignments["b"]) <= {"bad1", "bad2", "x1", "x2"}
+    assert plan.count("a") + plan.count("b") == 5

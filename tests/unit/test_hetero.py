@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from malletrain.core.allocator import MalleTrainPolicy
-from malletrain.core.hetero import capped, is_typed
+from malletrain.core.hetero import is_typed
 from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
 from malletrain.core.scavenger import node_type
+from malletrain.core.targets import capped
 
 
 def linear(per_node: float, up_to: int = 8) -> ThroughputModel:
@@ -96,6 +97,11 @@ def test_capped_holds_the_rate_at_the_target():
     assert m.rate(3) == 4.0 and m.rate(10) == 4.0
     flat = ThroughputModel(((1, 2.0),))
     assert capped(flat, 10.0) == flat
+    # measured at 2+ nodes only: one node reaches a small target (proportional below)
+    m = capped(ThroughputModel(((2, 400.0), (3, 600.0))), 1.0)
+    assert m.rate(1) == 1.0 and m.rate(3) == 1.0
+    m = capped(ThroughputModel(((2, 400.0), (3, 600.0))), 300.0)
+    assert m.rate(1) == 200.0 and m.rate(2) == 300.0 and m.rate(3) == 300.0
 
 
 def test_a_node_beyond_the_target_counts_as_a_small_loss_so_it_is_given_back():

@@ -69,6 +69,8 @@ def test_command_line_flags_win():
     ("#SBATCH -N 4-2", "min <= max"),
     ("#SBATCH --export=MALLETRAIN_JOB_ID=x", "set by malletrain"),
     ("#SBATCH --job-name='bad name'", "job name"),
+    ("#SBATCH --exclude=/home/u/bad-nodes", "a file of node names is not read"),
+    ("#SBATCH -x n[1-", "hostlist"),
     ("#SBATCH --rate-target=fast", "is not a rate in samples/s"),
     ("#SBATCH --rate-target=0", "is not a rate in samples/s"),
     ("#SBATCH --rate-target=inf", "is not a rate in samples/s"),
@@ -105,6 +107,11 @@ def test_nodes_and_export():
 def test_spec_round_trips_and_from_dict_rejects_junk():
     spec, _ = spec_from(SCRIPT)
     assert JobSpec.from_dict(spec.to_dict()) == spec
+    excluding, _ = spec_from(SCRIPT + "#SBATCH -x n9\n", ["--exclude=n[1-3],n7"])
+    assert excluding.exclude == ("n1", "n2", "n3", "n7")  # the flag wins over the script
+    assert JobSpec.from_dict(excluding.to_dict()) == excluding
+    with_dir, _ = spec_from("#!/bin/bash\n#SBATCH -x gpu[01-02]\necho hi\n")
+    assert with_dir.exclude == ("gpu01", "gpu02")
     targeted, _ = spec_from(SCRIPT, ["--rate-target=1250.5"])
     assert targeted.rate_target == 1250.5
     assert JobSpec.from_dict(targeted.to_dict()) == targeted
@@ -114,7 +121,9 @@ def test_spec_round_trips_and_from_dict_rejects_junk():
                 {"script": "/x.py", "environment": {"MALLETRAIN_JOB_ID": "j"}},
                 {"script": "/x.py", "args": ["a\0b"]}, {"script": "/x.py", "min_nodes": True},
                 {"script": "/x.py", "rate_target": True}, {"script": "/x.py", "rate_target": "9"},
-                {"script": "/x.py", "rate_target": -1.0},
+                {"script": "/x.py", "rate_target": -1.0}, {"script": "/x.py", "exclude": "n1"},
+                {"script": "/x.py", "exclude": ["n1;rm"]},
+                {"script": "/x.py", "exclude": [f"n{i}" for i in range(5000)]},
                 {"script": "/x.py", "rate_target": 1e300}):
         with pytest.raises(SpecError):
             JobSpec.from_dict(bad)

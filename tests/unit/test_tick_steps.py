@@ -347,9 +347,28 @@ def test_a_rate_target_is_raised_while_the_job_is_behind_it():
     queued = dataclasses.replace(record("m1", JobPhase.QUEUED), spec=spec)
     assert rate_target(queued, NOW) == 2.0  # never started: nothing owed yet
     started = dataclasses.replace(record("m1", JobPhase.RUNNING), spec=spec)
+    assert rate_target(started, NOW) == 2.0  # no progress reported yet: its rate is unknown
     since = started.lifecycle.first_s(JobPhase.STARTING)
     behind = dataclasses.replace(started, samples_total=int(2.0 * (NOW - since) / 2))
     assert rate_target(behind, NOW) == 2.0 + (2.0 * (NOW - since) / 2) / 1800
     ahead = dataclasses.replace(started, samples_total=int(4.0 * (NOW - since)))
     assert rate_target(ahead, NOW) == 2.0
     assert rate_target(record("m1", JobPhase.RUNNING), NOW) is None
+
+
+def test_a_job_that_excludes_nodes_is_planned_only_onto_the_others():
+    """``--exclude`` in the daemon (issue 16): the excluded nodes are never a target, and
+    the job is capped at the nodes it may use, so the plan does not count on the others."""
+    from malletrain.daemon.spec import JobSpec
+
+    job = dataclasses.replace(record("m1", JobPhase.QUEUED, max_nodes=4), spec=JobSpec(
+        script="/x/t.py", min_nodes=1, max_nodes=4, exclude=("n1", "n3")))
+    w = world([node(f"n{i}") for i in range(1, 5)],
+              [slot_job(11 + k, "m1", k, JobState.PENDING, "JobHeldUser") for k in range(4)],
+              [SlotRecord("m1", k, 11 + k) for k in range(4)], [job])
+    slots = job_slots(w)
+    pool = build_pool(w, (job,), slots)
+    jobs = policy_jobs(NOW, (job,), slots, {"m1": ()}, {}, offered=frozenset(pool.offered))
+    assert jobs[0].max_nodes == 2 and jobs[0].excluded_nodes == {"n1", "n3"}
+    assert sorted(decide(w, make_policy("malletrain")).targets["m1"]) == ["n2", "n4"]
+    assert sorted(decide(w, make_policy("equal-share")).targets["m1"]) == ["n2", "n4"]

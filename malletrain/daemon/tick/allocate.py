@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from malletrain.core.hetero import target_now
 from malletrain.core.lifecycle import JobPhase
 from malletrain.core.model import AllocationInput, MalleableJob, Plan, Policy, ThroughputModel
+from malletrain.core.targets import target_now
 from malletrain.daemon.slots import SlotStatus
 from malletrain.daemon.spec import JobSpec
 from malletrain.daemon.store import JobRecord
@@ -46,19 +46,27 @@ def allowed_types(spec: JobSpec, gpu_types: frozenset[str]) -> frozenset[str] | 
 
 def rate_target(job: JobRecord, now_s: float) -> float | None:
     """The job's ``--rate-target`` as the plan is told it now: met on average since its
-    first start, so time without nodes is made up (``core.hetero.target_now``)."""
-    if job.spec.rate_target is None:
-        return None
+    first start, so time without nodes is made up (``core.hetero.target_now``). Only once
+    the job reports progress: before that its rate is a guess (one sample/s a node), and
+    what it owes for its start-up alone made it grow onto a node it did not need."""
+    if job.spec.rate_target is None or job.samples_total <= 0:
+        return job.spec.rate_target
     return target_now(job.spec.rate_target, job.lifecycle.first_s(JobPhase.STARTING),
                       job.samples_total, now_s)
 
 
 def policy_jobs(now_s: float, managed: tuple[JobRecord, ...], slots: Mapping[str, JobSlots],
                 held: Mapping[str, tuple[str, ...]], models: Mapping[str, JobModel],
-                gpu_types: frozenset[str] = frozenset()) -> tuple[MalleableJob, ...]:
+                gpu_types: frozenset[str] = frozenset(),
+                offered: frozenset[str] = frozenset()) -> tuple[MalleableJob, ...]:
+    """One policy job per managed job, capped at its usable slots and, for a job with
+    ``--exclude``, at the ``offered`` nodes it may use."""
     out = []
     for job in managed:
         usable = sum(1 for v in slots[job.job_id].views if v.status in _PLACEABLE)
+        excluded = frozenset(job.spec.exclude)
+        if excluded:
+            usable = min(usable, len(offered - excluded))
         max_n = min(job.spec.max_nodes, usable)
         if max_n < job.spec.min_nodes:
             continue
@@ -69,7 +77,7 @@ def policy_jobs(now_s: float, managed: tuple[JobRecord, ...], slots: Mapping[str
             scale_up_s=model.scale_up_s, scale_down_s=model.scale_down_s,
             submit_order=job.seq, start_s=model.start_s, rate_noise=model.rate_noise,
             type_throughput=model.by_type, allowed_types=allowed_types(job.spec, gpu_types),
-            rate_target=rate_target(job, now_s)))
+            rate_target=rate_target(job, now_s), excluded_nodes=excluded))
     return tuple(out)
 
 

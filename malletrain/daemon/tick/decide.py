@@ -38,7 +38,8 @@ def decide(world: World, policy: Policy) -> TickPlan:
               if j.job_id in world.busy}
     gpu_types = frozenset(n.node_type for n in pool.free + pool.held + pool.leaving
                           if n.node_type)
-    jobs = policy_jobs(world.now_s, free, slots, pool.holdings.held, world.models, gpu_types)
+    jobs = policy_jobs(world.now_s, free, slots, pool.holdings.held, world.models, gpu_types,
+                       frozenset(pool.offered))
     allocation = allocate(world.now_s, pool, jobs, policy, pinned, world.settings.node_prices)
     actions: list[Action] = [a for a in screened.actions if a.job_id not in world.busy]
     notes = [n for js in slots.values() for n in js.changed] + list(pool.give_back.notes)
