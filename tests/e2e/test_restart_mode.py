@@ -95,3 +95,37 @@ def test_unmodified_torchrun_script_grows_is_preempted_regrows_and_finishes(daem
     assert wait_s < 30, f"the batch job waited {wait_s:.1f} s for the scavenged nodes"
     assert (d.out / "results.json").stat().st_uid == pwd.getpwnam("mt-alice").pw_uid
     assert "Traceback" not in d.log()
+
+
+def test_unmodified_accelerate_script_grows_and_finishes_from_its_checkpoints(daemon,
+                                                                             clean_cluster):
+    """``accelerate launch`` (Hugging Face Accelerate's own launcher, with its
+    ``--multi_gpu`` torchrun path; the processes join over gloo on these CPU nodes): the
+    launch line is rewritten for each size, the script resumes from its ``save_state``
+    checkpoint at the new size and reaches its last epoch without starting over."""
+    d = daemon
+    for name in ("train_accelerate.sbatch", "train_accelerate.py"):
+        shutil.copy(EXAMPLES / name, d.out / name)
+        (d.out / name).chmod(0o755)
+    path = f"{Path(sys.executable).parent}:/usr/bin:/bin"
+    res = d.submit("mt-alice", "--parsable", "-N", "1-2", "-o", str(d.out / "a-%j.out"),
+                   f"--export=ALL,EPOCHS=4,STEP_SLEEP=0.05,PATH={path}",
+                   str(d.out / "train_accelerate.sbatch"))
+    job = res.stdout.strip()
+    log = d.out / "train.jsonl"
+
+    def diagnostics() -> str:
+        outs = "".join(p.read_text()[-1500:] for p in sorted(d.out.glob("a-*.out"))[-3:])
+        return json.dumps(d.jobs().get(job), indent=1) + outs + d.log()[-2500:]
+
+    wait_until(lambda: d.jobs()[job]["state"] == "completed", 300, what="the job to finish",
+               on_timeout=diagnostics)
+    result = json.loads((d.out / "results.json").read_text())
+    assert result["epochs"] == 4 and result["samples"] == 4 * 4096
+    records = _records(log)
+    starts = [r for r in records if r["event"] == "start"]
+    assert [s["samples"] for s in starts].count(0) == 1, starts  # never started over
+    assert all(b["samples"] >= a["samples"] for a, b in itertools.pairwise(starts))
+    assert any(r["event"] == "step" and r["world"] == 2 for r in records), starts
+    assert records[-1]["event"] == "done"
+    assert "Traceback" not in d.log()
