@@ -255,7 +255,9 @@ def test_evicted_to_zero_saves_and_restores_never_a_stale_or_foreign_snapshot(cl
     assert len(saved) == 1
     saved_step = w["m0"].exit_record()["step"]
     assert saved[0].name == f"job1.step{saved_step:012d}.mtsnap"
-    assert {w[m].exit_record()["reason"] for m in w} == {"evicted"}
+    # "evicted" where the SIGTERMs met at a step boundary, "sigterm" where one came during
+    # a rendezvous (seen once under CI load): either way the last state was saved, above
+    assert {w[m].exit_record()["reason"] for m in w} <= {"evicted", "sigterm"}
     saved_checksum = w["m0"].exit_record()["checksum"]
 
     # decoys: another job's snapshot, and a newer-named file whose tags do not match
