@@ -46,7 +46,7 @@ def allowed_types(spec: JobSpec, gpu_types: frozenset[str]) -> frozenset[str] | 
 
 def rate_target(job: JobRecord, now_s: float) -> float | None:
     """The job's ``--rate-target`` as the plan is told it now: met on average since its
-    first start, so time without nodes is made up (``core.hetero.target_now``). Only once
+    first start, so time without nodes is made up (``core.targets.target_now``). Only once
     the job reports progress: before that its rate is a guess (one sample/s a node), and
     what it owes for its start-up alone made it grow onto a node it did not need."""
     if job.spec.rate_target is None or job.samples_total <= 0:
