@@ -16,6 +16,7 @@ import pwd
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -36,24 +37,44 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _submit_as_written(d, files: tuple[str, str], nodes: str, epochs: int, out: str) -> str:
+    """Copy an example batch script and its training script, submit them unchanged as
+    mt-alice; the job id. As a user whose environment has torch activated (conda activate,
+    module load): the launcher is on the PATH the job is submitted with, and --export=ALL
+    carries it to the nodes."""
+    for name in files:
+        shutil.copy(EXAMPLES / name, d.out / name)
+        (d.out / name).chmod(0o755)
+    path = f"{Path(sys.executable).parent}:/usr/bin:/bin"
+    res = d.submit("mt-alice", "--parsable", "-N", nodes, "-o", str(d.out / f"{out}-%j.out"),
+                   f"--export=ALL,EPOCHS={epochs},STEP_SLEEP=0.05,PATH={path}",
+                   str(d.out / files[0]))
+    return res.stdout.strip()
+
+
+def _diagnostics(d, job: str, out: str) -> Callable[[], str]:
+    def text() -> str:
+        outs = "".join(p.read_text()[-1500:] for p in sorted(d.out.glob(f"{out}-*.out"))[-3:])
+        return json.dumps(d.jobs().get(job), indent=1) + outs + d.log()[-2500:]
+    return text
+
+
+def _assert_resumed_and_done(records: list[dict]) -> list[dict]:
+    """Every start after the first resumed from a checkpoint (never from 0, never back);
+    the run ended with ``done``. The starts, for more checks."""
+    starts = [r for r in records if r["event"] == "start"]
+    assert [s["samples"] for s in starts].count(0) == 1, starts  # never started over
+    assert all(b["samples"] >= a["samples"] for a, b in itertools.pairwise(starts))
+    assert records[-1]["event"] == "done"
+    return starts
+
+
 def test_unmodified_torchrun_script_grows_is_preempted_regrows_and_finishes(daemon,
                                                                           clean_cluster):
     d = daemon
-    for name in ("train.sbatch", "train_ddp.py"):
-        shutil.copy(EXAMPLES / name, d.out / name)
-        (d.out / name).chmod(0o755)
-    # as a user whose environment has torch activated (conda activate, module load): torchrun
-    # is on the PATH the job is submitted with, and --export=ALL carries it to the nodes
-    path = f"{Path(sys.executable).parent}:/usr/bin:/bin"
-    res = d.submit("mt-alice", "--parsable", "-N", "1-3", "-o", str(d.out / "r-%j.out"),
-                   f"--export=ALL,EPOCHS={EPOCHS},STEP_SLEEP=0.05,PATH={path}",
-                   str(d.out / "train.sbatch"))
-    job = res.stdout.strip()
+    job = _submit_as_written(d, ("train.sbatch", "train_ddp.py"), "1-3", EPOCHS, "r")
     log = d.out / "train.jsonl"
-
-    def diagnostics() -> str:
-        outs = "".join(p.read_text()[-1500:] for p in sorted(d.out.glob("r-*.out"))[-3:])
-        return json.dumps(d.jobs().get(job), indent=1) + outs + d.log()[-2500:]
+    diagnostics = _diagnostics(d, job, "r")
 
     def trained_at(world: int) -> bool:
         return any(r["event"] == "step" and r["world"] == world for r in _records(log))
@@ -84,13 +105,9 @@ def test_unmodified_torchrun_script_grows_is_preempted_regrows_and_finishes(daem
 
     result = json.loads((d.out / "results.json").read_text())
     assert result["epochs"] == EPOCHS and result["samples"] == EPOCHS * 4096
-    records = _records(log)
-    starts = [r for r in records if r["event"] == "start"]
+    starts = _assert_resumed_and_done(_records(log))
     assert len(starts) >= 3  # first start, and a restart at each size change at least
-    assert [s["samples"] for s in starts].count(0) == 1, starts  # never started over
-    assert all(b["samples"] >= a["samples"] for a, b in itertools.pairwise(starts))
     assert {s["world"] for s in starts} >= {1, 3}
-    assert records[-1]["event"] == "done"
     assert d.jobs()[job]["preemptions"] + d.jobs()[job]["rescales_down"] >= 1
     assert wait_s < 30, f"the batch job waited {wait_s:.1f} s for the scavenged nodes"
     assert (d.out / "results.json").stat().st_uid == pwd.getpwnam("mt-alice").pw_uid
@@ -104,28 +121,15 @@ def test_unmodified_accelerate_script_grows_and_finishes_from_its_checkpoints(da
     launch line is rewritten for each size, the script resumes from its ``save_state``
     checkpoint at the new size and reaches its last epoch without starting over."""
     d = daemon
-    for name in ("train_accelerate.sbatch", "train_accelerate.py"):
-        shutil.copy(EXAMPLES / name, d.out / name)
-        (d.out / name).chmod(0o755)
-    path = f"{Path(sys.executable).parent}:/usr/bin:/bin"
-    res = d.submit("mt-alice", "--parsable", "-N", "1-2", "-o", str(d.out / "a-%j.out"),
-                   f"--export=ALL,EPOCHS=4,STEP_SLEEP=0.05,PATH={path}",
-                   str(d.out / "train_accelerate.sbatch"))
-    job = res.stdout.strip()
+    job = _submit_as_written(d, ("train_accelerate.sbatch", "train_accelerate.py"), "1-2", 4,
+                             "a")
     log = d.out / "train.jsonl"
-
-    def diagnostics() -> str:
-        outs = "".join(p.read_text()[-1500:] for p in sorted(d.out.glob("a-*.out"))[-3:])
-        return json.dumps(d.jobs().get(job), indent=1) + outs + d.log()[-2500:]
-
+    diagnostics = _diagnostics(d, job, "a")
     wait_until(lambda: d.jobs()[job]["state"] == "completed", 300, what="the job to finish",
                on_timeout=diagnostics)
     result = json.loads((d.out / "results.json").read_text())
     assert result["epochs"] == 4 and result["samples"] == 4 * 4096
     records = _records(log)
-    starts = [r for r in records if r["event"] == "start"]
-    assert [s["samples"] for s in starts].count(0) == 1, starts  # never started over
-    assert all(b["samples"] >= a["samples"] for a, b in itertools.pairwise(starts))
+    starts = _assert_resumed_and_done(records)
     assert any(r["event"] == "step" and r["world"] == 2 for r in records), starts
-    assert records[-1]["event"] == "done"
     assert "Traceback" not in d.log()
