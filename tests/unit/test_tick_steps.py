@@ -271,6 +271,19 @@ def test_membership_newcomers_wait_for_each_other_up_to_the_batch_time():
     assert next_membership(ctx, SlotDiff(leaving_needed=True)) == ()
 
 
+def test_a_job_training_on_nothing_publishes_its_first_newcomer_at_once():
+    """An evicted (or starting) job gains nothing by waiting for its other newcomers: it
+    trains on the first one while they start up, and they join at a step boundary."""
+    job = record("m1", JobPhase.STARTING)
+    w = world([], [], [], [job], coord={"m1": CoordView(
+        members=(), live={M1: Registration("n2", NOW - 1)})}, publish_batch_s=8.0)
+    d = SlotDiff(ready=[(NOW - 1, M1)], waiting_for=3)
+    assert next_membership(_ctx(w, job), d) == (M1,)
+    assert next_membership(_ctx(w, job), SlotDiff(waiting_for=3)) is None
+    restart = dataclasses.replace(job, spec=dataclasses.replace(job.spec, mode="restart"))
+    assert next_membership(_ctx(w, restart), d) is None  # 1 then 4 would restart the script
+
+
 def test_membership_phases_follow_what_is_seen():
     queued = record("m1", JobPhase.QUEUED)
     w = world([], [], [], [queued], heartbeat_timeout_s=30.0)

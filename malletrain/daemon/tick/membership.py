@@ -1,9 +1,14 @@
 """Step 6 of a tick: the job's next membership, and its phase from what is observed.
 
 Newcomers are published once they have registered, batched over ``publish_batch_s`` so
-that a job growing onto 4 nodes changes its membership once, not 4 times; a member asked
-to leave (or gone) is published out at once. The job's phase follows what is seen: slots
-placed (starting), members training (running), no node (evicted), no progress (stalled).
+that a job growing onto 4 nodes changes its membership once, not 4 times, while it goes on
+training on its current members. A native job with no live member (starting, or regrowing
+after an eviction) trains on nothing while it waits, so its first newcomer is published at
+once and the later ones join at a step boundary: the job trains from the first start-up
+instead of the last. A restart-mode job still waits: each membership is a new generation of
+the script (stop, checkpoint, start, load). A member asked to leave (or gone) is published
+out at once. The job's phase follows what is seen: slots placed (starting), members
+training (running), no node (evicted), no progress (stalled).
 """
 
 from __future__ import annotations
@@ -23,7 +28,11 @@ def next_membership(ctx: JobContext, d: SlotDiff) -> tuple[str, ...] | None:
     newcomers = [m for _, m in ready]
     if d.leaving_needed or any(m not in ctx.cv.live for m in current):
         return tuple(live_current + newcomers)
-    if newcomers and (d.waiting_for == 0 or ctx.now_s - ready[0][0] > ctx.settings.publish_batch_s):
+    if not newcomers:
+        return None
+    # nothing trains while it waits: no batching, unless each change restarts the script
+    idle = not live_current and ctx.job.spec.mode != "restart"
+    if idle or d.waiting_for == 0 or ctx.now_s - ready[0][0] > ctx.settings.publish_batch_s:
         return tuple(live_current + newcomers)
     return None
 
