@@ -9,6 +9,13 @@ train one DDP model on synthetic data, in three runs of the same steps and seed:
 * **spread + PowerSGD**: as spread, with torch's PowerSGD DDP communication hook (rank
   ``--rank``, error feedback, from the second step on).
 
+Then the same job as the elastic runtime runs it: four ``ElasticJob`` workers of
+``examples/elastic_train.py`` (a 1024-512-1024 MLP, 4.2 MB of gradients) with
+``SlowLinkCompression(below_mbit_s=--compress-below-mbit)``, packed and spread, their
+coordinator on switch 1. The runtime must switch PowerSGD on by itself in the spread group
+(its all-reduce measures below the threshold) and leave the packed group plain; the run
+fails otherwise.
+
 A switch is a Linux network namespace; the link between the two is a veth pair whose two
 ends send at most ``--link-mbit`` (``tbf``); workers of one switch talk over its loopback
 (``GLOO_SOCKET_IFNAME`` names the switch's end of the link). What it emulates, and what
@@ -29,6 +36,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import faulthandler
+import itertools
 import json
 import os
 import subprocess
@@ -48,7 +56,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rank", type=int, default=32,
                     help="PowerSGD's approximation rank (4 and 8 lost 3-8 %% of the loss)")
     ap.add_argument("--port", type=int, default=29731)
+    ap.add_argument("--compress-below-mbit", type=float, default=500.0,
+                    help="the elastic runs' SlowLinkCompression threshold")
     ap.add_argument("--worker", type=str, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--elastic-driver", type=str, default=None, help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
 
@@ -134,6 +145,77 @@ def worker(spec: dict[str, object]) -> None:
     dist.destroy_process_group()
 
 
+# ------------------------------------------------------------ the elastic runtime's switch
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "elastic_train.py"
+
+
+def elastic_driver(spec: dict[str, object]) -> None:
+    """Inside switch 1: a coordinator on its address, four ElasticJob workers of
+    examples/elastic_train.py with SlowLinkCompression (on the switches ``spec`` names), one
+    membership of all four; writes every rank-0 step record to ``spec["out"]``."""
+    from malletrain.elastic.coordinator import Coordinator
+
+    coord = Coordinator.start(SWITCHES[1][2], 0)
+    job, tmp = "placement", Path(str(spec["tmp"]))
+    procs, members = [], [f"w{i}" for i in range(WORLD)]
+    try:
+        for member, sw in zip(members, spec["switches"], strict=True):  # type: ignore[call-overload]
+            ns, end, _ = SWITCHES[int(sw)]
+            env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=end,
+                       MALLETRAIN_COORDINATOR=coord.address, MALLETRAIN_JOB_ID=job,
+                       MALLETRAIN_JOB_SECRET=coord.job_secret(job), MALLETRAIN_MEMBER_ID=member,
+                       MALLETRAIN_LOG_LEVEL="INFO")
+            argv = [sys.executable, str(EXAMPLE), "--jsonl", str(tmp / f"{member}.jsonl"),
+                    "--total-samples", str(spec["samples"]), "--dim", "1024", "--hidden", "512",
+                    "--batch", "64", "--lr", "0.0005",
+                    "--compress-below-mbit", str(spec["below"]),
+                    "--compress-rank", str(spec["rank_r"])]
+            prefix = [] if int(sw) == 1 else ["ip", "netns", "exec", ns]
+            with open(tmp / f"{member}.err", "w") as err:
+                procs.append(subprocess.Popen(prefix + argv, env=env, stderr=err))
+        deadline = time.monotonic() + 300
+        while set(coord.registered(job)) < set(members):
+            if time.monotonic() > deadline or any(pr.poll() is not None for pr in procs):
+                raise SystemExit("elastic workers did not all register")
+            time.sleep(0.1)
+        coord.publish(job, members)
+        codes = [pr.wait(timeout=1800) for pr in procs]
+        if any(codes):
+            raise SystemExit(f"an elastic worker failed ({codes}): see {tmp}")
+    finally:
+        for pr in procs:
+            if pr.poll() is None:
+                pr.kill()
+        coord.close()
+
+
+def _p50(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2] if xs else float("nan")
+
+
+def elastic_run(label: str, switches: list[int], args: argparse.Namespace) -> dict[str, float]:
+    """Steps before and after the switch (if any) and the bandwidth the group measured."""
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o755)
+        spec = {"switches": switches, "tmp": tmp, "samples": 64 * WORLD * args.steps,
+                "below": args.compress_below_mbit, "rank_r": args.rank}
+        subprocess.run(["ip", "netns", "exec", SWITCHES[1][0], sys.executable, __file__,
+                        "--elastic-driver", json.dumps(spec)], check=True)
+        rank0 = [json.loads(line) for p in Path(tmp).glob("w*.jsonl")
+                 for line in p.read_text().splitlines()]
+    steps = sorted((r for r in rank0 if r["event"] == "step" and r["rank"] == 0),
+                   key=lambda r: r["step"])
+    gaps = [(b["t0"] - a["t0"], b["compressed"]) for a, b in itertools.pairwise(steps)]
+    on = [g for g, c in gaps if c]
+    off = sorted(g for g, c in gaps[3:] if not c)
+    at = next((r["step"] for r in steps if r["compressed"]), None)
+    mbit = steps[-1].get("link_mbit_s")
+    print(f"{label:<18} link measured {mbit if mbit is None else f'{mbit:.0f}'} Mbit/s; "
+          f"PowerSGD from step {at}; step p50 {_p50(off) * 1000:.1f} ms plain, "
+          f"{_p50(on) * 1000:.1f} ms compressed", flush=True)
+    return {"switched": float(at is not None)}
+
+
 # ---------------------------------------------------------------------------- a run
 def run(label: str, switches: list[int], args: argparse.Namespace, compress: bool,
         port: int) -> dict[str, float]:
@@ -165,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker is not None:
         worker(json.loads(args.worker))
         return 0
+    if args.elastic_driver is not None:
+        elastic_driver(json.loads(args.elastic_driver))
+        return 0
     if os.geteuid() != 0:
         raise SystemExit("placement.py makes network namespaces and shapes a link: run it "
                          "as root")
@@ -174,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         packed = run("packed", [1, 1, 1, 1], args, False, args.port)
         spread = run("spread", [1, 1, 2, 2], args, False, args.port + 1)
         squeezed = run("spread + PowerSGD", [1, 1, 2, 2], args, True, args.port + 2)
+        e_packed = elastic_run("elastic, packed", [1, 1, 1, 1], args)
+        e_spread = elastic_run("elastic, spread", [1, 1, 2, 2], args)
     except subprocess.CalledProcessError as exc:
         raise SystemExit(f"{' '.join(exc.cmd)}: {exc.stderr.strip()}: nothing measured"
                          ) from None
@@ -186,9 +273,13 @@ def main(argv: list[str] | None = None) -> int:
     ratio = spread["step_s"] / packed["step_s"]
     speedup = spread["step_s"] / squeezed["step_s"]
     delta = abs(squeezed["loss"] - spread["loss"]) / spread["loss"]
+    ok = e_spread["switched"] and not e_packed["switched"]
+    print(f"# ElasticJob with SlowLinkCompression(below_mbit_s={args.compress_below_mbit:g}): "
+          f"spread {'switched' if e_spread['switched'] else 'did NOT switch'}, packed "
+          f"{'switched (wrong)' if e_packed['switched'] else 'stayed plain'}")
     print(f"placement packed_vs_spread={ratio:.2f} compression_speedup={speedup:.2f} "
           f"loss_delta={delta:.4f}")
-    return 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from malletrain.elastic.compress import SlowLinkCompression
 from malletrain.elastic.rules import LinearScaling
 from malletrain.elastic.worker import ElasticJob, Step
 from malletrain.errors import UserError
@@ -66,6 +67,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--stall-s", type=float, default=0.0, help="how long the stall lasts")
     ap.add_argument("--log-indices", action="store_true",
                     help="also log the sample indices of every committed step")
+    ap.add_argument("--compress-below-mbit", type=float, default=None,
+                    help="PowerSGD on a group whose all-reduce measures below this many "
+                         "Mbit/s (malletrain.elastic.compress; default: never)")
+    ap.add_argument("--compress-rank", type=int, default=32,
+                    help="PowerSGD's approximation rank")
     ap.add_argument("--results", type=Path, default=None,
                     help="JSON file global rank 0 writes when the job finishes")
     return ap.parse_args(argv)
@@ -124,10 +130,15 @@ def main(argv: list[str] | None = None) -> int:
     model = nn.Sequential(nn.Linear(args.dim, args.hidden), nn.ReLU(),
                           nn.Linear(args.hidden, args.dim)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    compression = None
+    if args.compress_below_mbit is not None:
+        compression = SlowLinkCompression(below_mbit_s=args.compress_below_mbit,
+                                          rank=args.compress_rank)
     try:
         job = ElasticJob(model, opt, dataset_size=args.dataset_size,
                          rule=LinearScaling(per_rank_batch=args.batch, base_lr=args.lr),
-                         seed=args.seed, total_samples=args.total_samples, device=device)
+                         seed=args.seed, total_samples=args.total_samples, device=device,
+                         compression=compression)
     except UserError as exc:  # e.g. a missing MALLETRAIN_* variable: one line, no traceback
         print(f"elastic_train: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -155,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
                     ws=step.world_size, n=step.global_count, loss=loss, t0=step.started_at_s)
                 if args.log_indices:
                     record["indices"] = step.indices.tolist()
+                if compression is not None:
+                    record["compressed"] = job.compression.on
+                    record["link_mbit_s"] = job.compression.measured_mbit_s
                 out.write(**record)
             else:
                 out.write(event="failed_step", step=step.index, epoch=step.epoch,

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import os
+from typing import TYPE_CHECKING
+
+import torch
 import torch.distributed as dist
+
+from malletrain.errors import ConfigError
+
+if TYPE_CHECKING:
+    from malletrain.elastic.config import ElasticConfig
 
 #: substrings of errors raised by gloo/NCCL when a peer dies, hangs or the group is torn down.
 _PEER_FAILURE_HINTS = (
@@ -59,3 +68,27 @@ def gpu_problem(local_world_size: int, visible: int, index: int | None) -> str |
     if index is not None and not 0 <= index < visible:
         return f"device cuda:{index} does not exist: {visible} GPU(s) visible"
     return None
+
+
+def nccl_errors_raise() -> None:
+    """torchrun sets TORCH_NCCL_ASYNC_ERROR_HANDLING=1 (TearDown): a timed-out collective
+    would kill EVERY survivor. 2 (CleanUpOnly) aborts the communicators and raises in this
+    process instead, so the runtime can heal; the watcher also aborts a step that overruns.
+    """
+    os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = os.environ.get(
+        "MALLETRAIN_NCCL_ASYNC_ERROR_HANDLING", "2"
+    )
+
+
+def backend_for(config: ElasticConfig, device: torch.device) -> str:
+    """The process group backend, after checking that this node's GPUs can carry it."""
+    backend = config.backend
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl":
+        nccl_errors_raise()
+    if device.type == "cuda":
+        problem = gpu_problem(config.local_world_size, torch.cuda.device_count(), device.index)
+        if problem is not None:
+            raise ConfigError(problem)
+    return backend

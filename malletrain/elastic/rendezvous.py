@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 from malletrain.elastic import protocol as p
+from malletrain.elastic.compress import wrap
 from malletrain.elastic.faults import is_peer_failure
 from malletrain.elastic.state import ExitReason, Leave, Outcome, WorkerState
 
@@ -281,12 +281,8 @@ class Rendezvous(WorkerState):
             self.rank, self.world_size = rank, cfg.world_size
             self._sync_state(cfg)
             t_sync = time.monotonic()
-            self._ddp = DistributedDataParallel(
-                self.module,
-                init_sync=False,
-                device_ids=[self.device.index] if self.device.type == "cuda" else None,
-            )
-            self._ddp.register_comm_hook(None, self.sync_timer.hook)
+            self._ddp = wrap(self.module, self.device, self.sync_timer)
+            self.compression.new_group()
             group = dist.distributed_c10d._get_default_group()
             try:
                 group.set_timeout(timedelta(seconds=self.config.step_timeout_s))

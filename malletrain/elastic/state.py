@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from malletrain.elastic import protocol as p
+from malletrain.elastic.compress import CompressionSwitch
 from malletrain.elastic.config import ElasticConfig
 from malletrain.elastic.jobstore import JobStore
 from malletrain.elastic.rules import ScalingRule
@@ -81,6 +82,7 @@ class WorkerState(ABC):
     world_size: int
     _ddp: DistributedDataParallel | None
     sync_timer: SyncTimer
+    compression: CompressionSwitch
     _formed_epoch: int
     #: members of the newest epoch this process read while re-forming (None: none yet)
     _newest_members: tuple[str, ...] | None

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -42,8 +41,9 @@ import torch.distributed as dist
 
 from malletrain.elastic import protocol as p
 from malletrain.elastic import snapshot
+from malletrain.elastic.compress import CompressionSwitch, SlowLinkCompression, wrap
 from malletrain.elastic.config import ElasticConfig
-from malletrain.elastic.faults import gpu_problem, is_peer_failure
+from malletrain.elastic.faults import backend_for, is_peer_failure
 from malletrain.elastic.jobstore import JobStore
 from malletrain.elastic.link import CoordinatorLink
 from malletrain.elastic.rendezvous import Rendezvous
@@ -105,30 +105,6 @@ class Step:
         return False
 
 
-def _nccl_errors_raise() -> None:
-    """torchrun sets TORCH_NCCL_ASYNC_ERROR_HANDLING=1 (TearDown): a timed-out collective
-    would kill EVERY survivor. 2 (CleanUpOnly) aborts the communicators and raises in this
-    process instead, so the runtime can heal; the watcher also aborts a step that overruns.
-    """
-    os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = os.environ.get(
-        "MALLETRAIN_NCCL_ASYNC_ERROR_HANDLING", "2"
-    )
-
-
-def _backend_for(config: ElasticConfig, device: torch.device) -> str:
-    """The process group backend, after checking that this node's GPUs can carry it."""
-    backend = config.backend
-    if backend == "auto":
-        backend = "nccl" if device.type == "cuda" else "gloo"
-    if backend == "nccl":
-        _nccl_errors_raise()
-    if device.type == "cuda":
-        problem = gpu_problem(config.local_world_size, torch.cuda.device_count(), device.index)
-        if problem is not None:
-            raise ConfigError(problem)
-    return backend
-
-
 class ElasticJob(Rendezvous, StateSync):
     """Makes one DDP training loop elastic. One instance per process."""
 
@@ -145,6 +121,7 @@ class ElasticJob(Rendezvous, StateSync):
         extra_state: Mapping[str, Stateful] | None = None,
         config: ElasticConfig | None = None,
         device: torch.device | None = None,
+        compression: SlowLinkCompression | None = None,
     ) -> None:
         self.config = config if config is not None else ElasticConfig.from_env()
         if total_samples is not None and total_samples < 0:
@@ -156,7 +133,7 @@ class ElasticJob(Rendezvous, StateSync):
         self.extra_state = dict(extra_state or {})
         self.stream = DataStream(dataset_size, seed=seed, shuffle=shuffle)
         self.device = device if device is not None else torch.device("cpu")
-        self.backend = _backend_for(self.config, self.device)
+        self.backend = backend_for(self.config, self.device)
         self._step_started: float | None = None  # monotonic start of the step in flight
         self._aborts = 0
         self._dirty = False
@@ -183,11 +160,10 @@ class ElasticJob(Rendezvous, StateSync):
         self._registered_seq = -1
         # progress reporting (global rank 0)
         self._report_t = time.monotonic()
-        self._report_step = 0
-        self._report_samples = 0
-        self._report_sync_s = 0.0
-        #: times each step's wait for the gradient all-reduce (a DDP comm hook)
-        self.sync_timer = SyncTimer()
+        self._report_step, self._report_samples, self._report_sync_s = 0, 0, 0.0
+        #: times each step's wait for the gradient all-reduce (a DDP comm hook); PowerSGD
+        #: on a group whose links measure slow (opt-in: compress.py)
+        self.sync_timer, self.compression = SyncTimer(), CompressionSwitch(compression)
         self.sigterm = SigtermWatch(
             self.config.sigterm_deadline_s,
             last_word=lambda: self.link.announce("sigterm", self.epoch or None, self.step,
@@ -286,6 +262,7 @@ class ElasticJob(Rendezvous, StateSync):
     def _commit(self, step: Step) -> None:
         self._step_started = None
         self._report_sync_s += self.sync_timer.end_step()
+        self.compression.committed(self.sync_timer, self.world_size)
         self.step += 1
         self.samples_total += step.global_count
         self.has_state = True
@@ -327,8 +304,9 @@ class ElasticJob(Rendezvous, StateSync):
         """
         assert self.membership is not None
         members = self.membership.members
-        flags = torch.zeros(1 + len(members), dtype=torch.int64)
+        flags = torch.zeros(2 + len(members), dtype=torch.int64)
         flags[0] = self._watcher.latest_epoch
+        flags[-1] = self.compression.vote()
         if self.sigterm.at is not None:
             flags[1 + members.index(self.member_id)] = 1
         aborts = self._aborts
@@ -354,7 +332,22 @@ class ElasticJob(Rendezvous, StateSync):
         if values[0] > self.epoch:
             self._rendezvous(failed_epoch=None, gone=set())
             return False
+        if values[-1] and not self.compression.on:
+            self._compress()
         return True
+
+    def _compress(self) -> None:
+        """Every rank, at the same boundary: this group's links are slow, re-wrap with
+        PowerSGD (compress.py) until the next re-formation."""
+        sw = self.compression
+        assert sw.policy is not None
+        self._ddp = wrap(self.module, self.device, self.sync_timer, sw.policy)
+        sw.on = True
+        self.last_reconfig["compressed_at_step"] = float(self.step)
+        log.info("epoch %d: all-reduce measured at %s Mbit/s on this rank (below %.0f on "
+                 "one at least): PowerSGD rank %d from step %d", self.epoch,
+                 f"{sw.measured_mbit_s:.0f}" if sw.measured_mbit_s else "-",
+                 sw.policy.below_mbit_s, sw.policy.rank, self.step)
 
     def _leave_at_boundary(self, leaving: set[str]) -> None:
         """Members that got SIGTERM leave now; survivors write the next epoch themselves."""

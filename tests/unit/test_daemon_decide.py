@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from tick_scenes import NOW, kinds, node, record, slot_job, world
 
 from malletrain.core.cluster import Job, JobState, NodeState
@@ -137,27 +139,42 @@ def test_a_yield_to_a_job_still_waiting_for_other_nodes_is_timed_against_that_jo
     assert next(p for p in kinds(plan, Park) if p.slot == 1).yield_s == 3.0
 
 
-def test_newcomers_are_published_together():
+def _two_starting_slots():
     slots = [SlotRecord("m1", 0, 11, last_status="running", placed_node="n1", placed_at_s=NOW),
              SlotRecord("m1", 1, 12, last_status="running", placed_node="n2", placed_at_s=NOW)]
     jobs = [slot_job(11, "m1", 0, JobState.RUNNING, nodes=["n1"]),
             slot_job(12, "m1", 1, JobState.RUNNING, nodes=["n2"])]
     nodes = [node("n1", NodeState.ALLOCATED), node("n2", NodeState.ALLOCATED)]
+    return nodes, jobs, slots
+
+
+def test_newcomers_of_a_restart_mode_job_are_published_together():
+    """Each membership of a restart-mode job is a new generation of its script: its first
+    newcomers wait for the others (up to publish_batch_s)."""
+    nodes, jobs, slots = _two_starting_slots()
+    rec = record(state=JobPhase.STARTING)
+    rec = dataclasses.replace(rec, spec=dataclasses.replace(rec.spec, mode="restart"))
     early = CoordView(live={"s0-r0": Registration("n1", NOW - 2)})
-    plan = decide(world(nodes, jobs, slots, [record(state=JobPhase.STARTING)], {"m1": early}),
-                  POLICY)
+    plan = decide(world(nodes, jobs, slots, [rec], {"m1": early}), POLICY)
     assert not kinds(plan, Publish)  # s1 is still starting: wait for it
     late = CoordView(live={"s0-r0": Registration("n1", NOW - 20)})
-    plan = decide(world(nodes, jobs, slots, [record(state=JobPhase.STARTING)], {"m1": late}),
-                  POLICY)
+    plan = decide(world(nodes, jobs, slots, [rec], {"m1": late}), POLICY)
     assert kinds(plan, Publish) == [Publish("m1", ("s0-r0",), 0)]  # waited long enough
     both = CoordView(live={"s0-r0": Registration("n1", NOW - 2),
                            "s1-r1": Registration("n2", NOW - 1),
                            "s1-r0": Registration("n2", NOW - 90)})  # stale incarnation
-    plan = decide(world(nodes, jobs, slots, [record(state=JobPhase.STARTING)], {"m1": both}),
-                  POLICY)
+    plan = decide(world(nodes, jobs, slots, [rec], {"m1": both}), POLICY)
     assert kinds(plan, Publish) == [Publish("m1", ("s0-r0", "s1-r1"), 0)]
     assert Transit("m1", JobPhase.RUNNING, "training on 2 node(s)") in plan.actions
+
+
+def test_a_native_job_training_on_nothing_starts_on_its_first_newcomer():
+    nodes, jobs, slots = _two_starting_slots()
+    early = CoordView(live={"s0-r0": Registration("n1", NOW - 2)})
+    plan = decide(world(nodes, jobs, slots, [record(state=JobPhase.STARTING)], {"m1": early}),
+                  POLICY)
+    assert kinds(plan, Publish) == [Publish("m1", ("s0-r0",), 0)]
+    assert Transit("m1", JobPhase.RUNNING, "training on 1 node(s)") in plan.actions
 
 
 def test_a_slot_released_behind_the_daemons_back_is_held_again():
