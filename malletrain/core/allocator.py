@@ -59,6 +59,7 @@ from malletrain.core.knapsack import solve_counts
 from malletrain.core.model import AllocationInput, Plan
 from malletrain.core.options import PolicyOptions
 from malletrain.core.placement import assign_nodes
+from malletrain.core.spread import with_spread_penalty
 from malletrain.core.valuation import (
     no_exploration_beyond_free,
     node_offer,
@@ -204,6 +205,7 @@ class MalleTrainPolicy:
 
     def decide(self, inp: AllocationInput) -> Plan:
         t0 = time.perf_counter()
+        inp = with_spread_penalty(inp)
         if self.work_units:
             inp = in_work_units(inp)
         self.holes.update(inp.now_s, inp.nodes)

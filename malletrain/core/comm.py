@@ -157,3 +157,38 @@ def temper(model: ThroughputModel, fit: CommFit | None, span: int = 4, most: int
         prev = max(prev, min(model.rate(n), r0 * fit.rate(n) / p0))
         pts.append((n, prev))
     return ThroughputModel(tuple(pts), model.optimistic_slope, model.measured_max_nodes)
+
+
+#: a measured spread factor is never taken below this (one bad report must not make a
+#: job worth nothing across switches)
+MIN_SPREAD_FACTOR = 0.05
+
+
+def spread_factor(packed: Mapping[int, StepTimes], spread: Mapping[int, StepTimes]) -> float:
+    """A job's rate across switches relative to one switch, from its step times.
+
+    At each size measured spread, its rate per node (samples per node over the step) over
+    the packed rate at the same size (measured, else predicted by the packed steps' fit),
+    weighted by the spread evidence; 1.0 where nothing compares yet. Clipped to
+    [``MIN_SPREAD_FACTOR``, 1]: spreading is never taken to help.
+    """
+    fit = fit_comm(packed)
+    num = den = 0.0
+    for n, t in spread.items():
+        step = t.compute_s + t.sync_s
+        if t.weight <= 0 or step <= 0:
+            continue
+        p = packed.get(n)
+        if p is not None and p.weight > 0 and p.compute_s + p.sync_s > 0:
+            packed_rate = p.samples_per_node / (p.compute_s + p.sync_s)
+        elif fit is not None and fit.step_s(n) > 0:
+            packed_rate = fit.samples_per_node / fit.step_s(n)
+        else:
+            continue
+        if packed_rate <= 0:
+            continue
+        num += t.weight * (t.samples_per_node / step) / packed_rate
+        den += t.weight
+    if den <= 0:
+        return 1.0
+    return min(1.0, max(MIN_SPREAD_FACTOR, num / den))

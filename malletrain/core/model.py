@@ -55,6 +55,20 @@ class ThroughputModel:
         return ThroughputModel(tuple((n, r * factor) for n, r in self.points),
                                self.optimistic_slope * factor, self.measured_max_nodes)
 
+    def spread_beyond(self, cap: int, factor: float) -> ThroughputModel:
+        """The same curve with the rate beyond ``cap`` nodes times ``factor``: a job that
+        no longer fits on one switch (``cap`` nodes) runs at ``factor`` of its packed rate
+        (``MalleableJob.spread_factor``)."""
+        if factor >= 1.0 or cap < 1 or not self.points:
+            return self
+        head = tuple(pt for pt in self.points if pt[0] <= cap)
+        if not head or head[-1][0] != cap:
+            head += ((cap, self.rate(cap)),)
+        beyond = tuple((n, r * factor) for n, r in self.points if n > cap + 1)
+        tail = ((cap + 1, self.rate(cap + 1) * factor), *beyond)
+        return ThroughputModel(head + tail, self.optimistic_slope * factor,
+                               self.measured_max_nodes)
+
     def rate(self, n: int) -> float:
         if n <= 0 or not self.points:
             return 0.0
@@ -108,6 +122,9 @@ class MalleableJob:
     #: Nodes the job must never be given (its ``--exclude``): placement skips them; the
     #: caller caps ``max_nodes`` at the nodes it may use.
     excluded_nodes: frozenset[str] = frozenset()
+    #: The job's throughput when its nodes span switches, relative to one switch (learned
+    #: from its step times: ``ProfilingAdvisor.spread_factor``; 1: no penalty known).
+    spread_factor: float = 1.0
 
     def model_on(self, node_type: str) -> ThroughputModel | None:
         """The job's throughput on nodes of ``node_type``; None where it cannot run."""

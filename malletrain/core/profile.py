@@ -53,16 +53,22 @@ class Profile:
     #: size -> sums of the workers' reported step split, [compute_s, sync_s,
     #: samples per node per step, reports] (the communication-aware model, core/comm.py)
     steps: dict[int, list[float]] = field(default_factory=dict)
+    #: the same, for steps of groups that spanned two or more switches (``steps`` holds
+    #: those of groups on one switch, or where the topology is unknown)
+    spread_steps: dict[int, list[float]] = field(default_factory=dict)
 
-    def add_step(self, nodes: int, step_s: float, sync_s: float, per_node: float) -> None:
-        sums = self.steps.setdefault(nodes, [0.0, 0.0, 0.0, 0.0])
+    def add_step(self, nodes: int, step_s: float, sync_s: float, per_node: float,
+                 spread: bool = False) -> None:
+        book = self.spread_steps if spread else self.steps
+        sums = book.setdefault(nodes, [0.0, 0.0, 0.0, 0.0])
         for k, v in enumerate((max(0.0, step_s - sync_s), sync_s, per_node, 1.0)):
             sums[k] += v
 
-    def step_times(self) -> dict[int, StepTimes]:
+    def step_times(self, spread: bool = False) -> dict[int, StepTimes]:
         """Mean step split per size (for :func:`malletrain.core.comm.fit_comm`)."""
+        book = self.spread_steps if spread else self.steps
         return {n: StepTimes(c / w, y / w, b / w, w)
-                for n, (c, y, b, w) in self.steps.items() if w > 0}
+                for n, (c, y, b, w) in book.items() if w > 0}
 
     def rates(self, min_warmup_s: float = 0.0) -> dict[int, tuple[float, float]]:
         """size -> (samples/s, seconds of evidence).
@@ -93,10 +99,12 @@ class Profile:
         self.scale_up_s.add(other.scale_up_s.total, other.scale_up_s.weight)
         self.scale_down_s.add(other.scale_down_s.total, other.scale_down_s.weight)
         self.start_s.add(other.start_s.total, other.start_s.weight)
-        for n, sums in other.steps.items():
-            acc = self.steps.setdefault(n, [0.0, 0.0, 0.0, 0.0])
-            for k, v in enumerate(sums):
-                acc[k] += v
+        for mine_s, theirs_s in ((self.steps, other.steps),
+                                 (self.spread_steps, other.spread_steps)):
+            for n, sums in theirs_s.items():
+                acc = mine_s.setdefault(n, [0.0, 0.0, 0.0, 0.0])
+                for k, v in enumerate(sums):
+                    acc[k] += v
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -107,6 +115,7 @@ class Profile:
             "scale_down_s": [self.scale_down_s.total, self.scale_down_s.weight],
             "start_s": [self.start_s.total, self.start_s.weight],
             "steps": {str(n): list(v) for n, v in sorted(self.steps.items())},
+            "spread_steps": {str(n): list(v) for n, v in sorted(self.spread_steps.items())},
         }
 
     @classmethod
@@ -126,14 +135,16 @@ class Profile:
         prof.scale_up_s = _pair(data.get("scale_up_s", [0.0, 0.0]), "scale_up_s")
         prof.scale_down_s = _pair(data.get("scale_down_s", [0.0, 0.0]), "scale_down_s")
         prof.start_s = _pair(data.get("start_s", [0.0, 0.0]), "start_s")
-        steps = data.get("steps", {})  # absent in profiles saved before it existed
-        if not isinstance(steps, dict):
-            raise ValueError("profile: 'steps' must be a mapping")
-        for n_str, sums in steps.items():
-            if not (isinstance(sums, list) and len(sums) == 4 and all(
-                    isinstance(v, int | float) and math.isfinite(v) and v >= 0 for v in sums)):
-                raise ValueError(f"profile: steps[{n_str}] must be 4 numbers >= 0")
-            prof.steps[_size(n_str, "steps")] = [float(v) for v in sums]
+        for key, book in (("steps", prof.steps), ("spread_steps", prof.spread_steps)):
+            steps = data.get(key, {})  # absent in profiles saved before it existed
+            if not isinstance(steps, dict):
+                raise ValueError(f"profile: {key!r} must be a mapping")
+            for n_str, sums in steps.items():
+                if not (isinstance(sums, list) and len(sums) == 4 and all(
+                        isinstance(v, int | float) and math.isfinite(v) and v >= 0
+                        for v in sums)):
+                    raise ValueError(f"profile: {key}[{n_str}] must be 4 numbers >= 0")
+                book[_size(n_str, key)] = [float(v) for v in sums]
         return prof
 
 

@@ -35,6 +35,7 @@ from typing import Any
 
 from malletrain.core.answers import AnswerCache
 from malletrain.core.comm import fit_comm, temper
+from malletrain.core.comm import spread_factor as spread_factor_of
 from malletrain.core.model import ThroughputModel
 from malletrain.core.profile import (
     PROFILE_VERSION,
@@ -149,12 +150,19 @@ class ProfilingAdvisor:
         st.last_samples = samples_total
 
     def step_times(self, job_id: str, nodes: int, step_s: float, sync_s: float,
-                   samples_per_node: float) -> None:
-        """A report's mean step at ``nodes`` nodes and the part it waited for the all-reduce."""
+                   samples_per_node: float, spread: bool = False) -> None:
+        """A report's mean step at ``nodes`` nodes and the part it waited for the all-reduce;
+        ``spread``: the group spanned two or more switches (kept apart: core/spread.py)."""
         profile = self._job(job_id).profile
-        new_size = nodes not in profile.steps
-        profile.add_step(nodes, step_s, sync_s, samples_per_node)
+        new_size = nodes not in (profile.spread_steps if spread else profile.steps)
+        profile.add_step(nodes, step_s, sync_s, samples_per_node, spread)
         self._touch(job_id, structural=new_size)
+
+    def spread_factor(self, job_id: str) -> float:
+        """The job's (its kind's) rate across switches relative to one switch (1.0: not
+        measured yet), from the step times of its spread and packed groups."""
+        prof = self._combined(job_id)
+        return spread_factor_of(prof.step_times(), prof.step_times(spread=True))
 
     def rescaled(self, job_id: str, t_s: float, old_nodes: int, new_nodes: int) -> None:
         """The job changed from ``old_nodes`` to ``new_nodes`` at ``t_s``."""
@@ -256,6 +264,8 @@ class ProfilingAdvisor:
                     if n not in mine and not (dst is prof.dirty and n in own.dirty):
                         dst[n] = WeightedSum(s.total, s.weight)
             prof.steps = {n: list(v) for n, v in total.steps.items() if n not in own.steps}
+            prof.spread_steps = {n: list(v) for n, v in total.spread_steps.items()
+                                 if n not in own.spread_steps}
             for name in ("scale_up_s", "scale_down_s", "start_s"):
                 if getattr(own, name).weight <= 0:
                     tot = getattr(total, name)

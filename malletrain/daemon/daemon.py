@@ -118,6 +118,7 @@ class Daemon:
         #: its own thread while the tick reads the store and the coordinator
         self.observe_s = 0.0
         self._node_kinds: dict[str, str] = {}  # node -> type, from the last snapshot
+        self._node_switches: dict[str, str] = {}  # node -> leaf switch, likewise
         self.instance = self._instance_id()
         self.state_dir = settings.state.snapshot_dir / self.instance
         self._prepare_state_dir()
@@ -242,6 +243,7 @@ class Daemon:
         finally:
             self.observe_s = time.monotonic() - t0
         self._node_kinds = {n.name: node_type(n.gres) for n in snap.nodes if n.gres}
+        self._node_switches = {n.name: n.switch for n in snap.nodes if n.switch}
         return snap
 
     def _read_store(self) -> tuple[list[JobRecord], dict[str, tuple[SlotRecord, ...]]]:
@@ -259,7 +261,8 @@ class Daemon:
         """What the coordinator says of each job, and the jobs with the progress it reported
         (written to the store too); node types as of the last snapshot (they change with a
         reconfiguration only)."""
-        coord = self.monitor.observe(self.coordinator, jobs, self._node_kinds)
+        coord = self.monitor.observe(self.coordinator, jobs, self._node_kinds,
+                                     self._node_switches)
         written = self.monitor.written
         jobs = [replace(j, **written[j.job_id]) if j.job_id in written else j for j in jobs]
         with self._rows_lock:

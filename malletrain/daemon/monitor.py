@@ -60,12 +60,17 @@ class JobMonitor:
         self.written: dict[str, dict[str, Any]] = {}
         #: job -> how many sizes its profile has measured, as of the last :meth:`models`
         self.measured_points: dict[str, int] = {}
+        #: node -> leaf switch, as of the last :meth:`observe`
+        self._switches: Mapping[str, str] = {}
 
     def observe(self, coordinator: Any, jobs: list[JobRecord],
-                node_types: Mapping[str, str] | None = None) -> dict[str, CoordView]:
+                node_types: Mapping[str, str] | None = None,
+                node_switches: Mapping[str, str] | None = None) -> dict[str, CoordView]:
         """Every active job's view, read at once (:meth:`Coordinator.read_jobs`);
-        ``node_types`` (node -> type, where the cluster has types) for per-type profiles."""
+        ``node_types`` (node -> type, where the cluster has types) for per-type profiles,
+        ``node_switches`` (node -> leaf switch) to tell spread groups' step times apart."""
         self.written = {}
+        self._switches = node_switches or {}
         active = [j for j in jobs if j.state is not JobPhase.SUBMITTING and not j.state.terminal]
         if not active:
             return {}
@@ -143,6 +148,11 @@ class JobMonitor:
                  for m in prog.members}
         return kinds.pop() if len(kinds) == 1 and "" not in kinds else None
 
+    def _spread(self, cv: CoordView, prog: Any) -> bool:
+        """Whether the report's members sat on two or more leaf switches."""
+        switches = {self._switches.get(cv.live[m].node) for m in prog.members if m in cv.live}
+        return len(switches - {None}) > 1
+
     def _learn_typed(self, job: JobRecord, cv: CoordView, prog: Any, nodes: int,
                      node_types: Mapping[str, str]) -> None:
         kind = self._type_of(cv, prog, node_types)
@@ -185,7 +195,8 @@ class JobMonitor:
                 self._learn_typed(job, cv, prog, nodes, node_types)
             if prog.sync_time_s is not None and prog.step_time_s > 0:  # native mode only
                 self.advisor.step_times(job.job_id, nodes, prog.step_time_s, prog.sync_time_s,
-                                        prog.samples_per_s * prog.step_time_s / nodes)
+                                        prog.samples_per_s * prog.step_time_s / nodes,
+                                        spread=self._spread(cv, prog))
         total = prog.samples_total if cv.finished_samples is None else cv.finished_samples
         return {"samples_total": int(total), "samples_per_s": float(prog.samples_per_s),
                 "last_progress_s": float(prog.time_s)}
@@ -209,7 +220,8 @@ class JobMonitor:
             model = replace(model, measured_max_nodes=max(sizes, default=0))
             out[job.job_id] = JobModel(model, up, down, start,
                                        self.advisor.rate_noise(job.job_id),
-                                       self._by_type(job, types) if len(types) > 1 else {})
+                                       self._by_type(job, types) if len(types) > 1 else {},
+                                       self.advisor.spread_factor(job.job_id))
         self.measured_points = points
         return out
 

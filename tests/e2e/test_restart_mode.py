@@ -25,6 +25,9 @@ from malletrain.slurm.hostlist import expand_hostlist
 
 from .harness import wait_until
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from yield_trace import regular_traces  # Slurm's millisecond logs
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm, pytest.mark.torch]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "restart"
@@ -110,6 +113,13 @@ def test_unmodified_torchrun_script_grows_is_preempted_regrows_and_finishes(daem
     assert {s["world"] for s in starts} >= {1, 3}
     assert d.jobs()[job]["preemptions"] + d.jobs()[job]["rescales_down"] >= 1
     assert wait_s < 30, f"the batch job waited {wait_s:.1f} s for the scavenged nodes"
+    # malletrain's part of that wait, from slurmctld's and the slurmds' millisecond logs:
+    # the job's slots on the batch job's nodes were signalled (by Slurm's preemption, or
+    # cancelled by the daemon ahead of it) and had ended within a second; the --signal
+    # grace is not the regular job's to wait for (restart mode stops at once for it)
+    (trace,) = regular_traces(clean_cluster.dir / "log", {batch})
+    assert trace.slots, "the batch job took none of the malleable job's nodes"
+    assert trace.yield_s is not None and trace.yield_s < 1.0, trace
     assert (d.out / "results.json").stat().st_uid == pwd.getpwnam("mt-alice").pw_uid
     assert "Traceback" not in d.log()
 

@@ -63,3 +63,38 @@ def test_profiles_per_node_type_see_only_their_own_progress(coord, tmp_path):
     assert monitor.models(store.jobs(), ["v100"])[job.job_id].by_type == {}
     monitor.forget(job.job_id)
     assert not monitor.progress.keys(job.job_id)
+
+
+def test_step_times_of_a_group_across_two_switches_set_the_jobs_spread_factor(coord,
+                                                                              tmp_path):
+    """Reports of the job on two nodes of one switch, then on two switches (issue 19 §2):
+    the steps across switches are kept apart and their slowdown is the job's spread
+    factor, which the models hand to the tick (core/spread.py)."""
+    store = Store(tmp_path / "state.db")
+    job = store.create_job(1000, "alice", JobSpec(script="/x/train.py", max_nodes=2))
+    store.transition(job.job_id, JobPhase.QUEUED, "slots attached")
+    host, port = coord.address.rsplit(":", 1)
+    js = JobStore(AuthStore(host, int(port), job.job_id,
+                            wire.parse_secret(coord.job_secret(job.job_id))), job.job_id)
+    now = time.time()
+    for member, node in (("s0-r0", "a1"), ("s1-r0", "a2"), ("s2-r0", "b1")):
+        js.register(MemberInfo(member, node, 100, 1, now))
+    switches = {"a1": "swA", "a2": "swA", "b1": "swB"}
+    monitor = JobMonitor(ProfilingAdvisor(), store)
+    samples, t = 0, now - 1000
+    for members, step_s, sync_s in ((("s0-r0", "s1-r0"), 0.1, 0.02),
+                                    (("s0-r0", "s2-r0"), 0.4, 0.32)):
+        for _ in range(5):
+            t += 10
+            samples += int(64 / step_s * 10)
+            js.set_progress(ProgressReport(
+                epoch=1, step=samples // 64, samples_total=samples, samples_per_s=64 / step_s,
+                world_size=2, step_time_s=step_s, sync_time_s=sync_s, time_s=t,
+                members=members))
+            monitor.observe(coord, store.jobs(), None, switches)
+    model = monitor.models(store.jobs())[job.job_id]
+    assert model.spread_factor == pytest.approx(0.25, rel=0.05)
+    # without a topology every group counts as packed: no factor is learned
+    other = JobMonitor(ProfilingAdvisor(), store)
+    other.observe(coord, store.jobs())
+    assert other.models(store.jobs())[job.job_id].spread_factor == 1.0

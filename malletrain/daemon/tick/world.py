@@ -91,6 +91,8 @@ class JobModel:
     rate_noise: float = 0.0
     #: its throughput per node type, where the cluster has several (core.hetero)
     by_type: Mapping[str, ThroughputModel] = field(default_factory=dict)
+    #: its rate across switches relative to one switch (core.spread; 1: none measured)
+    spread_factor: float = 1.0
 
 
 @dataclass(frozen=True)
