@@ -259,11 +259,18 @@ def _call_once(path: Path, request: Mapping[str, Any], timeout_s: float) -> dict
         sock.close()
         raise _NotActedOn(f"cannot reach the malletrain daemon at {path}: {exc}") from None
     with sock:
+        sent: OSError | None = None
         try:
             sock.sendall((json.dumps(dict(request)) + "\n").encode())
+        except OSError as exc:
+            # a daemon that refuses a connection (busy) answers and closes at once: the
+            # request can then meet a closed socket (EPIPE) while the answer waits unread
+            sent = exc
+        try:
             answer = _read_message(sock)
         except (OSError, ValueError) as exc:
-            raise DaemonUnavailable(f"the malletrain daemon did not answer: {exc}") from None
+            raise DaemonUnavailable(
+                f"the malletrain daemon did not answer: {sent or exc}") from None
     if not isinstance(answer, dict):
         raise DaemonUnavailable("the malletrain daemon sent a malformed answer")
     if not answer.get("ok"):

@@ -155,6 +155,31 @@ def test_busy_is_sent_again_and_a_lost_answer_only_for_idempotent_requests(tmp_p
     srv.close()
 
 
+def test_busy_sent_before_the_request_is_read_is_still_seen(tmp_path):
+    """A busy daemon answers and closes without reading (channel._admit): the request can
+    then fail to send (EPIPE, seen in CI under load) while the answer waits unread. It is
+    read, so the caller is told "busy" and may try again, not "did not answer"."""
+    import threading
+
+    from malletrain.daemon.channel import _BUSY
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(tmp_path / "busy.sock"))
+    sock.listen()
+
+    def refuse() -> None:
+        conn, _ = sock.accept()
+        with conn:
+            conn.sendall(_BUSY)
+
+    t = threading.Thread(target=refuse, daemon=True)
+    t.start()
+    big = {"op": "submit", "pad": "x" * (4 << 20)}  # far more than the socket buffers
+    with pytest.raises(DaemonUnavailable, match="busy"):
+        call(sock.getsockname(), big)
+    t.join(5)
+    sock.close()
+
+
 def test_no_daemon_gives_up_after_the_retry_window(tmp_path):
     import time
     t0 = time.monotonic()
