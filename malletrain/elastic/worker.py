@@ -14,8 +14,9 @@ Usage (see ``examples/elastic_train.py`` and ``docs/elastic.md``)::
 
 How it works (measured design, docs/elastic.md): the processes live for the whole job.
 At every step boundary global rank 0 reads the newest epoch number from the coordinator's store
-and one small all-reduce tells everybody (1) whether a new epoch exists and (2) which members
-got SIGTERM. On a change every process tears down DDP and the process group and goes through
+and one small all-reduce tells everybody (1) whether a new epoch exists, (2) which members
+got SIGTERM and (3) whether a rank measured the group's links slow (compress.py). On a
+change every process tears down DDP and the process group and goes through
 :meth:`ElasticJob._rendezvous`: wait until every process of the new epoch has arrived (or drop
 the missing after ``join_timeout_s``), ``init_process_group`` on a fresh ``PrefixStore`` with the
 long ``sync_timeout_s``, send the state from the freshest replica (highest step, not rank 0) to
