@@ -1,16 +1,17 @@
 """How long gloo's survivors take to notice a SIGKILLed peer, in a loop of small all-reduces.
 
 Why: benchmarks/faults.py saw recoveries of ~10 s after a worker's SIGKILL in some runs and
-under 3 s in others. This isolates the collective: ``--world`` gloo processes all-reduce an
-8-element tensor in a loop (as the elastic runtime's step-boundary check does), rank 2 kills
+under 3 s in others. This isolates the collective: ``--world`` gloo processes all-reduce a
+5-element tensor in a loop (as the elastic runtime's step-boundary check does), rank 2 kills
 itself with SIGKILL at iteration 200 (``--kill before`` its all-reduce, or ``after`` its own
 all-reduce returned, while a peer may still be sending to it), and each survivor prints
-how long after that its collective raised and with what. Each survivor then tears its
-group down at once (``destroy_process_group``, as the runtime does) or, with ``--teardown
-keep``, keeps it (and its sockets) open past the timeout.
+how long after that its collective raised and with what. Each survivor then destroys its
+group and stays alive (as a worker does while its job heals): after leaving the ``except``
+block (``--teardown outside``: the runtime since the fix) or inside it (``inside``: the
+runtime before, whose handled exception's traceback held the group and its sockets).
 
     .venv/bin/python benchmarks/gloo_dead_peer.py [--world 4] [--timeout-s 10] [--kill after]
-        [--teardown destroy]
+        [--teardown outside]
 
 Last line: ``gloo_dead_peer world=W kill=K teardown=D timeout_s=T detect_s=[...]``
 (one per survivor, sorted).
@@ -48,6 +49,7 @@ def rank_main(rank: int, world: int, port: int, timeout_s: float, when: str,
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s))
     flags = torch.zeros(5, dtype=torch.int64)
+    error = ""
     for i in range(1, 10**9):
         if rank == VICTIM and i == KILL_AT and when == "before":
             die()
@@ -56,14 +58,20 @@ def rank_main(rank: int, world: int, port: int, timeout_s: float, when: str,
             if rank == VICTIM and i == KILL_AT:  # "after": the moment its own part is done
                 die()
         except Exception as exc:  # the peer's death, one way or another
-            failed = time.time()
-            if teardown == "keep":
-                time.sleep(timeout_s + 2)  # a survivor that keeps its sockets open
-            dist.destroy_process_group()
-            print(json.dumps({"rank": rank, "failed_at": failed,
+            print(json.dumps({"rank": rank, "failed_at": time.time(),
                               "error": str(exc).split("] ")[-1][:80]}), flush=True)
-            return
+            if teardown == "inside":
+                # as the runtime healed before the fix: group destroyed, but inside the
+                # except block, whose traceback still holds it (its sockets stay open)
+                dist.destroy_process_group()
+                time.sleep(timeout_s + 2)
+                return
+            error = str(exc)
+            break
         time.sleep(0.001)
+    if error:  # outside the except block: the traceback is gone with it
+        dist.destroy_process_group()
+        time.sleep(timeout_s + 2)  # the heal that follows: the process stays
 
 
 def main() -> int:
@@ -74,9 +82,9 @@ def main() -> int:
     ap.add_argument("--kill", choices=["before", "after"], default="after",
                     help="the victim dies before its all-reduce, or the moment its own "
                          "all-reduce returned (a peer may still be sending to it)")
-    ap.add_argument("--teardown", choices=["destroy", "keep"], default="destroy",
-                    help="what a survivor does once its collective raised: destroy its "
-                         "group at once (the runtime) or keep it (sockets open) a while")
+    ap.add_argument("--teardown", choices=["outside", "inside"], default="outside",
+                    help="where a survivor destroys its group once its collective raised: "
+                         "after leaving the except block (the runtime) or inside it")
     ap.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -269,6 +269,7 @@ class Rendezvous(WorkerState):
         t_go = time.monotonic()
         self._snapshot_load_s = 0.0
         rank = cfg.rank_offset(self.member_id) + self.config.local_rank
+        failed = False
         try:
             dist.init_process_group(
                 self.backend,
@@ -292,6 +293,8 @@ class Rendezvous(WorkerState):
             if not is_peer_failure(exc):
                 raise
             log.warning("forming epoch %d failed: %s", e, exc)
+            failed = True
+        if failed:  # torn down outside the except block (worker.py: _boundary)
             self._teardown(broken=True)
             return Outcome.FAILED
         lr = self.rule.learning_rate(cfg.world_size)

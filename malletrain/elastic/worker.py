@@ -95,7 +95,10 @@ class Step:
         if exc is not None and is_peer_failure(exc):
             log.warning("step %d (epoch %d) failed: %s", self.index, self.epoch, exc)
             self.failed = True
-            self.error = exc
+            # no traceback kept: its frames hold the broken group, whose open sockets would
+            # keep other survivors waiting out their timeout (benchmarks/gloo_dead_peer.py)
+            self.error = exc.with_traceback(None)
+            exc.__context__ = exc.__cause__ = None
             return True  # absorbed: the runtime heals the group; the step is not committed
         if exc is None and self.aborted():
             # its collectives may have returned unreduced gradients: never commit it
@@ -310,7 +313,7 @@ class ElasticJob(Rendezvous, StateSync):
         flags[-1] = self.compression.vote()
         if self.sigterm.at is not None:
             flags[1 + members.index(self.member_id)] = 1
-        aborts = self._aborts
+        aborts, failed = self._aborts, False
         self._step_started = time.monotonic()  # the watcher bounds this collective too
         try:
             if not dist.is_initialized():  # the watcher aborted the group
@@ -321,10 +324,12 @@ class ElasticJob(Rendezvous, StateSync):
             if not (is_peer_failure(exc) or self._aborts != aborts):
                 raise
             log.warning("boundary all-reduce failed in epoch %d: %s", self.epoch, exc)
-            self._rendezvous(failed_epoch=self.epoch, gone=set())
-            return False
+            failed = True
         finally:
             self._step_started = None
+        if failed:  # healed outside the except: its traceback holds the broken group
+            self._rendezvous(failed_epoch=self.epoch, gone=set())
+            return False
         values = flags.cpu().tolist()
         leaving = {m for i, m in enumerate(members) if values[1 + i]}
         if leaving:

@@ -46,3 +46,26 @@ def test_gpu_problem(k, visible, index, expect):
 ])
 def test_choose_source_prefers_clean_replicas(table, expected):
     assert p.choose_source(table) == expected
+
+
+def test_a_failed_step_keeps_its_error_without_the_frames_that_hold_the_group():
+    """The traceback of a failed collective holds c10d's frames and with them the broken
+    process group: kept through the heal, its sockets stay open and another survivor
+    waits out its whole timeout (benchmarks/gloo_dead_peer.py --teardown inside: 10 s)."""
+    from malletrain.elastic.worker import Step
+
+    held = object()
+
+    def collective(group: object) -> None:
+        raise RuntimeError("[gloo] Connection closed by peer")
+
+    step = Step(index=3, epoch=1, rank=0, world_size=2, indices=None, global_count=8,
+                lr=0.1, first_of_epoch=False, started_at_s=0.0)
+    with step:
+        try:
+            collective(held)
+        except RuntimeError as inner:
+            raise RuntimeError("step failed: gloo connection closed") from inner
+    assert step.failed and "gloo" in str(step.error)
+    assert step.error.__traceback__ is None
+    assert step.error.__cause__ is None and step.error.__context__ is None
