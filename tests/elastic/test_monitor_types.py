@@ -29,7 +29,9 @@ def coord():
     c.close()
 
 
-def test_profiles_per_node_type_see_only_their_own_progress(coord, tmp_path):
+def _queued_job(coord, tmp_path, nodes: tuple[str, ...]):
+    """A queued job in a real store, and its members s0-r0, s1-r0, ... registered with the
+    real coordinator on ``nodes``: (store, job, its job store, the registration time)."""
     store = Store(tmp_path / "state.db")
     job = store.create_job(1000, "alice", JobSpec(script="/x/train.py", max_nodes=2))
     store.transition(job.job_id, JobPhase.QUEUED, "slots attached")
@@ -37,8 +39,13 @@ def test_profiles_per_node_type_see_only_their_own_progress(coord, tmp_path):
     js = JobStore(AuthStore(host, int(port), job.job_id,
                             wire.parse_secret(coord.job_secret(job.job_id))), job.job_id)
     now = time.time()
-    for member, node in (("s0-r0", "g1"), ("s1-r0", "g2"), ("s2-r0", "p1")):
-        js.register(MemberInfo(member, node, 100, 1, now))
+    for k, node in enumerate(nodes):
+        js.register(MemberInfo(f"s{k}-r0", node, 100, 1, now))
+    return store, job, js, now
+
+
+def test_profiles_per_node_type_see_only_their_own_progress(coord, tmp_path):
+    store, job, js, now = _queued_job(coord, tmp_path, ("g1", "g2", "p1"))
     monitor = JobMonitor(ProfilingAdvisor(), store)
     samples, t = 0, now - 1000
 
@@ -70,15 +77,7 @@ def test_step_times_of_a_group_across_two_switches_set_the_jobs_spread_factor(co
     """Reports of the job on two nodes of one switch, then on two switches (issue 19 §2):
     the steps across switches are kept apart and their slowdown is the job's spread
     factor, which the models hand to the tick (core/spread.py)."""
-    store = Store(tmp_path / "state.db")
-    job = store.create_job(1000, "alice", JobSpec(script="/x/train.py", max_nodes=2))
-    store.transition(job.job_id, JobPhase.QUEUED, "slots attached")
-    host, port = coord.address.rsplit(":", 1)
-    js = JobStore(AuthStore(host, int(port), job.job_id,
-                            wire.parse_secret(coord.job_secret(job.job_id))), job.job_id)
-    now = time.time()
-    for member, node in (("s0-r0", "a1"), ("s1-r0", "a2"), ("s2-r0", "b1")):
-        js.register(MemberInfo(member, node, 100, 1, now))
+    store, job, js, now = _queued_job(coord, tmp_path, ("a1", "a2", "b1"))
     switches = {"a1": "swA", "a2": "swA", "b1": "swB"}
     monitor = JobMonitor(ProfilingAdvisor(), store)
     samples, t = 0, now - 1000
