@@ -23,7 +23,6 @@ script (``ElasticJob(..., compression=SlowLinkCompression())``), as it changes t
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
@@ -31,8 +30,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from malletrain.elastic.synctime import SyncTimer
 from malletrain.errors import ConfigError
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -65,13 +62,12 @@ def bus_mbit_s(nbytes: int, busy_s: float, world_size: int) -> float | None:
 class CompressionSwitch:
     """One group's measurement and decision (reset at every re-formation)."""
 
+    on: bool
+    measured_mbit_s: float | None
+
     def __init__(self, policy: SlowLinkCompression | None) -> None:
         self.policy = policy
-        self.on = False
-        self._steps = 0
-        self._bytes = 0
-        self._busy_s = 0.0
-        self.measured_mbit_s: float | None = None
+        self.new_group()
 
     def new_group(self) -> None:
         self.on = False
