@@ -28,6 +28,11 @@ it was admitted (``on-target`` below, for replays 2 and 3 alike). ``predict_err_
 the communication-aware profile's median error at node counts never run
 (``benchmarks/comm_predict.py``, fitted at 1-4 nodes).
 
+The proven bound (``malletrain.sim.bound``, each job at its fastest type at every size:
+``bound_inputs.type_envelope``) bounds every policy here, typed or not, so the bound over
+replay 1 is the most that any type-aware plan can gain over the type-oblivious one on this
+trace and job set.
+
 Last line: ``hetero throughput_ratio=X cost_ratio=Y predict_err_unseen=Z`` (X = replay 2 over
 replay 1; Y = replay 4's cost per one-worker-second on target over replay 2's), after a line
 with each replay's figures and one comparing replays 4 and 2 on the targets: the share of
@@ -53,6 +58,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from comm_predict import cases  # noqa: E402
 
 from malletrain.core.policies import POLICIES, REPLAY, make_policy  # noqa: E402
+from malletrain.sim.bound import upper_bound  # noqa: E402
+from malletrain.sim.bound_inputs import idle_segments, in_worker_seconds  # noqa: E402
 from malletrain.sim.counts import read_philly_minutes  # noqa: E402
 from malletrain.sim.curves import provider_for  # noqa: E402
 from malletrain.sim.engine import Simulator  # noqa: E402
@@ -128,6 +135,21 @@ def replay(args: argparse.Namespace, mode: str) -> dict[str, object]:
             "met": on_target / asked if asked else 0.0, "wall_s": time.perf_counter() - t0}
 
 
+def typed_bound(args: argparse.Namespace) -> dict[str, float]:
+    """The proven bound on any policy's one-worker-seconds here, types or not (in a worker).
+
+    Each job counts at its fastest type at every size (``bound_inputs.type_envelope``), so
+    it bounds every typed plan, the exact curves' included: the most any type-aware
+    allocation could make over the type-oblivious one is this over replay 1.
+    """
+    tr = trace(args.day, args.days)
+    until = tr.start_s + args.days * DAY
+    t0 = time.perf_counter()
+    b = upper_bound(idle_segments(tr, until), in_worker_seconds(typed_jobs(args.jobs, args.seed)),
+                    10, submit_origin_s=tr.start_s, time_limit_s=args.bound_time_s)
+    return {"work": b.samples, "gap": b.gap, "wall_s": time.perf_counter() - t0}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--day", type=float, default=14.0, help="first day of the Philly slice")
@@ -139,10 +161,14 @@ def main() -> int:
     ap.add_argument("--price-v100", type=float, default=0.02)
     ap.add_argument("--target", type=float, default=0.5,
                     help="cost objective: each job's target, as a share of its best rate")
+    ap.add_argument("--bound-time-s", type=float, default=300.0,
+                    help="time for the bound's multiplier search (stopping early: looser)")
     args = ap.parse_args()
     with ProcessPoolExecutor(2) as pool:
+        bound_f = pool.submit(typed_bound, args)
         futures = [pool.submit(replay, args, m) for m in ("aware", "cost", "exact", "oblivious")]
         aware, cost, exact, oblivious = (f.result() for f in futures)
+        bound = bound_f.result()
     for r in (oblivious, aware, exact, cost):
         node_s = ", ".join(f"{t} {v / 3600:.0f} h" for t, v in r["node_s"].items())  # type: ignore[attr-defined]
         print(f"{r['mode']:10s} one-worker-s {r['work']:.4g}  cost {r['cost']:.4g}  "
@@ -152,7 +178,9 @@ def main() -> int:
     work = {r["mode"]: float(r["work"])  # type: ignore[arg-type]
             for r in (oblivious, aware, exact, cost)}
     print(f"type-aware over type-oblivious: learned {work['aware'] / work['oblivious']:.3f}x, "
-          f"exact curves {work['exact'] / work['oblivious']:.3f}x")
+          f"exact curves {work['exact'] / work['oblivious']:.3f}x; proven bound on any policy "
+          f"{bound['work']:.4g} one-worker-s (gap {bound['gap']:.2%}, {bound['wall_s']:.0f} s): "
+          f"at most {bound['work'] / work['oblivious']:.3f}x")
     spent = {r["mode"]: float(r["cost"]) for r in (aware, cost)}  # type: ignore[arg-type]
     met = {r["mode"]: float(r["met"]) for r in (aware, cost)}  # type: ignore[arg-type]
     per = {r["mode"]: float(r["cost"]) / float(r["on_target"])  # type: ignore[arg-type]

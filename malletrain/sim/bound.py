@@ -21,7 +21,9 @@ count (``nodes="idle"``; on Philly, which has no plan, ``O = I``). At most ``K``
 finishes and arrivals; an admitted job stays until it finishes. A job's net samples ``done_j`` are
 its gross progress ``G_j``, the integral of ``r_j(n_j(t))``, minus its rescale and
 reclaim losses, and it stops at exactly ``done_j = T_j`` (``total_samples``), so
-``done_j <= min(T_j, G_j)``.
+``done_j <= min(T_j, G_j)``. On a cluster of node types (``SimJob.type_curves``) ``r_j(n)``
+is the job's rate on its fastest type at ``n`` (``bound_inputs.type_envelope``): it runs
+at its slowest type's, never faster, so the bound holds, looser.
 
 **The bound** (proof sketch). For any weights ``mu_j`` in [0, 1], since
 ``min(a, b) <= mu a + (1 - mu) b``,
@@ -109,6 +111,7 @@ from malletrain.sim.bound_inputs import (
     earliest_starts,
     job_rates,
     min_duration_s,
+    type_envelope,
 )
 from malletrain.sim.bound_lp import make_phases, search_multipliers
 from malletrain.sim.bound_milp import integer_finish_bound
@@ -185,7 +188,8 @@ def upper_bound(
     (without it submit times are ignored). ``milp_s > 0`` also runs
     :func:`integer_finish_bound` (blocks of ``block_s``) for at most that long.
     """
-    runs = sorted(jobs, key=lambda j: j.submit_s)  # the engine's (stable) admission order
+    # the engine's (stable) admission order; typed jobs as their envelope (a looser bound)
+    runs = sorted(map(type_envelope, jobs), key=lambda j: j.submit_s)
     k = max_concurrent_jobs
     start = segments[0].start_s if segments else 0.0
     until = segments[-1].end_s if segments else 0.0

@@ -10,7 +10,6 @@ from typing import Literal
 
 import numpy as np
 
-from malletrain.errors import PermanentError
 from malletrain.sim.jobs import SimJob
 from malletrain.sim.trace import IdleTrace
 from malletrain.sim.view import SnapshotView
@@ -67,29 +66,40 @@ def in_worker_seconds(jobs: Sequence[SimJob]) -> list[SimJob]:
     """The jobs with samples counted in seconds of one worker's work (``rate(1)`` each).
 
     Samples of different models do not add up; one-worker-seconds do (the summary's
-    ``one_worker_seconds_total``: each job's samples over its rate on one node). Losses and
-    progress scale with the rate, so a replay's ``one_worker_seconds_total`` is the
-    ``samples_total`` of these jobs replayed on the same schedule, and their bound bounds it.
+    ``one_worker_seconds_total``: each job's samples over its rate on one node, on its
+    fastest type). Losses and progress scale with the rate, so a replay's
+    ``one_worker_seconds_total`` is the ``samples_total`` of these jobs replayed on the same
+    schedule, and their bound bounds it. Jobs with node types come as their
+    :func:`type_envelope`, whose one-node rate is that of the fastest type.
     """
     out = []
-    for j in jobs:
-        _refuse_types(j)
+    for j in map(type_envelope, jobs):
         unit = j.true_model.rate(1)
         curve = tuple((n, r / unit) for n, r in j.curve)
         out.append(dataclasses.replace(j, curve=curve, total_samples=j.total_samples / unit))
     return out
 
 
-def _refuse_types(job: SimJob) -> None:
-    if job.type_curves:
-        raise PermanentError(f"job {job.name}: the bound does not model node types "
-                             "(per-type curves)")
+def type_envelope(job: SimJob) -> SimJob:
+    """A job with per-type curves as one curve: at each size, its rate on its fastest type.
+
+    On a typed cluster a job runs at its slowest type's rate for its size
+    (``SimJob.rate_on``), never above this envelope, so whatever the bound proves for the
+    envelope job holds for the typed one: it is the bound of a cluster whose every node is
+    of the job's best type at that size, for every job at once (looser than the typed
+    problem: it ignores how many nodes of each type there are). Untyped jobs are returned
+    unchanged.
+    """
+    if not job.type_curves:
+        return job
+    models = [job.true_model, *job.true_models().values()]
+    curve = tuple((n, max(m.rate(n) for m in models)) for n in range(1, job.max_nodes + 1))
+    return dataclasses.replace(job, curve=curve, type_curves=())
 
 
 def job_rates(job: SimJob) -> np.ndarray:
     """``r_j(n)`` for ``n = 0 .. max_nodes`` (0 below ``min_nodes``: not allowed to run)."""
-    _refuse_types(job)
-    model = job.true_model
+    model = type_envelope(job).true_model
     rates = np.zeros(job.max_nodes + 1)
     for n in range(job.min_nodes, job.max_nodes + 1):
         rates[n] = model.rate(n)

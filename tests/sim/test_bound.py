@@ -22,12 +22,14 @@ from malletrain.sim.bound_inputs import (
     idle_segments,
     in_worker_seconds,
     job_rates,
+    type_envelope,
 )
 from malletrain.sim.bound_lp import best_allocations
 from malletrain.sim.cli_bound import main
 from malletrain.sim.curves import provider_for
 from malletrain.sim.engine import Simulator
 from malletrain.sim.jobs import SimJob
+from malletrain.sim.nodetypes import NodeTypes
 from malletrain.sim.trace import IdleTrace, PlannedStart, TraceEvent
 
 
@@ -274,3 +276,55 @@ def test_a_search_cut_short_is_looser_never_lower():
         assert cut.samples * (1 - cut.gap) <= full.samples * (1 + 1e-9)
         cut_short += cut.gap > 0
     assert cut_short > 0  # some cases needed the search at all
+
+
+def _typed(rng: random.Random, jobs: list[SimJob]) -> list[SimJob]:
+    """The jobs with a second node type: another curve at 0.3-2x of each point, kept
+    non-decreasing (so the faster type changes with the size for some jobs)."""
+    out = []
+    for j in jobs:
+        other, best = [], 0.0
+        for n, r in j.curve:
+            best = max(best, round(r * rng.uniform(0.3, 2.0), 3))
+            other.append((n, best))
+        out.append(SimJob(j.name, j.submit_s, j.min_nodes, j.max_nodes, j.total_samples,
+                          j.scale_up_s, j.scale_down_s, (),
+                          (("a", j.curve), ("b", tuple(other)))))
+    return out
+
+
+def test_no_policy_beats_the_bound_on_random_typed_replays():
+    # On a cluster of two node types each job runs at its slower type's rate when it
+    # holds both; the bound takes each job's faster type at every size (type_envelope).
+    rng = random.Random(11)
+    checked = 0
+    for _ in range(20):
+        tr, jobs, k = _random_case(rng)
+        jobs = _typed(rng, jobs)
+        kinds = tuple(rng.choice("ab") for _ in tr.node_names)
+        segs = idle_segments(tr)
+        samples = upper_bound(segs, jobs, k, rounds=30, submit_origin_s=tr.start_s)
+        work = upper_bound(segs, in_worker_seconds(jobs), k, rounds=30,
+                           submit_origin_s=tr.start_s)
+        for name in POLICY_NAMES:
+            for hidden in (False, True):
+                pol = make_policy(name, REPLAY.with_(milp_time_limit_s=2.0))
+                res = Simulator(tr, jobs, pol, provider_for(POLICIES[name].curves),
+                                max_concurrent_jobs=k,
+                                types=NodeTypes(kinds, hidden=hidden)).run()
+                assert res.samples_total <= samples.samples * (1 + 1e-6) + 1e-6, (name, jobs)
+                got = res.summary()["one_worker_seconds_total"]
+                assert got <= work.samples * (1 + 1e-6) + 1e-6, (name, hidden, jobs)
+                checked += 1
+    assert checked == 20 * len(POLICY_NAMES) * 2
+
+
+def test_a_typed_jobs_envelope_is_its_fastest_type_at_each_size():
+    typed = SimJob("t", 0.0, 1, 4, 100.0, 0.0, 0.0, (),
+                   (("p100", ((1, 1.0), (4, 4.0))), ("v100", ((1, 3.0), (2, 3.5)))))
+    env = type_envelope(typed)
+    assert env.curve == ((1, 3.0), (2, 3.5), (3, 3.5), (4, 4.0)) and not env.type_curves
+    assert list(job_rates(typed)) == [0.0, 3.0, 3.5, 3.5, 4.0]
+    assert in_worker_seconds([typed])[0].curve[0] == (1, 1.0)  # unit: the fastest one node
+    plain = job("u", [(1, 2.0)])
+    assert type_envelope(plain) is plain
