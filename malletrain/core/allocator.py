@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from malletrain.core.finish import finish_weights, slot_rate
+from malletrain.core.finish import SlotOutlook, finish_weights, slot_rate
 from malletrain.core.hetero import decide_by_type, is_typed
 from malletrain.core.holes import HoleLengthModel, HoleTracker
 from malletrain.core.knapsack import solve_counts
@@ -124,9 +124,17 @@ class MalleTrainPolicy:
     finish_weight: float = 0.0
     finish_horizon_s: float = 24 * 3600.0
     finish_weight_cap: float = 1.0
+    #: > 0: a slot is worth at least its average over about this many seconds
+    #: (:class:`~malletrain.core.finish.SlotOutlook`); 0: as of now.
+    finish_outlook_s: float = 0.0
+    outlook: SlotOutlook | None = field(default=None, repr=False, compare=False)
 
     def finish_weights(self, inp: AllocationInput, sigma: float) -> np.ndarray:
         """``beta_j`` per job (:func:`malletrain.core.finish.finish_weights`)."""
+        if self.finish_outlook_s > 0:
+            if self.outlook is None:
+                self.outlook = SlotOutlook(self.finish_outlook_s)
+            sigma = self.outlook.update(inp.now_s, sigma)
         return finish_weights(inp, sigma, self.finish_weight, self.finish_horizon_s,
                               self.finish_weight_cap)
 
@@ -321,5 +329,6 @@ def malletrain_policy(options: PolicyOptions, name: str = "malletrain",
         explore_free_only=explore_free_only,
         finish_weight=options.finish_weight,
         finish_horizon_s=options.finish_horizon_s,
+        finish_outlook_s=options.finish_outlook_s,
         work_units=options.work_units,
     )

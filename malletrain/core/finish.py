@@ -6,6 +6,9 @@ Used by :class:`~malletrain.core.allocator.MalleTrainPolicy` when ``finish_weigh
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
 
 from malletrain.core.model import AllocationInput
@@ -35,8 +38,9 @@ def slot_rate(inp: AllocationInput, counts: np.ndarray) -> float:
     rbar = curves.mean(axis=0)
     return float(np.max(rbar - lam * np.arange(hi + 1)))
 
+
 def finish_weights(inp: AllocationInput, sigma: float, weight: float, horizon_s: float,
-               cap: float) -> np.ndarray:
+                   cap: float) -> np.ndarray:
     """``beta_j`` per job of ``inp.jobs``: the extra weight of its samples (0 for most).
 
     Why: with a concurrency limit and a queue, a job's finish admits the next job,
@@ -63,3 +67,30 @@ def finish_weights(inp: AllocationInput, sigma: float, weight: float, horizon_s:
             continue
         beta[i] = min(cap, weight * sigma / r)
     return beta
+
+
+@dataclass
+class SlotOutlook:
+    """The worth of an admission slot over time: ``sigma`` (:func:`slot_rate`) averaged
+    over about ``memory_s`` (an exponential average weighted by the time each value held).
+
+    ``sigma`` prices a slot at this decision's node price: nearly nothing while nodes are
+    scarce, a whole job's rate while they are left free. A finish brought forward now
+    admits the next job at some later time, when the machine may be in either state, so
+    the finish-aware valuation uses the larger of now's ``sigma`` and this average.
+    """
+
+    memory_s: float
+    mean: float = 0.0
+    _held: float = 0.0
+    _since_s: float | None = None
+
+    def update(self, now_s: float, sigma: float) -> float:
+        """Record ``sigma`` decided at ``now_s``; the slot's worth to use now."""
+        if self._since_s is None:
+            self.mean = sigma
+        elif now_s > self._since_s:
+            keep = math.exp(-(now_s - self._since_s) / self.memory_s)
+            self.mean = keep * self.mean + (1.0 - keep) * self._held
+        self._held, self._since_s = sigma, max(now_s, self._since_s or now_s)
+        return max(sigma, self.mean)

@@ -41,6 +41,9 @@ class PolicyOptions:
     #: MalleableJob.remaining_samples (declared by the user) and AllocationInput.queued_jobs.
     finish_weight: float = 0.0
     finish_horizon_s: float = 24 * 3600.0
+    #: malletrain's finish-aware valuation prices a slot at no less than its average over
+    #: this many seconds (MalleTrainPolicy.finish_outlook_s; 0: as of now; replays: 24 h)
+    finish_outlook_s: float = 0.0
     #: malletrain values throughput in each job's one-node rate, not in samples
     #: (MalleTrainPolicy.work_units; replays: on).
     work_units: bool = False
@@ -61,8 +64,9 @@ CORE = PolicyOptions()
 LIVE = PolicyOptions(keep_margin=0.1, hole_prior_floor=0.1)
 #: ``REPLAY``: the simulator's (docs/evaluation.md): unplanned nodes valued over 120 s or three
 #: times their idle age if longer (both chosen on the tuning half of benchmarks/evaluate.py)
-#: and grouped into reclaim events of 1 s, finish-aware valuation within 24 h, throughput in
-#: work units.
+#: and grouped into reclaim events of 1 s, finish-aware valuation within 24 h with a slot priced
+#: at no less than its 24 h average (chosen on the tuning half), throughput in work units.
 REPLAY = PolicyOptions(estimate_horizon_s=120.0, estimate_age_factor=3.0, reclaim_group_s=1.0,
-                       finish_weight=0.5, finish_horizon_s=86400.0, work_units=True)
+                       finish_weight=0.5, finish_horizon_s=86400.0, finish_outlook_s=86400.0,
+                       work_units=True)
 PRESETS = {"core": CORE, "live": LIVE, "replay": REPLAY}

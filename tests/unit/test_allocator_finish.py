@@ -10,12 +10,13 @@ at the plan's node price. Off by default; it reads the user-declared
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
 
 from malletrain.core.allocator import MalleTrainPolicy, malletrain_policy
-from malletrain.core.finish import slot_rate
+from malletrain.core.finish import SlotOutlook, slot_rate
 from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
 from malletrain.core.options import CORE
 
@@ -86,3 +87,26 @@ def test_weight_too_small_to_move_the_node():
     # beta = 0.5 x 4 / 10 = 0.2: 8,820 x 1.2 = 10,584 < 10,620
     plan = policy(0.5).decide(case())
     assert plan.count("far") == 2 and plan.count("near") == 1
+
+
+def test_the_slot_outlook_averages_sigma_over_the_time_each_value_held():
+    out = SlotOutlook(memory_s=100.0)
+    assert out.update(0.0, 10.0) == 10.0  # the first value is the average
+    # 10 held for 100 s: the average stays 10; now's 0 is below it
+    assert out.update(100.0, 0.0) == pytest.approx(10.0)
+    # 0 held for 100 s: 10 x e^-1
+    assert out.update(200.0, 0.0) == pytest.approx(10.0 * math.exp(-1.0))
+    assert out.update(200.0, 50.0) == 50.0  # now's sigma when larger; same instant: no decay
+    assert out.mean == pytest.approx(10.0 * math.exp(-1.0))
+
+
+def test_with_an_outlook_a_scarce_moment_still_values_finishes():
+    # sigma at the plan's price is 4 (nodes all used); an outlook that remembers 30 (nodes
+    # were free for the last hour) weights near (10/s) by 0.5 x 30 / 10, capped at 1
+    pol = malletrain_policy(CORE.with_(finish_weight=0.5, finish_outlook_s=3600.0))
+    assert pol.finish_outlook_s == 3600.0
+    pol.outlook = SlotOutlook(3600.0)
+    pol.outlook.update(-3600.0, 30.0)
+    assert pol.finish_weights(case(), sigma=4.0).tolist() == pytest.approx([1.0, 0.0])
+    assert pol.decide(case()).count("near") == 2  # without the outlook: far gets it (above)
+    assert policy(0.5).finish_weights(case(), sigma=4.0).tolist() == pytest.approx([0.2, 0.0])
