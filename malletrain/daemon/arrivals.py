@@ -1,11 +1,11 @@
 """Wake the daemon's loop early when a job arrives at Slurm: an event source, not a decision.
 
-The loop ticks every ``allocator.tick_interval_s`` (1 s). A regular job submitted just after a
-tick's snapshot is first seen up to a whole tick later, and whatever the daemon would give
-back to it waits that long (e2e run 15: Slurm preempted one slot too few for a 2-node job in a
-burst; the daemon first saw the job 1.07 s after its submission and gave back a node then;
-1.04 s added wait). Between ticks, while the daemon holds scavenged nodes, :class:`ArrivalProbe`
-asks Slurm for the ids of pending jobs (one short ``squeue`` answer,
+The loop ticks every ``allocator.tick_interval_s`` (5 s by default). A regular job submitted
+just after a tick's snapshot is first seen up to a whole tick later, and whatever the daemon
+would give back to it waits that long (e2e run 15: Slurm preempted one slot too few for a
+2-node job in a burst; the daemon first saw the job 1.07 s after its submission and gave
+back a node then; 1.04 s added wait). Between ticks, while the daemon holds scavenged nodes,
+:class:`ArrivalProbe` asks Slurm for the ids of pending jobs (one short ``squeue`` answer,
 :meth:`~malletrain.slurm.backend.SlurmBackend.pending_job_ids`) and wakes the loop when one
 is not in the last snapshot. The woken tick recomputes everything from a whole snapshot
 (level-triggered); the probe only moves it earlier, so a failed or odd probe costs nothing
