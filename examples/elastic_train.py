@@ -178,9 +178,11 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     # diagnostics: if this process is still alive 10 s from now, print every thread's stack
     faulthandler.dump_traceback_later(10, exit=False)
+    with torch.no_grad():  # the model's loss over the whole data set, as trained
+        full_loss = float(((model(x) - y) ** 2).mean())
     out.write(event="exit", reason=str(job.exit_reason), step=job.step,
               samples_total=job.samples_total, checksum=checksum(model), rank=job.rank,
-              reconfig=job.last_reconfig)
+              reconfig=job.last_reconfig, full_loss=full_loss)
     if args.results is not None and job.rank == 0 and job.exit_reason == "finished":
         tmp = args.results.with_name(args.results.name + ".tmp")
         tmp.write_text(json.dumps({"samples_total": job.samples_total, "step": job.step,

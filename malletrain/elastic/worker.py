@@ -380,6 +380,7 @@ class ElasticJob(Rendezvous, StateSync):
 
     def _finish(self) -> None:
         if self.rank == 0:
+            self._watcher.quiesce()  # no older report may land after the final one
             report = self._build_report()
             record = p.FinishRecord(
                 step=self.step, samples_total=self.samples_total, time_s=time.time()

@@ -20,7 +20,8 @@ from malletrain.elastic.synctime import _traffic
 pytestmark = pytest.mark.torch
 
 #: a 512-512-512 MLP: 2.1 MB of gradients a step, above SlowLinkCompression.min_bytes
-MODEL = ["--dim", "512", "--hidden", "512", "--dataset-size", "256", "--batch", "4",
+DIM = 512
+MODEL = ["--dim", str(DIM), "--hidden", "512", "--dataset-size", "256", "--batch", "4",
          "--step-sleep", "0.01", "--lr", "0.0005"]
 TOTAL = 2400
 
@@ -35,8 +36,13 @@ def _run(tmp, name: str, *extra: str) -> tuple[Cluster, dict[str, Worker]]:
 
 
 def _final_loss(workers: list[Worker]) -> float:
-    steps = committed_steps(workers)
-    return statistics.fmean(steps[s]["loss"] for s in sorted(steps)[-30:])
+    """The trained model's loss over the whole data set (the replicas are identical).
+
+    Not the last steps' batch losses: four samples a rank, in an order that follows the
+    step at which each group formed, so their mean moved by 6 % between two plain runs."""
+    losses = {round(x.exit_record()["full_loss"], 9) for x in workers}
+    assert len(losses) == 1, losses
+    return losses.pop()
 
 
 def test_a_slow_group_switches_to_powersgd_on_every_rank_and_stays_exact(tmp_path):
@@ -69,6 +75,8 @@ def test_a_slow_group_switches_to_powersgd_on_every_rank_and_stays_exact(tmp_pat
         assert sorted(steps) == list(range(len(steps)))
         assert sum(r["n"] for r in steps.values()) == TOTAL
         loss_compressed = _final_loss(list(w.values()))
+        # a step's loss is summed over the output's DIM elements; the final one is a mean
+        first_loss = statistics.fmean(steps[s]["loss"] for s in sorted(steps)[:10]) / DIM
     finally:
         c.stop()
     c, w = _run(tmp_path, "plain")
@@ -77,11 +85,21 @@ def test_a_slow_group_switches_to_powersgd_on_every_rank_and_stays_exact(tmp_pat
         c.wait_step(w["m0"], first["m0"] + 10)
         c.coord.publish(c.job_id, ["m0", "m1", "m2"])
         wait_for(lambda: c.coord.is_finished(c.job_id), 120, "the plain job to finish", c)
+        for x in w.values():
+            assert x.proc.wait(30) == 0
         assert "compressed" not in w["m0"].steps()[-1]
         loss_plain = _final_loss(list(w.values()))
     finally:
         c.stop()
-    assert abs(loss_compressed - loss_plain) <= 0.05 * loss_plain, (loss_compressed, loss_plain)
+    print(f"loss: first steps {first_loss:.5f}; final, over the data set: compressed "
+          f"{loss_compressed:.6f}, plain {loss_plain:.6f}")
+    # Both learned (the first steps' loss is ~17x the final one), and compression cost
+    # little: within 10 %. Two runs of the same job differ by up to ~2 % (the step at which
+    # each group forms follows the machine's timing, and with it the order of the data);
+    # compressed against plain measured 0.4 % and 3.5 % in two runs. placement.py measures
+    # the accuracy cost itself, on fixed groups.
+    assert loss_compressed < 0.2 * first_loss, (loss_compressed, first_loss)
+    assert abs(loss_compressed - loss_plain) <= 0.10 * loss_plain, (loss_compressed, loss_plain)
 
 
 def test_a_fast_group_stays_uncompressed(tmp_path):
