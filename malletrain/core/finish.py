@@ -88,9 +88,10 @@ class SlotOutlook:
     def update(self, now_s: float, sigma: float) -> float:
         """Record ``sigma`` decided at ``now_s``; the slot's worth to use now."""
         if self._since_s is None:
-            self.mean = sigma
+            self.mean, self._since_s = sigma, now_s
         elif now_s > self._since_s:
             keep = math.exp(-(now_s - self._since_s) / self.memory_s)
             self.mean = keep * self.mean + (1.0 - keep) * self._held
-        self._held, self._since_s = sigma, max(now_s, self._since_s or now_s)
+            self._since_s = now_s
+        self._held = sigma
         return max(sigma, self.mean)

@@ -96,7 +96,7 @@ def test_a_slow_group_switches_to_powersgd_on_every_rank_and_stays_exact(tmp_pat
     # Both learned (the first steps' loss is ~17x the final one), and compression cost
     # little: within 10 %. Two runs of the same job differ by up to ~2 % (the step at which
     # each group forms follows the machine's timing, and with it the order of the data);
-    # compressed against plain measured 0.4 % and 3.5 % in two runs. placement.py measures
+    # compressed against plain measured 0.3-3.5 % in five runs. placement.py measures
     # the accuracy cost itself, on fixed groups.
     assert loss_compressed < 0.2 * first_loss, (loss_compressed, first_loss)
     assert abs(loss_compressed - loss_plain) <= 0.10 * loss_plain, (loss_compressed, loss_plain)
