@@ -323,7 +323,7 @@ def rss_mb(pid: int) -> float:
 
 def measure(pid: int, port: int, slurm: ReplaySlurm, seconds: float) -> dict[str, object]:
     ticks: list[float] = []
-    calls0 = dict(slurm.daemon_calls)
+    calls0, acts0 = dict(slurm.daemon_calls), slurm.daemon_acts
     c0, t0 = cpu_s(pid), time.monotonic()
     phases0 = phases(port)
     prev = scrape(port)
@@ -342,6 +342,8 @@ def measure(pid: int, port: int, slurm: ReplaySlurm, seconds: float) -> dict[str
     n_ticks = prev["malletrain_tick_duration_seconds_count"] - first[
         "malletrain_tick_duration_seconds_count"]
     calls = {k: v - calls0.get(k, 0) for k, v in slurm.daemon_calls.items()}
+    acting = sum(v for k, v in calls.items() if k.startswith(("scontrol", "scancel"))
+                 and k != "scontrol show")
     phase_ms = {p: 1000 * (s - phases0.get(p, (0, 0))[0]) / max(1, n - phases0.get(p, (0, 0))[1])
                 for p, (s, n) in phases(port).items()}
     observe = sum(calls.get(k, 0) for k in ("sinfo", "sinfo states", "squeue", "scontrol show"))
@@ -350,6 +352,8 @@ def measure(pid: int, port: int, slurm: ReplaySlurm, seconds: float) -> dict[str
             "calls": calls, "calls_per_tick": sum(calls.values()) / max(1, n_ticks),
             "observe_calls_per_tick": observe / max(1, n_ticks), "phase_ms": phase_ms,
             "probe_calls_per_s": calls.get("squeue pending", 0) / wall,
+            "acts_per_tick": (slurm.daemon_acts - acts0) / max(1, n_ticks),
+            "acts_per_call": (slurm.daemon_acts - acts0) / max(1, acting),
             "tick_calls_per_tick": (sum(calls.values()) - calls.get("squeue pending", 0))
             / max(1, n_ticks)}
 
@@ -405,7 +409,8 @@ def main() -> int:
         print(f"daemon calls in {m['wall_s']:.0f} s: {m['calls']}; the snapshot's "
               f"{m['observe_calls_per_tick']:.2f} a tick, with its actions' "
               f"{m['tick_calls_per_tick']:.2f}; the arrival probe's "
-              f"{m['probe_calls_per_s']:.2f} a second")
+              f"{m['probe_calls_per_s']:.2f} a second; {m['acts_per_tick']:.1f} slot "
+              f"actions a tick, {m['acts_per_call']:.1f} per acting call")
         print("tick phases, mean ms: " + ", ".join(
             f"{p} {ms:.1f}" for p, ms in m["phase_ms"].items()))  # type: ignore[attr-defined]
         print(f"submit request p99 {1000 * p99([a for a, _ in submitted]):.1f} ms, attach "

@@ -108,6 +108,8 @@ class ReplaySlurm:
     on_node: dict[str, int] = field(default_factory=dict)
     #: calls by the daemon (uid 0), by command ("scontrol update", "squeue"...)
     daemon_calls: dict[str, int] = field(default_factory=dict)
+    #: jobs the daemon acted on (a line of an scontrol script, an id of a list, a scancel)
+    daemon_acts: int = 0
     #: slot job ids requeued/preempted/ended since the workers last looked
     ended_slots: list[int] = field(default_factory=list)
 
@@ -264,6 +266,7 @@ class ReplaySlurm:
                        else "squeue jobs" if any(a.startswith("--jobs=") for a in argv)
                        else "squeue")
             self.daemon_calls[key] = self.daemon_calls.get(key, 0) + 1
+            self.daemon_acts += _acts(argv, stdin)
         with self.lock:
             if name == "sinfo":
                 if any(a.startswith("--Format") for a in argv):
@@ -384,7 +387,7 @@ class ReplaySlurm:
         return 1, "", f"scontrol {' '.join(args[:2])}: not replayed\n"
 
     def _scontrol_script(self, stdin: str) -> tuple[int, str, str]:
-        """``scontrol`` reading its commands from stdin (the daemon's batched updates): it
+        """``scontrol`` reading its commands from stdin (the daemon's batched actions): it
         echoes each one on stdout, and an update it refuses names the job on stderr."""
         code, out, err = 0, [], []
         for line in stdin.splitlines():
@@ -490,6 +493,17 @@ sys.stdout.write(answer["out"])
 sys.stderr.write(answer["err"])
 sys.exit(answer["code"])
 '''
+
+
+def _acts(argv: Sequence[str], stdin: str) -> int:
+    """How many jobs a call of the daemon acts on (0 for a read)."""
+    if argv[0] == "scancel":
+        return 1
+    if argv[0] != "scontrol" or argv[1:2] == ["show"]:
+        return 0
+    if len(argv) == 1:
+        return sum(1 for line in stdin.splitlines() if line.strip())
+    return len(argv[2].split(",")) if len(argv) > 2 and argv[1] != "update" else 1
 
 
 def write_shims(bin_dir: Path, socket_path: Path, python: str = "/usr/bin/python3") -> None:

@@ -21,7 +21,6 @@ Commands are argument lists run with a timeout, never shell strings.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import secrets
@@ -32,15 +31,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, runtime_checkable
 
 from malletrain.core.cluster import ClusterSnapshot, Job
-from malletrain.slurm.coalesce import CoalescedActs, CoalescedUpdates
+from malletrain.slurm.coalesce import CoalescedScontrol
 from malletrain.slurm.commands import (
-    JOB_LIST_VERBS,
     classify_failure,
     job_list_failures,
-    render_job_list,
     render_signal,
     render_update,
     render_update_line,
+    script_verbs,
 )
 from malletrain.slurm.errors import (
     SlurmCommandError,
@@ -138,6 +136,12 @@ class SlurmBackend(Protocol):
 # ----------------------------------------------------------------------------- CLI
 
 
+#: How long an ``scontrol`` line waits for the other lines of its wave when no script runs
+#: (slurm/coalesce.py): a little of a give-back's time (regular jobs wait ~1 s for Slurm's
+#: own preemption) against a call per line.
+SCRIPT_GATHER_S = 0.05
+
+
 class CliBackend:
     """The backend over Slurm's command-line clients (``sinfo``, ``squeue``, ``scontrol``...)."""
 
@@ -170,12 +174,9 @@ class CliBackend:
         self.parallel = parallel
         #: the tick's job list records, kept between ticks (parse_plain_jobs.RecordMemo)
         self._job_memo = RecordMemo()
-        #: release/requeuehold/hold from the action workers: one call per batch
-        #: (slurm/coalesce.py)
-        self._acts = {verb: CoalescedActs(functools.partial(self._job_list, verb))
-                      for verb in JOB_LIST_VERBS}
-        #: the placements' updates from the action workers: one script per batch
-        self._updates = CoalescedUpdates(self._update_script)
+        #: the action workers' release/requeuehold/hold and placements' updates: one
+        #: ``scontrol`` script per batch (slurm/coalesce.py)
+        self._scontrol = CoalescedScontrol(self._scontrol_script, SCRIPT_GATHER_S)
         #: the daemon's periodic answers, read again off the tick
         self._refresh = BackgroundRefresh(lambda c: self._run_batch(c, {}), check_periodic,
                                           clock)
@@ -369,31 +370,26 @@ class CliBackend:
             raise classify_failure(argv, res.returncode or 1, res.stderr)
 
     def hold(self, job_id: int) -> None:
-        self._acts["hold"].act(job_id)
+        self._scontrol.act("hold", job_id)
 
     def release(self, job_id: int) -> None:
-        self._acts["release"].act(job_id)
+        self._scontrol.act("release", job_id)
 
     def requeue_hold(self, job_id: int) -> None:
-        self._acts["requeuehold"].act(job_id)
-
-    def _job_list(self, verb: str, job_ids: Sequence[int]) -> dict[int, Exception]:
-        """One ``scontrol VERB 1,2,3`` for the jobs whose calls arrived together."""
-        argv = render_job_list(verb, job_ids)
-        res = self._run(argv)
-        return job_list_failures(argv, job_ids, res.returncode, res.stderr or res.stdout)
+        self._scontrol.act("requeuehold", job_id)
 
     def update(self, job_id: int, **fields: str | int | Sequence[str]) -> None:
         line = render_update_line(job_id, fields)
         if line is None:
             self._check(render_update(job_id, fields))
         else:
-            self._updates.update(job_id, line)
+            self._scontrol.update(job_id, line)
 
-    def _update_script(self, job_ids: Sequence[int], lines: Sequence[str]
-                       ) -> dict[int, Exception]:
-        """One ``scontrol`` reading the updates whose calls arrived together, a line each
-        (it echoes them on stdout; its errors, ``... for job N``, go to stderr)."""
+    def _scontrol_script(self, job_ids: Sequence[int], lines: Sequence[str]
+                         ) -> dict[int, Exception]:
+        """One ``scontrol`` reading the lines whose calls arrived together, of any verb (it
+        echoes them on stdout; its errors, ``... for job N``, go to stderr)."""
         res = self._run(["scontrol"], input_text="".join(f"{line}\n" for line in lines))
-        return job_list_failures(["scontrol", "update"], job_ids, res.returncode,
-                                 res.stderr or f"exit status {res.returncode}")
+        return job_list_failures(["scontrol", "script"], job_ids, res.returncode,
+                                 res.stderr or f"exit status {res.returncode}",
+                                 script_verbs(lines))

@@ -7,31 +7,34 @@ submitting at once made a hundred ``squeue --jobs=`` calls, and a busy tick hund
 an RPC to the slurmctld that every user of the machine shares.
 
 Here, while one call runs, the requests that arrive meanwhile gather into the next batch,
-which one of their callers makes as a single call (``squeue --jobs=1,2,3``,
-``scontrol release 1,2,3``: both take a list of job ids) when the first ends: a burst costs a
-few calls, and a lone request waits for no one. Each caller gets only its own answer:
+which one of their callers makes as a single call (``squeue --jobs=1,2,3``; one ``scontrol``
+reading a script) when the first ends: a burst costs a few calls, and a lone request waits
+for no one. Each caller gets only its own answer:
 
 * :class:`CoalescedJobs` (lookups): if a batch's query fails, each of its callers asks again
   alone, so that one caller's odd input fails its own lookup, not its neighbours'.
-* :class:`CoalescedActs` (``scontrol release|requeuehold|hold``): Slurm acts on every id of
-  the list it can and names each one it could not (``... for job N``); a caller fails only
-  on a line naming its own job, or when the whole call failed (slurmctld down). A call is
-  never repeated alone: the other ids of the batch were acted on already.
-* :class:`CoalescedUpdates` (``scontrol update``, one per placement: each sets its own
-  node): the batch's updates go to one ``scontrol`` reading them as a script, one command a
-  line; Slurm names each job whose update it refused, as above. When the call fails as a
-  whole, each caller of several repeats its update alone (an update can be repeated: it
-  sets the same fields again), so that one job's odd update fails only its own caller.
+* :class:`CoalescedScontrol` (``release``, ``requeuehold``, ``hold`` and the placements'
+  ``update JobId=...``, each for one job): the batch's lines, of every verb, go to one
+  ``scontrol`` reading them as a script, one command a line (docs/slurm-backend.md §6,
+  fact 14). Slurm names each job a line failed for (``... for job N``) and goes on; a
+  caller fails only on a line naming its own job, or when the whole call failed. Then an
+  update is repeated alone by each caller of several (it sets the same fields again), so
+  that one job's odd update fails only its own caller; a release or a park is not (the
+  batch's other lines may have acted). A job's release never shares a script with its own
+  update: the action worker that makes both waits for the update's answer first (in one
+  script a release would run after its update failed, and the slot would start anywhere).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from malletrain.core.cluster import Job
+from malletrain.slurm.commands import render_act_line
 
 R = TypeVar("R")
 
@@ -42,6 +45,8 @@ class _Batch(Generic[R]):
     #: the callers' lines, in arrival order (:class:`CoalescedUpdates`' script)
     lines: list[str] = field(default_factory=list)
     callers: int = 0
+    #: monotonic time before which it does not run (gathering while nothing runs)
+    opens_at: float = 0.0
     done: bool = False
     result: R | None = None
     error: Exception | None = None
@@ -49,10 +54,13 @@ class _Batch(Generic[R]):
 
 class _Coalescer(Generic[R]):
     """The batching of every kind: ``call(ids, lines)`` joins the open batch and returns it
-    done; ``run(ids, lines)`` makes a batch's call."""
+    done; ``run(ids, lines)`` makes a batch's call. A batch opened while no call runs waits
+    ``gather_s`` for company first (0: it runs at once)."""
 
-    def __init__(self, run: Callable[[Sequence[int], Sequence[str]], R]) -> None:
+    def __init__(self, run: Callable[[Sequence[int], Sequence[str]], R],
+                 gather_s: float = 0.0) -> None:
         self._run_batch = run
+        self._gather_s = gather_s
         self._cond = threading.Condition()
         self._open: _Batch[R] | None = None  # gathering ids while a call runs
         self._running = False
@@ -67,15 +75,21 @@ class _Coalescer(Generic[R]):
         """Add the ids to the open batch; return it once it is done or this caller's turn."""
         with self._cond:
             batch = self._open if self._open is not None else _Batch[R]()
+            if self._open is None and not self._running:
+                batch.opens_at = time.monotonic() + self._gather_s
             self._open = batch
             batch.ids.update(wanted)
             batch.lines.extend(lines)
             batch.callers += 1
             while not batch.done:
                 if not self._running and self._open is batch:
-                    self._running = True
-                    self._open = None
-                    break
+                    wait_s = batch.opens_at - time.monotonic()
+                    if wait_s <= 0:
+                        self._running = True
+                        self._open = None
+                        break
+                    self._cond.wait(wait_s)
+                    continue
                 self._cond.wait()
             return batch
 
@@ -110,36 +124,29 @@ class CoalescedJobs:
         return tuple(found[i] for i in wanted if i in found)
 
 
-class CoalescedActs:
-    """``act(job_id)`` for many threads at once, over one ``run`` per batch (module doc).
+class CoalescedScontrol:
+    """``act(verb, job_id)`` and ``update(job_id, line)`` for many threads at once, over one
+    ``scontrol`` script per batch (module doc). ``run(ids, lines)`` runs the lines as one
+    script and returns the errors of the ids Slurm named as failed; it raises when the call
+    as a whole failed."""
 
-    ``run(ids)`` makes the call for the whole list and returns the errors of the ids Slurm
-    named as failed; it raises when the call as a whole failed.
-    """
+    def __init__(self, run: Callable[[Sequence[int], Sequence[str]],
+                                     Mapping[int, Exception]], gather_s: float = 0.0) -> None:
+        self._run = run
+        self._batches = _Coalescer(run, gather_s)
 
-    def __init__(self, run: Callable[[Sequence[int]], Mapping[int, Exception]]) -> None:
-        self._batches = _Coalescer(lambda ids, _: run(ids))
-
-    def act(self, job_id: int) -> None:
-        batch = self._batches.call([int(job_id)])
+    def act(self, verb: str, job_id: int) -> None:
+        """``scontrol VERB JOB``: never repeated alone (a failed batch may have acted)."""
+        batch = self._batches.call([int(job_id)], [render_act_line(verb, job_id)])
         if batch.error is not None:
             raise batch.error
         failed = batch.result or {}
         if int(job_id) in failed:
             raise failed[int(job_id)]
 
-
-class CoalescedUpdates:
-    """``update(job_id, line)`` for many threads at once, over one ``run`` per batch (module
-    doc). ``run(ids, lines)`` runs the lines as one script and returns the errors of the ids
-    Slurm named as failed; it raises when the call as a whole failed."""
-
-    def __init__(self, run: Callable[[Sequence[int], Sequence[str]],
-                                     Mapping[int, Exception]]) -> None:
-        self._run = run
-        self._batches = _Coalescer(run)
-
     def update(self, job_id: int, line: str) -> None:
+        """One ``update JobId=...`` line: repeated alone when its batch failed as a whole
+        (it sets the same fields again)."""
         batch = self._batches.call([int(job_id)], [line])
         failed = batch.result or {}
         if batch.error is not None:

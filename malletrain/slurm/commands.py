@@ -120,27 +120,39 @@ JOB_LIST_VERBS = ("release", "requeuehold", "hold")
 _FOR_JOB_RE = re.compile(r"^(?P<why>.+?) for job (?P<id>\d+)\s*$")
 
 
-def render_job_list(verb: str, job_ids: Sequence[int]) -> list[str]:
-    """``scontrol VERB 1,2,3``: one call for several jobs."""
+def render_act_line(verb: str, job_id: int) -> str:
+    """``VERB JOB``: one line of an ``scontrol`` script (fact 14) acting on one job."""
     if verb not in JOB_LIST_VERBS:
         raise ValueError(f"scontrol {verb!r} is not one of {JOB_LIST_VERBS}")
-    if not job_ids:
-        raise ValueError(f"scontrol {verb}: no job ids")
-    return ["scontrol", verb, ",".join(str(int(i)) for i in job_ids)]
+    return f"{verb} {int(job_id)}"
+
+
+def script_verbs(lines: Sequence[str]) -> dict[int, str]:
+    """Each job's verb in an ``scontrol`` script of act and update lines (for messages)."""
+    verbs: dict[int, str] = {}
+    for line in lines:
+        verb, _, rest = line.partition(" ")
+        first = rest.split(" ", 1)[0].removeprefix("JobId=")
+        if first.isdigit():
+            verbs[int(first)] = verb
+    return verbs
 
 
 def job_list_failures(argv: Sequence[str], job_ids: Sequence[int], returncode: int,
-                      stderr: str) -> dict[int, Exception]:
-    """The ids of a job-list call that failed, each with its error; raises when the call
-    failed as a whole (no line names one of ``job_ids``: slurmctld down, say)."""
+                      stderr: str, verbs: Mapping[int, str] | None = None
+                      ) -> dict[int, Exception]:
+    """The ids of a job-list call or script that failed, each with its error (``verbs``:
+    each job's command in a script); raises when the call failed as a whole (no line names
+    one of ``job_ids``: slurmctld down, say)."""
     wanted = {int(i) for i in job_ids}
     failed: dict[int, Exception] = {}
     for line in stderr.splitlines():
         m = _FOR_JOB_RE.match(line.strip())
         if m and int(m.group("id")) in wanted:
             job_id = int(m.group("id"))
+            verb = (verbs or {}).get(job_id, argv[1] if len(argv) > 1 else "")
             failed[job_id] = classify_failure(
-                [argv[0], argv[1], str(job_id)], returncode or 1, m.group("why"))
+                [argv[0], verb, str(job_id)], returncode or 1, m.group("why"))
     if returncode != 0 and not failed:
         raise classify_failure(argv, returncode, stderr)
     return failed

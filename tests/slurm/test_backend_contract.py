@@ -259,6 +259,44 @@ def test_concurrent_updates_share_one_scontrol_script_and_fail_only_their_own_jo
         assert "JobState=PENDING" in record and "Reason=JobHeldUser" in record, record
 
 
+def test_concurrent_acts_of_every_verb_share_one_scontrol_script(
+        backend, clean_cluster, monkeypatch):
+    """A tick's actions of different kinds (park, placement, release) arriving together run
+    as one ``scontrol`` script (slurm/coalesce.py CoalescedScontrol): each job gets what
+    its own line asked, and only the unknown id fails."""
+    calls: list[list[str]] = []
+    run = backend._runner
+
+    def counting(argv, **kw):
+        calls.append(list(argv))
+        return run(argv, **kw)
+
+    placed, released = (backend.submit(sleeper(nodes=1, hold=True, partition="scavenger"))
+                        for _ in range(2))
+    # pending, not held: waiting for the held one
+    held = [backend.submit(sleeper(nodes=1, partition="scavenger",
+                                   dependency=f"afterany:{placed}")) for _ in range(2)]
+    gone = 999_999
+    monkeypatch.setattr(backend, "_runner", counting)
+    acts = {placed: lambda: backend.update(placed, NodeList="n3", TimeLimit=7),
+            released: lambda: backend.release(released),
+            held[0]: lambda: backend.hold(held[0]), held[1]: lambda: backend.hold(held[1]),
+            gone: lambda: backend.release(gone)}
+    errors = _at_once(lambda j: acts[j](), list(acts))
+    assert [errors[j] for j in (placed, released, *held)] == [None] * 4, errors
+    assert isinstance(errors[gone], SlurmCommandError) and "release 999999" in str(
+        errors[gone])
+    assert len(calls) < 5 and all(c == ["scontrol"] for c in calls), calls
+    monkeypatch.undo()
+    record = backend._check(["scontrol", "show", "job", "--oneliner", str(placed)])
+    assert " ReqNodeList=n3 " in record and " TimeLimit=00:07:00 " in record, record
+    assert "Reason=JobHeldUser" in record, record
+    for job_id in held:
+        assert is_held(wait_job(backend, job_id, lambda j: j.state is JobState.PENDING))
+    assert not is_held(wait_job(backend, released, lambda j: j.state in (
+        JobState.PENDING, JobState.RUNNING)))
+
+
 def test_the_daemons_node_states_say_what_the_node_records_say(clean_cluster):
     """The daemon reads the nodes' states each tick (``sinfo --Node --Format=...``) and their
     records periodically (slurm/parse_states.py): every state and flag it ends up with is

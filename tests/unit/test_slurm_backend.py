@@ -182,13 +182,16 @@ def test_actions_render_argument_lists():
     b.requeue_hold(3)
     b.signal(3, "USR1", steps="batch")
     b.update(3, NumNodes=2, Comment="shrunk by malletrain", NodeList=("n1", "n2"))
-    assert rec.calls == [
-        ["scontrol", "hold", "3"],
-        ["scontrol", "release", "3"],
-        ["scontrol", "requeuehold", "3"],
-        ["scancel", "--signal=USR1", "--batch", "3"],
-        ["scontrol", "update", "JobId=3", "NumNodes=2", "Comment=shrunk by malletrain",
-         "NodeList=n[1-2]"],
+    b.update(3, NodeList=("n1",), TimeLimit=5)
+    # acts and updates without blanks are lines of an ``scontrol`` script (fact 14)
+    assert list(zip(rec.calls, rec.inputs, strict=True)) == [
+        (["scontrol"], "hold 3\n"),
+        (["scontrol"], "release 3\n"),
+        (["scontrol"], "requeuehold 3\n"),
+        (["scancel", "--signal=USR1", "--batch", "3"], None),
+        (["scontrol", "update", "JobId=3", "NumNodes=2", "Comment=shrunk by malletrain",
+          "NodeList=n[1-2]"], None),
+        (["scontrol"], "update JobId=3 NodeList=n1 TimeLimit=5\n"),
     ]
 
 

@@ -10,8 +10,13 @@ import pytest
 
 from malletrain.core.cluster import Job, JobState
 from malletrain.errors import RetryableError
-from malletrain.slurm.coalesce import CoalescedActs, CoalescedJobs, CoalescedUpdates
-from malletrain.slurm.commands import job_list_failures, render_job_list, render_update_line
+from malletrain.slurm.coalesce import CoalescedJobs, CoalescedScontrol
+from malletrain.slurm.commands import (
+    job_list_failures,
+    render_act_line,
+    render_update_line,
+    script_verbs,
+)
 from malletrain.slurm.errors import SlurmCommandError, SlurmUnavailableError
 
 
@@ -60,7 +65,7 @@ class Lookups:
         return self.results
 
 
-def wait_for_callers(c: CoalescedJobs | CoalescedActs | CoalescedUpdates, n: int) -> None:
+def wait_for_callers(c: CoalescedJobs | CoalescedScontrol, n: int) -> None:
     """Until ``n`` callers wait in the open batch (the call before it still runs)."""
     batches = c._batches
     deadline = time.monotonic() + 10
@@ -117,7 +122,7 @@ def test_a_lone_callers_error_is_raised_as_it_was() -> None:
     assert c.jobs([7]) and len(s.queries) == 2  # and the next lookup is served
 
 
-# ---------------------------------------------------------------- job-list actions
+# ---------------------------------------------------------------- scontrol scripts
 
 #: what 22.05's scontrol printed on the dev cluster (exit 1 each)
 RELEASE_ONE_GONE = "Invalid job id specified for job 999\nslurm_suspend error: No error\n"
@@ -128,55 +133,59 @@ DOWN = ("scontrol: error: Unable to contact slurm controller (connect failure)\n
 
 
 def test_slurm_names_the_ids_it_could_not_act_on():
-    argv = render_job_list("release", [1, 2, 999])
-    assert argv == ["scontrol", "release", "1,2,999"]
-    failed = job_list_failures(argv, [1, 2, 999], 1, RELEASE_ONE_GONE)
+    lines = [render_act_line("release", 1), "update JobId=2 NodeList=n2",
+             render_act_line("release", 999)]
+    assert lines[0] == "release 1"
+    assert script_verbs(lines) == {1: "release", 2: "update", 999: "release"}
+    argv = ["scontrol", "script"]
+    failed = job_list_failures(argv, [1, 2, 999], 1, RELEASE_ONE_GONE, script_verbs(lines))
     assert list(failed) == [999]
     assert isinstance(failed[999], SlurmCommandError)
     assert str(failed[999]) == "scontrol release 999 failed: Invalid job id specified"
-    failed = job_list_failures(["scontrol", "requeuehold", "3,4,1000000000000"],
-                               [3, 4, 1000000000000], 1, REQUEUE_TWO_BAD)
+    failed = job_list_failures(argv, [3, 4, 1000000000000], 1, REQUEUE_TWO_BAD,
+                               {3: "requeuehold", 4: "update", 1000000000000: "hold"})
     assert sorted(failed) == [3, 1000000000000]
-    assert "pending execution" in str(failed[3])
+    assert str(failed[3]).startswith("scontrol requeuehold 3 failed: Job is pending execution")
     assert job_list_failures(argv, [1, 2], 0, "") == {}
 
 
 def test_a_whole_failure_is_raised_and_never_guessed_per_job():
-    argv = render_job_list("requeuehold", [4, 5])
+    argv = ["scontrol", "script"]
     with pytest.raises(SlurmUnavailableError, match="not answering"):
         job_list_failures(argv, [4, 5], 1, DOWN)
     # a line about a job not in the call is not taken as that call's answer
     with pytest.raises(SlurmCommandError):
         job_list_failures(argv, [4, 5], 1, "Invalid job id specified for job 6\n")
     with pytest.raises(ValueError):
-        render_job_list("cancel", [1])
-    with pytest.raises(ValueError):
-        render_job_list("release", [])
+        render_act_line("cancel", 1)
 
 
-class Scontrol:
-    """``scontrol VERB ids`` that knows jobs below 1000; the first call blocks."""
+class ScontrolScript:
+    """``scontrol`` reading a script, knowing jobs below 1000; the first call blocks.
+    ``garbled`` lines make the whole call fail without naming a job."""
 
     def __init__(self, down: bool = False) -> None:
-        self.calls: list[list[int]] = []
+        self.calls: list[list[str]] = []
         self.release = threading.Event()
         self.first_in = threading.Event()
         self.down = down
 
-    def run(self, ids: Sequence[int]) -> dict[int, Exception]:
-        self.calls.append(list(ids))
+    def run(self, ids: Sequence[int], lines: Sequence[str]) -> dict[int, Exception]:
+        self.calls.append(list(lines))
         if len(self.calls) == 1:
             self.first_in.set()
             assert self.release.wait(10)
-        argv = render_job_list("release", ids)
+        argv = ["scontrol", "script"]
         if self.down:
             return job_list_failures(argv, ids, 1, DOWN)
+        if any("garbled" in line for line in lines):
+            return job_list_failures(argv, ids, 1, "scontrol: error: Invalid input\n")
         bad = "".join(f"Invalid job id specified for job {i}\n" for i in ids if i >= 1000)
-        return job_list_failures(argv, ids, 1 if bad else 0, bad)
+        return job_list_failures(argv, ids, 1 if bad else 0, bad, script_verbs(lines))
 
 
-def at_once(c: CoalescedActs | CoalescedUpdates, s: Scontrol | ScontrolScript,
-            ids: list[int], call: Callable[[int], None]) -> dict[int, object]:
+def at_once(c: CoalescedScontrol, s: ScontrolScript, ids: list[int],
+            call: Callable[[int], None]) -> dict[int, object]:
     """``call(id)`` per id: the first one runs alone and blocks; the rest gather behind it."""
     results: dict[int, object] = {}
 
@@ -200,99 +209,67 @@ def at_once(c: CoalescedActs | CoalescedUpdates, s: Scontrol | ScontrolScript,
     return results
 
 
-def act_at_once(c: CoalescedActs, s: Scontrol, ids: list[int]) -> dict[int, object]:
-    return at_once(c, s, ids, c.act)
-
-
-def test_acts_arriving_during_a_call_share_the_next_one():
-    s = Scontrol()
-    c = CoalescedActs(s.run)
-    results = act_at_once(c, s, [1, 2, 3, 4, 5])
-    assert results == dict.fromkeys([1, 2, 3, 4, 5])
-    assert s.calls == [[1], [2, 3, 4, 5]]
-
-
-def test_an_id_slurm_refuses_fails_its_own_act_only():
-    s = Scontrol()
-    c = CoalescedActs(s.run)
-    results = act_at_once(c, s, [1, 2, 5000, 3])
-    assert results[1] is None and results[2] is None and results[3] is None
-    assert isinstance(results[5000], SlurmCommandError)
-    assert len(s.calls) == 2  # never repeated alone: the others were released already
-
-
-def test_slurm_down_fails_every_act_of_the_call():
-    s = Scontrol(down=True)
-    c = CoalescedActs(s.run)
-    results = act_at_once(c, s, [1, 2, 3])
-    assert all(isinstance(r, SlurmUnavailableError) for r in results.values()), results
-    assert len(s.calls) == 2
-
-
-class ScontrolScript:
-    """``scontrol`` reading update lines, knowing jobs below 1000; the first call blocks.
-    ``garbled`` lines make the whole call fail without naming a job."""
-
-    def __init__(self, down: bool = False) -> None:
-        self.calls: list[list[str]] = []
-        self.release = threading.Event()
-        self.first_in = threading.Event()
-        self.down = down
-
-    def run(self, ids: Sequence[int], lines: Sequence[str]) -> dict[int, Exception]:
-        self.calls.append(list(lines))
-        if len(self.calls) == 1:
-            self.first_in.set()
-            assert self.release.wait(10)
-        argv = ["scontrol", "update"]
-        if self.down:
-            return job_list_failures(argv, ids, 1, DOWN)
-        if any("garbled" in line for line in lines):
-            return job_list_failures(argv, ids, 1, "scontrol: error: Invalid input\n")
-        bad = "".join(f"Invalid job id specified for job {i}\n" for i in ids if i >= 1000)
-        return job_list_failures(argv, ids, 1 if bad else 0, bad)
-
-
-def update_at_once(c: CoalescedUpdates, s: ScontrolScript, lines: dict[int, str]
-                   ) -> dict[int, object]:
-    return at_once(c, s, list(lines), lambda i: c.update(i, lines[i]))
-
-
 def placements(ids: list[int]) -> dict[int, str]:
     return {i: f"update JobId={i} NodeList=n{i} StartTime=now" for i in ids}
 
 
-def test_updates_arriving_during_a_call_share_one_script():
-    s = ScontrolScript()
-    results = update_at_once(CoalescedUpdates(s.run), s, placements([1, 2, 3, 4]))
-    assert results == dict.fromkeys([1, 2, 3, 4])
-    assert s.calls == [["update JobId=1 NodeList=n1 StartTime=now"],
-                       [f"update JobId={i} NodeList=n{i} StartTime=now" for i in (2, 3, 4)]]
+def mixed(c: CoalescedScontrol, lines: dict[int, str]) -> Callable[[int], None]:
+    """Each id's call: its update line, or an act where its line is a verb alone."""
+    def call(i: int) -> None:
+        if lines[i].startswith("update "):
+            c.update(i, lines[i])
+        else:
+            c.act(lines[i], i)
+    return call
 
 
-def test_an_update_slurm_refuses_fails_its_own_caller_only():
+def test_acts_and_updates_arriving_during_a_call_share_one_script():
     s = ScontrolScript()
-    results = update_at_once(CoalescedUpdates(s.run), s, placements([1, 2, 5000, 3]))
-    assert [results[i] for i in (1, 2, 3)] == [None] * 3
-    assert isinstance(results[5000], SlurmCommandError) and "5000" in str(results[5000])
+    c = CoalescedScontrol(s.run)
+    lines = {1: "release", **placements([2, 3]), 4: "requeuehold", 5: "hold"}
+    results = at_once(c, s, list(lines), mixed(c, lines))
+    assert results == dict.fromkeys(lines)
+    assert s.calls[0] == ["release 1"]
+    assert sorted(s.calls[1]) == sorted(["update JobId=2 NodeList=n2 StartTime=now",
+                                         "update JobId=3 NodeList=n3 StartTime=now",
+                                         "requeuehold 4", "hold 5"])
     assert len(s.calls) == 2
 
 
-def test_a_script_failing_as_a_whole_is_repeated_alone_by_each_caller():
-    """One odd line fails the script without naming a job: each caller of the batch makes
-    its own update alone, and only the odd one fails."""
+def test_an_id_slurm_refuses_fails_its_own_caller_only_and_is_not_repeated():
     s = ScontrolScript()
-    lines = {**placements([1, 2, 3]), 4: "update JobId=4 garbled"}
-    results = update_at_once(CoalescedUpdates(s.run), s, lines)
+    c = CoalescedScontrol(s.run)
+    lines = {1: "release", 2: "release", 5000: "release", **placements([3, 6000])}
+    results = at_once(c, s, list(lines), mixed(c, lines))
+    assert results[1] is None and results[2] is None and results[3] is None
+    assert isinstance(results[5000], SlurmCommandError) and "release 5000" in str(
+        results[5000])
+    assert isinstance(results[6000], SlurmCommandError) and "update 6000" in str(
+        results[6000])
+    assert len(s.calls) == 2  # never repeated alone: the others were acted on already
+
+
+def test_slurm_down_fails_every_act_and_update_of_the_call():
+    s = ScontrolScript(down=True)
+    c = CoalescedScontrol(s.run)
+    lines = {1: "release", 2: "hold", **placements([3, 4])}
+    results = at_once(c, s, list(lines), mixed(c, lines))
+    assert all(isinstance(r, SlurmUnavailableError) for r in results.values()), results
+
+
+def test_a_script_failing_as_a_whole_is_repeated_alone_by_each_update_only():
+    """One odd line fails the script without naming a job: each update of the batch is
+    made again alone, and only the odd one fails; an act of that batch fails (it may have
+    run: a release or park is never repeated blindly)."""
+    s = ScontrolScript()
+    c = CoalescedScontrol(s.run)
+    lines = {**placements([1, 2, 3]), 4: "update JobId=4 garbled", 5: "release"}
+    results = at_once(c, s, list(lines), mixed(c, lines))
     assert [results[i] for i in (1, 2, 3)] == [None] * 3
     assert isinstance(results[4], SlurmCommandError)
-    assert sorted(map(tuple, s.calls[2:])) == sorted((line,) for line in list(lines.values())[1:])
-
-
-def test_slurm_down_fails_every_update():
-    s = ScontrolScript(down=True)
-    results = update_at_once(CoalescedUpdates(s.run), s, placements([1, 2, 3]))
-    assert all(isinstance(r, SlurmUnavailableError) for r in results.values()), results
+    assert isinstance(results[5], SlurmCommandError)
+    assert sorted(map(tuple, s.calls[2:])) == sorted(
+        (lines[i],) for i in (2, 3, 4))
 
 
 def test_an_update_line_is_the_argv_after_scontrol_or_none_where_blanks_would_split_it():
@@ -303,3 +280,26 @@ def test_an_update_line_is_the_argv_after_scontrol_or_none_where_blanks_would_sp
     assert render_update_line(5, {"Comment": 'say"x"'}) is None
     with pytest.raises(ValueError):
         render_update_line(5, {"NodeList": "n1\nupdate JobId=6 Priority=1"})
+
+
+def test_a_line_finding_nothing_running_waits_for_the_rest_of_its_wave():
+    """With ``gather_s``, lines arriving a moment apart while no script runs share one
+    script (without it, the first runs alone: the test above); each waits no more than
+    about ``gather_s`` for it."""
+    runs: list[list[str]] = []
+
+    def run(ids: Sequence[int], lines: Sequence[str]) -> dict[int, Exception]:
+        runs.append(list(lines))
+        return {}
+
+    c = CoalescedScontrol(run, gather_s=0.3)
+    t0 = time.monotonic()
+    first = threading.Thread(target=c.act, args=("release", 1))
+    first.start()
+    time.sleep(0.05)
+    c.update(2, "update JobId=2 NodeList=n2")
+    first.join(5)
+    assert runs == [["release 1", "update JobId=2 NodeList=n2"]]
+    assert 0.25 <= time.monotonic() - t0 < 2.0
+    c.act("hold", 3)  # alone: runs once its wait is over
+    assert runs[1:] == [["hold 3"]]
