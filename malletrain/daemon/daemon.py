@@ -39,8 +39,8 @@ from malletrain.daemon.learned import LearnedState
 from malletrain.daemon.monitor import JobMonitor
 from malletrain.daemon.report import job_rows, metrics_snapshot
 from malletrain.daemon.requests import JobRow, RequestHandler
-from malletrain.daemon.slots import parse_tag
 from malletrain.daemon.store import JobRecord, SlotRecord, Store
+from malletrain.daemon.submissions import admit_attached, expire_submissions
 from malletrain.daemon.tick import CoordView, DecideSettings, TickPlan, World, decide
 from malletrain.daemon.tick.actions import Action
 from malletrain.daemon.tick.views import seen_slots
@@ -53,7 +53,6 @@ from malletrain.slurm.privacy import PrivacyCache
 log = logging.getLogger(__name__)
 
 #: a job stuck in "submitting" this long (its submit command died) is given up.
-SUBMIT_TIMEOUT_S = 600.0
 #: terminal jobs are still looked at this long (to cancel leftover slot jobs).
 TERMINAL_LINGER_S = 600.0
 
@@ -124,7 +123,7 @@ class Daemon:
         self._prepare_state_dir()
         self.privacy = PrivacyCache(backend.privacy)
         self.requests = RequestHandler(
-            settings, self.store, backend, coordinator=self.coordinator, state_dir=self.state_dir,
+            settings, self.store, coordinator=self.coordinator, state_dir=self.state_dir,
             rows=self.rows, wake=wake or (lambda: None), privacy=self.privacy.get)
         self._reconcile_interrupted()
 
@@ -272,9 +271,13 @@ class Daemon:
     def _world(self, snap: ClusterSnapshot, jobs: list[JobRecord],
                slots: dict[str, tuple[SlotRecord, ...]], coord: dict[str, CoordView]) -> World:
         """The store's jobs and slots and the coordinator's view, frozen with the snapshot
-        (a submission that expires now is seen failed next tick)."""
+        (a submission whose attached slots pass is allocated now; one that expires now is
+        seen failed next tick)."""
         now = time.time()
-        self._expire_submissions(jobs, snap, now)
+        if not self.cache.stale:  # a snapshot older than this tick's store read may predate
+            jobs = admit_attached(self.store, jobs, slots, snap,  # the attach: no judgement
+                                  self.settings.slurm.scavenger_partition)
+        expire_submissions(self.store, self.backend, jobs, slots, snap, now)
         models = self.monitor.models([j for j in jobs if j.state.active],
                                      sorted(set(self._node_kinds.values()) - {""}))
         with self._rows_lock:  # read by the channel's threads: never the advisor itself
@@ -328,17 +331,6 @@ class Daemon:
         with self._rows_lock:
             self._job_nodes = {**{j: self._job_nodes.get(j, ()) for j in plan.slot_views
                                   if j in world.busy}, **nodes}
-
-    def _expire_submissions(self, jobs: list[JobRecord], snap: ClusterSnapshot, now: float
-                            ) -> None:
-        for job in jobs:
-            if job.state is JobPhase.SUBMITTING and now - job.created_s > SUBMIT_TIMEOUT_S:
-                for sj in snap.jobs:
-                    tag = parse_tag(sj.comment)
-                    if tag and tag[0] == job.job_id and sj.state.is_active:
-                        self.backend.cancel(sj.job_id)
-                self.store.transition(job.job_id, JobPhase.FAILED,
-                                      "the submit command never attached its slot jobs")
 
     def _job_done(self, job_id: str) -> None:
         rec = self.store.job(job_id)

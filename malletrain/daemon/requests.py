@@ -2,28 +2,26 @@
 
 Each request comes with its sender's identity from ``SO_PEERCRED``
 (:mod:`malletrain.daemon.channel`); a user acts on their own jobs only (root on any).
-Requests run on the channel's threads: they touch the store (SQLite, thread-safe) and
-Slurm for a fresh look at slots being attached, never the tick's own objects.
+Requests run on the channel's threads: they touch the store (SQLite, thread-safe), never
+Slurm or the tick's own objects. An attach only records the slot job ids; the next tick
+checks them against its snapshot (:mod:`malletrain.daemon.submissions`).
 """
 
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from malletrain.core.cluster import JobState
 from malletrain.core.lifecycle import JobPhase
 from malletrain.daemon.channel import Peer
-from malletrain.daemon.slots import slot_tag
 from malletrain.daemon.spec import JobSpec, SpecError
 from malletrain.daemon.store import JobRecord, Store
 from malletrain.errors import PermanentError, RetryableError
 from malletrain.ops.settings import Settings
-from malletrain.slurm.backend import SlurmBackend
-from malletrain.slurm.coalesce import CoalescedJobs
 from malletrain.slurm.privacy import Privacy
 
 log = logging.getLogger(__name__)
@@ -58,15 +56,11 @@ class JobRow:
 
 
 class RequestHandler:
-    def __init__(self, settings: Settings, store: Store, backend: SlurmBackend, *,
-                 coordinator: Any, state_dir: Path,
+    def __init__(self, settings: Settings, store: Store, *, coordinator: Any, state_dir: Path,
                  rows: Callable[[], list[JobRow]], wake: Callable[[], None],
                  privacy: Callable[[], Privacy] = Privacy) -> None:
         self.settings = settings  # replaced on reload
         self.store = store
-        self.backend = backend
-        #: attaches arriving together share one ``squeue --jobs=`` (slurm/coalesce.py)
-        self._slot_jobs = CoalescedJobs(lambda ids: self.backend.jobs(ids))
         self.coordinator = coordinator
         self.state_dir = state_dir
         self.rows = rows
@@ -140,47 +134,36 @@ class RequestHandler:
         return rec
 
     def _attach(self, peer: Peer, req: Mapping[str, Any]) -> dict[str, Any]:
+        """Record the slot job ids the user's ``malletrain submit`` made; the next tick checks
+        them (module doc) and queues or fails the job. Sent again (its answer was lost),
+        the same ids get the same answer."""
         rec = self._own(peer, req)
         if rec.uid != peer.uid:
             raise PermanentError("only the job's owner attaches its slot jobs")
         ids = req.get("slots")
-        if rec.state is not JobPhase.SUBMITTING:
-            # a client that sends its attach again (the answer was lost) gets the same answer
-            if isinstance(ids, list) and ids and ids == [
-                    s.slurm_job_id for s in self.store.slots(rec.job_id)]:
+        attached = [s.slurm_job_id for s in self.store.slots(rec.job_id)]
+        if attached:
+            if isinstance(ids, list) and ids == attached:
                 return {"job_id": rec.job_id}
+            raise PermanentError(f"job {rec.job_id} has its slot jobs attached already")
+        if rec.state is not JobPhase.SUBMITTING:
             raise PermanentError(f"job {rec.job_id} is {rec.state.value}, not submitting")
         if (not isinstance(ids, list) or len(ids) != rec.spec.max_nodes
                 or not all(isinstance(i, int) and not isinstance(i, bool)
                            and 0 < i < MAX_SLURM_JOB_ID for i in ids) or len(set(ids)) != len(ids)):
             raise PermanentError(f"slots: expected {rec.spec.max_nodes} distinct Slurm job ids")
-        self._check_slots(peer, rec, ids)
-        self.store.add_slots(rec.job_id, list(ids))
-        self.store.transition(rec.job_id, JobPhase.QUEUED,
-                              f"{len(ids)} slot jobs attached ({ids[0]}..{ids[-1]})")
+        try:
+            self.store.add_slots(rec.job_id, list(ids))
+        except sqlite3.IntegrityError:
+            # An id another job holds: this attach sent twice at once, or another user's
+            # claim on the caller's slot job, which the tick's check lets go of (retried).
+            if [s.slurm_job_id for s in self.store.slots(rec.job_id)] == ids:
+                return {"job_id": rec.job_id}
+            raise RetryableError("slots: a slot job id is attached to another job") from None
+        log.info("job %s: %d slot jobs attached by %s, checked at the next tick", rec.job_id,
+                 len(ids), peer.user)
         self.wake()
         return {"job_id": rec.job_id}
-
-    def _check_slots(self, peer: Peer, rec: JobRecord, ids: list[int]) -> None:
-        """Every slot job is the user's own, tagged, pending, single-node, scavenging."""
-        # fresh (the slots were submitted a moment ago) and only these: a whole snapshot
-        # per attach made 100 concurrent submissions wait seconds (benchmarks/load.py)
-        found = {j.job_id: j for j in self._slot_jobs.jobs(ids)}
-        for k, sid in enumerate(ids):
-            sj = found.get(sid)
-            problem = None
-            if sj is None:
-                problem = "is unknown to Slurm"
-            elif sj.user != peer.user:
-                problem = f"belongs to {sj.user}, not to {peer.user}"
-            elif sj.comment != slot_tag(rec.job_id, k):
-                problem = f"is not tagged {slot_tag(rec.job_id, k)!r}"
-            elif sj.partition != self.settings.slurm.scavenger_partition:
-                problem = f"is in partition {sj.partition}, not the scavenger partition"
-            elif sj.state is not JobState.PENDING or sj.node_count > 1:
-                problem = "is not a pending single-node job"
-            if problem:
-                raise PermanentError(f"slot job {sid} {problem}")
 
     def _abort(self, peer: Peer, req: Mapping[str, Any]) -> dict[str, Any]:
         rec = self._own(peer, req)

@@ -254,6 +254,13 @@ class Store:
                 db.execute("INSERT INTO slots (job_id, slot, slurm_job_id) VALUES (?,?,?)",
                            (job_id, slot, int(sid)))
 
+    def drop_slots(self, job_id: str, slurm_ids: Iterable[int]) -> None:
+        """Forget slot jobs that were never ``job_id``'s (refused at the attach check), so
+        that their owner can attach them."""
+        with self._tx() as db:
+            db.executemany("DELETE FROM slots WHERE job_id=? AND slurm_job_id=?",
+                           [(job_id, int(i)) for i in slurm_ids])
+
     def slots(self, job_id: str | None = None) -> list[SlotRecord]:
         q = "SELECT * FROM slots"
         args: tuple[Any, ...] = ()

@@ -1,28 +1,26 @@
-"""Concurrent calls about a few jobs each, made as one Slurm call per batch.
+"""The action workers' ``scontrol`` calls, made as one ``scontrol`` script per batch.
 
-Why: every ``malletrain submit`` ends with an ``attach`` that looks up its slot jobs in
-Slurm, and the daemon's action workers release and park slots side by side. A hundred users
-submitting at once made a hundred ``squeue --jobs=`` calls, and a busy tick hundreds of
-``scontrol release`` and ``requeuehold`` calls (``benchmarks/load.py``): each a process and
-an RPC to the slurmctld that every user of the machine shares.
+Why: the daemon's action workers release, park and place slots side by side, and a busy
+tick made hundreds of ``scontrol release``, ``requeuehold`` and ``update`` calls
+(``benchmarks/load.py``): each a process and an RPC to the slurmctld that every user of the
+machine shares.
 
-Here, while one call runs, the requests that arrive meanwhile gather into the next batch,
-which one of their callers makes as a single call (``squeue --jobs=1,2,3``; one ``scontrol``
-reading a script) when the first ends: a burst costs a few calls, and a lone request waits
-for no one. Each caller gets only its own answer:
+Here, while one call runs, the lines that arrive meanwhile gather into the next batch,
+which one of their callers runs as a single ``scontrol`` reading them as a script, one
+command a line (docs/slurm-backend.md §6, fact 14), when the first ends. A line that finds
+nothing running waits ``gather_s`` for the rest of its wave: the workers start a tick's
+groups together, and each group's next step together when the script before answers;
+without the wait, every wave was two calls, its first line alone and then the rest.
 
-* :class:`CoalescedJobs` (lookups): if a batch's query fails, each of its callers asks again
-  alone, so that one caller's odd input fails its own lookup, not its neighbours'.
-* :class:`CoalescedScontrol` (``release``, ``requeuehold``, ``hold`` and the placements'
-  ``update JobId=...``, each for one job): the batch's lines, of every verb, go to one
-  ``scontrol`` reading them as a script, one command a line (docs/slurm-backend.md §6,
-  fact 14). Slurm names each job a line failed for (``... for job N``) and goes on; a
-  caller fails only on a line naming its own job, or when the whole call failed. Then an
-  update is repeated alone by each caller of several (it sets the same fields again), so
-  that one job's odd update fails only its own caller; a release or a park is not (the
-  batch's other lines may have acted). A job's release never shares a script with its own
-  update: the action worker that makes both waits for the update's answer first (in one
-  script a release would run after its update failed, and the slot would start anywhere).
+Each caller gets only its own answer (:class:`CoalescedScontrol`: ``release``,
+``requeuehold``, ``hold`` and the placements' ``update JobId=...``, each for one job).
+Slurm names each job a line failed for (``... for job N``) and goes on; a caller fails only
+on a line naming its own job, or when the whole call failed. Then an update is repeated
+alone by each caller of several (it sets the same fields again), so that one job's odd
+update fails only its own caller; a release or a park is not (the batch's other lines may
+have acted). A job's release never shares a script with its own update: the action worker
+that makes both waits for the update's answer first (in one script a release would run
+after its update failed, and the slot would start anywhere).
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from malletrain.core.cluster import Job
 from malletrain.slurm.commands import render_act_line
 
 R = TypeVar("R")
@@ -102,26 +99,6 @@ class _Coalescer(Generic[R]):
             batch.done = True
             self._running = False
             self._cond.notify_all()
-
-
-class CoalescedJobs:
-    """``jobs(ids)`` for many threads at once, over one ``fetch`` per batch (module doc)."""
-
-    def __init__(self, fetch: Callable[[Sequence[int]], Sequence[Job]]) -> None:
-        self._fetch = fetch
-        self._batches = _Coalescer(lambda ids, _: {j.job_id: j for j in fetch(ids)})
-
-    def jobs(self, job_ids: Sequence[int]) -> tuple[Job, ...]:
-        wanted = [int(i) for i in job_ids]
-        if not wanted:
-            return ()
-        batch = self._batches.call(wanted)
-        if batch.error is not None:
-            if batch.callers == 1:
-                raise batch.error
-            return tuple(self._fetch(wanted))  # alone: its own error, if any
-        found = batch.result or {}
-        return tuple(found[i] for i in wanted if i in found)
 
 
 class CoalescedScontrol:

@@ -115,9 +115,12 @@ def render_signal(job_id: int, sig: str, steps: str = "children") -> list[str]:
 
 #: The ``scontrol`` verbs that take a list of job ids (``scontrol release 1,2,3``).
 JOB_LIST_VERBS = ("release", "requeuehold", "hold")
-#: How 22.05's scontrol names an id of such a list it could not act on (it acts on the
-#: others): ``Invalid job id specified for job 999``, ``Job is pending execution for job 3``.
-_FOR_JOB_RE = re.compile(r"^(?P<why>.+?) for job (?P<id>\d+)\s*$")
+#: How 22.05's scontrol names an id of such a list, or a script line, it could not act on
+#: (it acts on the others): ``Invalid job id specified for job 999``, ``Job is pending
+#: execution for job 3``; an update of an unknown job: ``scontrol: error: Could not load
+#: state information for job 999999: Invalid job id specified``.
+_FOR_JOB_RE = re.compile(r"^(?:scontrol: error: )?(?P<why>.+?) for job (?P<id>\d+)"
+                         r"(?::\s*(?P<detail>.+?))?\s*$")
 
 
 def render_act_line(verb: str, job_id: int) -> str:
@@ -151,8 +154,8 @@ def job_list_failures(argv: Sequence[str], job_ids: Sequence[int], returncode: i
         if m and int(m.group("id")) in wanted:
             job_id = int(m.group("id"))
             verb = (verbs or {}).get(job_id, argv[1] if len(argv) > 1 else "")
-            failed[job_id] = classify_failure(
-                [argv[0], verb, str(job_id)], returncode or 1, m.group("why"))
+            why = m.group("why") + (f": {m.group('detail')}" if m.group("detail") else "")
+            failed[job_id] = classify_failure([argv[0], verb, str(job_id)], returncode or 1, why)
     if returncode != 0 and not failed:
         raise classify_failure(argv, returncode, stderr)
     return failed

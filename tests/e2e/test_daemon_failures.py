@@ -90,8 +90,14 @@ def test_a_user_cannot_attach_or_cancel_someone_elses_jobs(daemon, clean_cluster
          "s.sendall((json.dumps({'op':'attach','job_id':sys.argv[2],'slots':[int(sys.argv[3])]})"
          "+'\\n').encode());print(s.makefile().readline())", str(d.socket), job_id,
          str(bob_slot)], capture_output=True, text=True, check=True, env=clean_cluster.env)
-    answer = json.loads(attach.stdout)
-    assert not answer["ok"] and "belongs to mt-bob" in answer["error"]
+    # the attach only records the ids; the tick (woken by it) checks them against Slurm
+    assert json.loads(attach.stdout)["ok"], attach.stdout
+    wait_until(lambda: d.jobs().get(job_id, {}).get("state") == "failed", timeout_s=30,
+               what="alice's job refused at its tick", on_timeout=d.log)
+    assert d.jobs()[job_id]["message"] == (
+        f"refused at attach: slot job {bob_slot} belongs to mt-bob, not to mt-alice")
+    time.sleep(3)  # a few ticks of winding alice's job down: bob's job is left alone
+    assert clean_cluster.job_state(bob_slot) == "PENDING"
     res = d.cli("mt-bob", "cancel", "--socket", str(d.socket), job_id, check=False)
     assert res.returncode != 0 and "belongs to mt-alice" in res.stderr
     # malformed requests are answered, not fatal

@@ -1,4 +1,4 @@
-"""Concurrent job lookups and job-list actions made as one Slurm call (slurm/coalesce.py)."""
+"""Concurrent scontrol actions made as one scontrol script (slurm/coalesce.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from malletrain.core.cluster import Job, JobState
-from malletrain.errors import RetryableError
-from malletrain.slurm.coalesce import CoalescedJobs, CoalescedScontrol
+from malletrain.slurm.coalesce import CoalescedScontrol
 from malletrain.slurm.commands import (
     job_list_failures,
     render_act_line,
@@ -20,52 +18,7 @@ from malletrain.slurm.commands import (
 from malletrain.slurm.errors import SlurmCommandError, SlurmUnavailableError
 
 
-def job(i: int) -> Job:
-    return Job(job_id=i, name=f"j{i}", user="alice", state=JobState.PENDING,
-               partition="scavenger", node_count=1)
-
-
-class Slurm:
-    """Knows jobs 1..999; the first query blocks until ``release`` (to gather a batch)."""
-
-    def __init__(self) -> None:
-        self.queries: list[list[int]] = []
-        self.release = threading.Event()
-        self.first_in = threading.Event()
-
-    def jobs(self, ids: Sequence[int]) -> list[Job]:
-        self.queries.append(list(ids))
-        if len(self.queries) == 1:
-            self.first_in.set()
-            assert self.release.wait(10)
-        if any(i >= 1000 for i in ids):
-            raise RetryableError(f"squeue: invalid job id in {list(ids)}")
-        return [job(i) for i in ids]
-
-
-class Lookups:
-    """Each list of ids looked up on a thread of its own; ``results`` once joined."""
-
-    def __init__(self, c: CoalescedJobs, asks: list[list[int]]) -> None:
-        self.results: list[object] = [None] * len(asks)
-        self.threads = [threading.Thread(target=self._one, args=(c, k, ids))
-                        for k, ids in enumerate(asks)]
-        for t in self.threads:
-            t.start()
-
-    def _one(self, c: CoalescedJobs, k: int, ids: list[int]) -> None:
-        try:
-            self.results[k] = [j.job_id for j in c.jobs(ids)]
-        except RetryableError as exc:
-            self.results[k] = exc
-
-    def join(self) -> list[object]:
-        for t in self.threads:
-            t.join(10)
-        return self.results
-
-
-def wait_for_callers(c: CoalescedJobs | CoalescedScontrol, n: int) -> None:
+def wait_for_callers(c: CoalescedScontrol, n: int) -> None:
     """Until ``n`` callers wait in the open batch (the call before it still runs)."""
     batches = c._batches
     deadline = time.monotonic() + 10
@@ -77,57 +30,14 @@ def wait_for_callers(c: CoalescedJobs | CoalescedScontrol, n: int) -> None:
     raise AssertionError(f"{n} callers never gathered")
 
 
-def test_a_lone_lookup_runs_at_once() -> None:
-    s = Slurm()
-    s.release.set()
-    c = CoalescedJobs(s.jobs)
-    assert [j.job_id for j in c.jobs([5, 3])] == [5, 3]
-    assert s.queries == [[3, 5]]
-
-
-def test_lookups_arriving_during_a_query_share_the_next_one() -> None:
-    s = Slurm()
-    c = CoalescedJobs(s.jobs)
-    first = Lookups(c, [[1]])
-    assert s.first_in.wait(5)
-    rest = Lookups(c, [[10 + k, 100 + k] for k in range(20)])
-    wait_for_callers(c, 20)
-    s.release.set()
-    assert first.join() == [[1]]
-    assert rest.join() == [[10 + k, 100 + k] for k in range(20)]  # each gets only its own
-    assert len(s.queries) == 2  # 21 lookups, 2 queries
-    assert sorted(s.queries[1]) == list(range(10, 30)) + list(range(100, 120))
-
-
-def test_one_callers_bad_id_fails_its_own_lookup_not_its_neighbours() -> None:
-    s = Slurm()
-    c = CoalescedJobs(s.jobs)
-    first = Lookups(c, [[1]])
-    assert s.first_in.wait(5)
-    rest = Lookups(c, [[20], [5000], [30]])
-    wait_for_callers(c, 3)
-    s.release.set()
-    first.join()
-    good_a, bad, good_b = rest.join()
-    assert good_a == [20] and good_b == [30]
-    assert isinstance(bad, RetryableError)
-
-
-def test_a_lone_callers_error_is_raised_as_it_was() -> None:
-    s = Slurm()
-    s.release.set()
-    c = CoalescedJobs(s.jobs)
-    with pytest.raises(RetryableError, match="invalid job id"):
-        c.jobs([7000])
-    assert c.jobs([7]) and len(s.queries) == 2  # and the next lookup is served
-
-
 # ---------------------------------------------------------------- scontrol scripts
 
 #: what 22.05's scontrol printed on the dev cluster (exit 1 each)
 RELEASE_ONE_GONE = "Invalid job id specified for job 999\nslurm_suspend error: No error\n"
 REQUEUE_TWO_BAD = ("Job is pending execution for job 3\n"
                    "Invalid job id specified for job 1000000000000\n")
+UPDATE_UNKNOWN = ("scontrol: error: Could not load state information for job 999999: Invalid "
+                  "job id specified\n")
 DOWN = ("scontrol: error: Unable to contact slurm controller (connect failure)\n"
         "slurm_suspend error: Unable to contact slurm controller (connect failure)\n")
 
@@ -147,6 +57,11 @@ def test_slurm_names_the_ids_it_could_not_act_on():
     assert sorted(failed) == [3, 1000000000000]
     assert str(failed[3]).startswith("scontrol requeuehold 3 failed: Job is pending execution")
     assert job_list_failures(argv, [1, 2], 0, "") == {}
+    # an update line of an unknown job (22.05 on the dev cluster)
+    failed = job_list_failures(argv, [1, 999999], 1, UPDATE_UNKNOWN, {999999: "update"})
+    assert list(failed) == [999999]
+    assert str(failed[999999]) == ("scontrol update 999999 failed: Could not load state "
+                                   "information: Invalid job id specified")
 
 
 def test_a_whole_failure_is_raised_and_never_guessed_per_job():
