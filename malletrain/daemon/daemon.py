@@ -52,7 +52,6 @@ from malletrain.slurm.privacy import PrivacyCache
 
 log = logging.getLogger(__name__)
 
-#: a job stuck in "submitting" this long (its submit command died) is given up.
 #: terminal jobs are still looked at this long (to cancel leftover slot jobs).
 TERMINAL_LINGER_S = 600.0
 
@@ -274,8 +273,8 @@ class Daemon:
         (a submission whose attached slots pass is allocated now; one that expires now is
         seen failed next tick)."""
         now = time.time()
-        if not self.cache.stale:  # a snapshot older than this tick's store read may predate
-            jobs = admit_attached(self.store, jobs, slots, snap,  # the attach: no judgement
+        if not self.cache.stale:  # a snapshot kept from an earlier tick may predate an attach
+            jobs = admit_attached(self.store, jobs, slots, snap,
                                   self.settings.slurm.scavenger_partition)
         expire_submissions(self.store, self.backend, jobs, slots, snap, now)
         models = self.monitor.models([j for j in jobs if j.state.active],
