@@ -39,7 +39,7 @@ R = TypeVar("R")
 @dataclass
 class _Batch(Generic[R]):
     ids: set[int] = field(default_factory=set)
-    #: the callers' lines, in arrival order (:class:`CoalescedUpdates`' script)
+    #: the callers' lines, in arrival order (the batch's script)
     lines: list[str] = field(default_factory=list)
     callers: int = 0
     #: monotonic time before which it does not run (gathering while nothing runs)
