@@ -35,7 +35,11 @@ Last line: ``load nodes=N jobs=J tick_p99_ms=T cpu_fraction=F slurm_calls_per_ti
 submit_p99_ms=S rss_mb=M``. Targets (issue 18): tick p99 < 100 ms, < 2 % of a core,
 <= 3 Slurm calls per tick, submit p99 < 200 ms.
 
-Run (root; ~6 min): ``.venv/bin/python benchmarks/load.py``
+``--submit-notice``: the replay writes the notice of ``slurm/job_submit.lua`` at every
+submission (regular or slot) and the daemon reads it (``slurm.submit_notice``), so that the
+arrival probe asks only after a submission.
+
+Run (root; ~6 min): ``.venv/bin/python benchmarks/load.py [--submit-notice]``
 """
 
 from __future__ import annotations
@@ -89,7 +93,8 @@ def free_port() -> int:
 
 
 def start_daemon(work: Path, port: int, env: dict[str, str], profile: str | None,
-                 log_level: str = "INFO") -> subprocess.Popen[bytes]:
+                 log_level: str = "INFO", notice: Path | None = None
+                 ) -> subprocess.Popen[bytes]:
     state = work / "state"
     state.mkdir(mode=0o755)
     (work / "slurm.conf").write_text("# replayed\n")
@@ -97,7 +102,8 @@ def start_daemon(work: Path, port: int, env: dict[str, str], profile: str | None
     config.write_text(yaml.safe_dump({
         "slurm": {"scavenger_partition": "scavenger", "partitions": ["batch"],
                   "slurm_conf": str(work / "slurm.conf"), "min_slot_time_s": 60,
-                  "max_slot_time_s": 900, "command_timeout_s": 20},
+                  "max_slot_time_s": 900, "command_timeout_s": 20,
+                  "submit_notice": str(notice) if notice else None},
         "allocator": {"policy": "malletrain"},  # the default tick interval (5 s)
         "state": {"database_path": str(state / "state.db"),
                   "snapshot_dir": str(state / "snapshots")},
@@ -323,7 +329,7 @@ def rss_mb(pid: int) -> float:
 
 def measure(pid: int, port: int, slurm: ReplaySlurm, seconds: float) -> dict[str, object]:
     ticks: list[float] = []
-    calls0, acts0 = dict(slurm.daemon_calls), slurm.daemon_acts
+    calls0, acts0, subs0 = dict(slurm.daemon_calls), slurm.daemon_acts, slurm.submissions
     c0, t0 = cpu_s(pid), time.monotonic()
     phases0 = phases(port)
     prev = scrape(port)
@@ -352,6 +358,7 @@ def measure(pid: int, port: int, slurm: ReplaySlurm, seconds: float) -> dict[str
             "calls": calls, "calls_per_tick": sum(calls.values()) / max(1, n_ticks),
             "observe_calls_per_tick": observe / max(1, n_ticks), "phase_ms": phase_ms,
             "probe_calls_per_s": calls.get("squeue pending", 0) / wall,
+            "submissions_per_s": (slurm.submissions - subs0) / wall,
             "acts_per_tick": (slurm.daemon_acts - acts0) / max(1, n_ticks),
             "acts_per_call": (slurm.daemon_acts - acts0) / max(1, acting),
             "tick_calls_per_tick": (sum(calls.values()) - calls.get("squeue pending", 0))
@@ -374,6 +381,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--log-level", default="INFO", help="the daemon's (DEBUG shows plans)")
+    ap.add_argument("--submit-notice", action="store_true",
+                    help="the replay writes slurm/job_submit.lua's notice at every "
+                         "submission and the daemon reads it (slurm.submit_notice)")
     ap.add_argument("--profile", metavar="FILE",
                     help="run the daemon under cProfile, stats to FILE (slower ticks)")
     args = ap.parse_args()
@@ -381,14 +391,15 @@ def main() -> int:
         raise SystemExit("load.py runs the clients as other uids: run it as root")
     work = Path(tempfile.mkdtemp(prefix="malletrain-load-"))
     work.chmod(0o755)
+    notice = work / "submit-notice" if args.submit_notice else None
     slurm = ReplaySlurm(Shape(nodes=args.nodes, latency_s=args.latency_ms / 1000,
-                              seed=args.seed))
+                              seed=args.seed), notice=notice)
     serve(slurm, work / "slurm.sock")
     write_shims(work / "bin", work / "slurm.sock")
     path_env = f"{work / 'bin'}:{os.environ['PATH']}"
     port = free_port()
     daemon = start_daemon(work, port, {**os.environ, "PATH": path_env}, args.profile,
-                          args.log_level)
+                          args.log_level, notice)
     try:
         workers = Workers(slurm, work / "state" / "coordinator.addr")
         workers.start()
@@ -409,7 +420,8 @@ def main() -> int:
         print(f"daemon calls in {m['wall_s']:.0f} s: {m['calls']}; the snapshot's "
               f"{m['observe_calls_per_tick']:.2f} a tick, with its actions' "
               f"{m['tick_calls_per_tick']:.2f}; the arrival probe's "
-              f"{m['probe_calls_per_s']:.2f} a second; {m['acts_per_tick']:.1f} slot "
+              f"{m['probe_calls_per_s']:.2f} a second (submissions: "
+              f"{m['submissions_per_s']:.2f} a second); {m['acts_per_tick']:.1f} slot "
               f"actions a tick, {m['acts_per_call']:.1f} per acting call")
         print("tick phases, mean ms: " + ", ".join(
             f"{p} {ms:.1f}" for p, ms in m["phase_ms"].items()))  # type: ignore[attr-defined]

@@ -112,6 +112,9 @@ class ReplaySlurm:
     daemon_acts: int = 0
     #: slot job ids requeued/preempted/ended since the workers last looked
     ended_slots: list[int] = field(default_factory=list)
+    #: the submit notice slurm/job_submit.lua would write (None: not installed)
+    notice: Path | None = None
+    submissions: int = 0
 
     def __post_init__(self) -> None:
         self.lock = threading.RLock()
@@ -163,7 +166,14 @@ class ReplaySlurm:
         job = RJob(self._new_id(), f"user{self.rng.randrange(200):03d}", "batch", "PENDING",
                    size, 60, submit_s, name="regular")
         self.jobs[job.job_id] = job
+        self._submitted()
         return job
+
+    def _submitted(self) -> None:
+        """What slurm/job_submit.lua does at a submission, where it is installed."""
+        self.submissions += 1
+        if self.notice is not None:
+            self.notice.write_text(f"{int(self.clock())} {self.submissions}\n")
 
     def _start_regular(self, job: RJob, nodes: Sequence[str], now: float, run_s: float
                        ) -> None:
@@ -345,6 +355,7 @@ class ReplaySlurm:
         m = SECRET_RE.search(script)
         job.secret = m.group(1) if m else ""
         self.jobs[job.job_id] = job
+        self._submitted()
         return 0, f"{job.job_id}\n", ""
 
     def _act(self, ident: str, fn: Callable[[RJob], None]) -> tuple[int, str, str]:

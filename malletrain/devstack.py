@@ -142,10 +142,12 @@ class LocalDaemon:
         self.log_path = work / "daemon.log"
         self.extra_args = extra_args
         self.proc: subprocess.Popen[bytes] | None = None
+        # the dev cluster's slurmctld writes it (slurm/job_submit.lua; docs/install.md)
+        notice = Path(slurm_conf).parents[1] / "run" / "submit-notice"
         self.config.write_text(yaml.safe_dump({
             "slurm": {"scavenger_partition": "scavenger", "partitions": ["batch"],
                       "slurm_conf": slurm_conf, "min_slot_time_s": 60, "max_slot_time_s": 900,
-                      "command_timeout_s": 10, **(slurm or {})},
+                      "command_timeout_s": 10, "submit_notice": str(notice), **(slurm or {})},
             "allocator": {"tick_interval_s": tick_s, "policy": policy},
             "state": {"database_path": str(self.state / "state.db"),
                       "snapshot_dir": str(snapshot_dir or self.state / "snapshots"),

@@ -10,18 +10,89 @@ back a node then; 1.04 s added wait). Between ticks, while the daemon holds scav
 is not in the last snapshot. The woken tick recomputes everything from a whole snapshot
 (level-triggered); the probe only moves it earlier, so a failed or odd probe costs nothing
 but a probe.
+
+Where slurmctld runs ``slurm/job_submit.lua`` (``slurm.submit_notice``), it rewrites a small
+file at every submission, and the probe asks Slurm only when that file changed
+(:class:`SubmitNotice`): the same wake-up, without two ``squeue`` calls a second on a quiet
+queue. The lua hook runs before slurmctld creates the job, so a probe that finds nothing new
+after a notice probes once more.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from malletrain.errors import UserError
 
 log = logging.getLogger(__name__)
+
+
+class SubmitNotice:
+    """The file ``slurm/job_submit.lua`` rewrites at every submission: a wake-up hint.
+
+    Only a change of its content matters (slurmctld's clock and a counter; its time stamps
+    are too coarse for submissions a millisecond apart). It is checked at every read: a
+    regular file (no link, no FIFO), not writable by group or others, so that only its owner
+    (slurmctld's user, or root) can write a notice. Even a forged notice costs no more than
+    polling: the probe keeps its pace (:meth:`ArrivalProbe.wait_s`).
+    """
+
+    MAX_BYTES = 64
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._last: bytes | None = None
+        #: why the notice cannot be used now (None: usable); logged when it changes
+        self.problem: str | None = None
+
+    def changed(self) -> bool | None:
+        """Whether the content changed since the last call; None while unusable."""
+        data = self._read()
+        if data is None:
+            return None
+        if not data:  # slurmctld is between truncating and writing it: look again later
+            return False
+        changed = self._last is not None and data != self._last
+        self._last = data
+        return changed
+
+    def _read(self) -> bytes | None:
+        data, problem = self._checked_read()
+        if problem is not None:
+            if problem != self.problem:
+                log.warning("submit notice %s %s: probing Slurm every arrival_probe_s "
+                            "instead", self.path, problem)
+            self.problem = problem
+            self._last = None  # usable again, its first read only sets the baseline
+            return None
+        if self.problem is not None:
+            log.info("submit notice %s is usable: probing Slurm only when it changes", self.path)
+            self.problem = None
+        return data
+
+    def _checked_read(self) -> tuple[bytes, str | None]:
+        """The content, or why the file cannot be trusted as a notice."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as exc:
+            return b"", f"cannot be opened ({exc.strerror})"
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return b"", "is not a regular file"
+            if st.st_mode & 0o022:
+                return b"", f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+            return os.read(fd, self.MAX_BYTES), None
+        except OSError as exc:
+            return b"", f"cannot be read ({exc.strerror})"
+        finally:
+            os.close(fd)
 
 
 class ArrivalProbe:
@@ -32,15 +103,24 @@ class ArrivalProbe:
 
     #: how often an idle (interval 0) probe thread looks whether it was turned back on
     OFF_RECHECK_S = 1.0
+    #: how often the submit notice is read (one small read; no Slurm call)
+    NOTICE_POLL_S = 0.05
+    #: probes owed to one notice: the lua hook runs before the job exists, so one probe may
+    #: come too early (never seen on the dev cluster, but slurmctld allows it)
+    NOTICE_PROBES = 2
     #: a probe waits at least this many times its last query's duration: on a centre's
     #: queue (50,000 jobs: ~0.3 s a query) it must not keep slurmctld busy
     BACKOFF_FACTOR = 4.0
 
     def __init__(self, query: Callable[[], frozenset[int]], wake: Callable[[], None],
-                 interval_s: float) -> None:
+                 interval_s: float, notice: SubmitNotice | None = None) -> None:
         self._query = query
         self._wake = wake
         self.interval_s = interval_s
+        self._notice = notice
+        #: probes owed to the notices seen, and when the last probe ended (monotonic)
+        self._owed = 0
+        self._last_probe_end = float("-inf")
         self._lock = threading.Lock()
         self._known: frozenset[int] = frozenset()
         self._armed = False
@@ -85,10 +165,34 @@ class ArrivalProbe:
             return self.OFF_RECHECK_S
         return max(self.interval_s, self.BACKOFF_FACTOR * self.last_query_s)
 
+    def turn(self) -> bool:
+        """One turn of the probe's thread: a probe if one is due; True if it woke the loop.
+
+        Without a usable notice every turn probes (the thread waits :meth:`wait_s`); with
+        one, a turn probes only while a notice is owed probes and the pace allows."""
+        if self._notice is None:
+            return self.probe_once()
+        changed = self._notice.changed()
+        if changed:
+            self._owed = self.NOTICE_PROBES
+        due = (changed is None or self._owed > 0) and (
+            time.monotonic() >= self._last_probe_end + self.wait_s())
+        if not due:
+            return False
+        woke = self.probe_once()
+        self._last_probe_end = time.monotonic()
+        self._owed = 0 if woke else max(0, self._owed - 1)
+        return woke
+
+    def _turn_wait_s(self) -> float:
+        if self._notice is None or self.interval_s <= 0:
+            return self.wait_s()
+        return self.NOTICE_POLL_S
+
     def _run(self) -> None:
-        while not self._stop.wait(self.wait_s()):
+        while not self._stop.wait(self._turn_wait_s()):
             try:
-                self.probe_once()
+                self.turn()
             except Exception:  # never let the probe thread die silently mid-service
                 log.exception("arrival probe failed unexpectedly")
 

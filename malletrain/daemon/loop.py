@@ -5,7 +5,8 @@ flight finish and are recorded, for up to half of ``daemon.stop_timeout_s``); SI
 reloads the config between ticks. Between ticks the loop sleeps ``tick_interval_s``
 (shorter while nodes are being given back: ``TickPlan.follow_up``; longer while slurmctld
 answers slowly: :func:`next_sleep_s`), and wakes early on a submission, a cancellation or a
-new pending job at Slurm (the arrival probe, :mod:`malletrain.daemon.arrivals`). A tick's
+new pending job at Slurm (the arrival probe, :mod:`malletrain.daemon.arrivals`, paced by
+slurmctld's submit notice where it has one). A tick's
 actions are applied off the tick (:mod:`malletrain.daemon.action_queue`).
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from malletrain.daemon.arrivals import ArrivalProbe
+from malletrain.daemon.arrivals import ArrivalProbe, SubmitNotice
 from malletrain.daemon.channel import ChannelServer
 from malletrain.daemon.daemon import Daemon
 from malletrain.ops.metrics import Metrics
@@ -62,8 +63,9 @@ def run_daemon(settings: Settings, config_path: str | None, backend: SlurmBacken
     daemon = Daemon(settings, backend, metrics=metrics, decide_overrides=decide_overrides,
                     wake=signals.wake, act_in_background=True)
     channel = ChannelServer(settings.submit.socket_path, daemon.handle).start()
-    probe = ArrivalProbe(backend.pending_job_ids, signals.wake,
-                         settings.slurm.arrival_probe_s).start()
+    notice_path = settings.slurm.submit_notice
+    probe = ArrivalProbe(backend.pending_job_ids, signals.wake, settings.slurm.arrival_probe_s,
+                         SubmitNotice(notice_path) if notice_path is not None else None).start()
     notifier.ready(f"scavenging through partition {settings.slurm.scavenger_partition}")
     log.info("daemon running (instance %s, coordinator %s, socket %s)", daemon.instance,
              daemon.coordinator.address, settings.submit.socket_path)

@@ -137,6 +137,13 @@ class SlurmSettings:
         "next tick. 0 = off (new jobs are seen at the next tick).",
         min=0, max=60,
     ))
+    submit_notice: Path | None = field(default=None, metadata=meta(
+        "The file slurm/job_submit.lua rewrites at every job submission (slurmctld with "
+        "JobSubmitPlugins=lua; docs/install.md). Set, the arrival probe asks Slurm only when "
+        "it changed, not every arrival_probe_s; unusable (missing, not a regular file, "
+        "writable by group or others), it polls as without it. null = no notice.",
+        restart=True,
+    ))
     slurm_conf: Path | None = field(default=None, metadata=meta(
         "SLURM_CONF for every Slurm command; null = the daemon's environment (or Slurm's "
         "default, /etc/slurm/slurm.conf).",
