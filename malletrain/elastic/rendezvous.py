@@ -32,6 +32,11 @@ class Rendezvous(WorkerState):
     #: members that left this process's group at its last boundary (SIGTERM)
     _gone: frozenset[str] = frozenset()
 
+    def _on_formed(self) -> None:
+        """Called once a group is formed, the state synced and DDP re-wrapped: a framework
+        adapter brings its own view of rank and size up to date here
+        (:mod:`malletrain.elastic.accelerate`)."""
+
     def _rendezvous(self, failed_epoch: int | None, gone: set[str]) -> None:
         """Leave the current group and form the newest epoch that includes this member."""
         t0 = time.monotonic()
@@ -303,6 +308,7 @@ class Rendezvous(WorkerState):
         self.epoch, self.membership, self._formed_epoch = e, cfg, e
         self._newest_members = cfg.members
         self._first_of_epoch = True
+        self._on_formed()
         self.last_reconfig = {
             "epoch": float(e),
             "snapshot_load_s": self._snapshot_load_s,

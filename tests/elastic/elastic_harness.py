@@ -59,6 +59,8 @@ class Cluster:
     workers: dict[str, Worker] = field(default_factory=dict)
     state_dir: Path | None = None
     env_extra: dict[str, str] = field(default_factory=dict)
+    #: the training script every member runs (its JSON-lines log is elastic_train.py's)
+    script: Path = EXAMPLE
 
     def launch(self, member_id: str, *args: str, env: dict[str, str] | None = None,
                nproc: int = 1) -> Worker | list[Worker]:
@@ -68,7 +70,7 @@ class Cluster:
         log = self.tmp / f"{member_id}.{len(self.workers)}.jsonl"
         err = self.tmp / f"{member_id}.{len(self.workers)}.stderr"
         e = self._env(member_id, env)
-        cmd = [sys.executable, str(EXAMPLE), "--jsonl", str(log), *args]
+        cmd = [sys.executable, str(self.script), "--jsonl", str(log), *args]
         with open(err, "w") as err_file:
             proc = subprocess.Popen(cmd, env=e, stdout=subprocess.DEVNULL, stderr=err_file)
         w = Worker(member_id, proc, log, err)
@@ -104,7 +106,7 @@ class Cluster:
         # as a native slot runs it (daemon/slots.py): the agent's rendezvous via the coordinator
         cmd = [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend=malletrain",
                "--nnodes=1",
-               f"--nproc-per-node={nproc}", str(EXAMPLE), "--jsonl", str(log), *args]
+               f"--nproc-per-node={nproc}", str(self.script), "--jsonl", str(log), *args]
         with open(err, "w") as err_file:
             proc = subprocess.Popen(cmd, env=e, stdout=subprocess.DEVNULL, stderr=err_file)
         out = []
