@@ -105,7 +105,9 @@ def start_coordinator(tmp: Path) -> tuple[subprocess.Popen, Coordinator]:
     return proc, Coordinator.attach(addr.read_text().strip(), read_key(tmp / "coordinator.key"))
 
 
-def run_malletrain(tmp: Path, cycles: int) -> dict[str, list[float]]:
+def run_malletrain(tmp: Path, cycles: int, script: Path = EXAMPLE) -> dict[str, list[float]]:
+    """Native mode: ``script`` (``examples/elastic_train.py`` or a script with its
+    arguments and log, e.g. ``examples/elastic_accelerate.py``) on 2 <-> 3 members."""
     coord_proc, coord = start_coordinator(tmp)
     job = "bench"
     state = tmp / "state"
@@ -120,7 +122,7 @@ def run_malletrain(tmp: Path, cycles: int) -> dict[str, list[float]]:
                         MALLETRAIN_BACKEND="gloo")  # one host: members may share one GPU
         with open(tmp / f"mt-{member}.err", "w") as err:
             procs[member] = subprocess.Popen(
-                [sys.executable, str(EXAMPLE), *MODEL_ARGS, "--lr", LR, "--dataset-size", "256",
+                [sys.executable, str(script), *MODEL_ARGS, "--lr", LR, "--dataset-size", "256",
                  "--jsonl", str(logs[member])],
                 env=env, stdout=subprocess.DEVNULL, stderr=err)
 

@@ -13,10 +13,16 @@ parameters, 192 MiB of training state with SGD momentum; 8 samples per rank per 
   checkpoint and exits) and starts the next at size 3 -> the script's ``start`` record
   (checkpoint loaded, DDP built: its first step starts); down likewise to size 2.
 
+``--framework accelerate``: the same with Hugging Face Accelerate on both sides, native
+``examples/elastic_accelerate.py`` (``AcceleratedJob``) against
+``examples/restart/train_accelerate.py`` (``save_state``/``load_state``) started by
+``accelerate launch --multi_gpu`` (its torchrun path; gloo on CPU).
+
 Each transition ``--cycles`` times; medians. Last line:
 ``restart_vs_native restart_up_s=<a> restart_down_s=<b> native_up_s=<c> native_down_s=<d>``.
 
-Run: ``.venv/bin/python benchmarks/restart_mode.py`` (about 5 minutes on 2 shared cores).
+Run: ``.venv/bin/python benchmarks/restart_mode.py [--framework accelerate]`` (about 5
+minutes on 2 shared cores).
 """
 
 from __future__ import annotations
@@ -35,21 +41,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rescale
 from rescale import REPO, child_env, records, start_coordinator, wait_for
 
-TRAIN = REPO / "examples" / "restart" / "train_ddp.py"
+#: framework -> (native script, restart-mode training script, its batch script's launch)
+FRAMEWORKS = {
+    "torch": (rescale.EXAMPLE, REPO / "examples" / "restart" / "train_ddp.py",
+              "torchrun --nproc_per_node 1", "ckpt.pt"),
+    "accelerate": (REPO / "examples" / "elastic_accelerate.py",
+                   REPO / "examples" / "restart" / "train_accelerate.py",
+                   "accelerate launch --multi_gpu --num_processes 1", "ckpt"),
+}
 SCRIPT = """#!/bin/bash
 #SBATCH --signal=USR1@30
 export OMP_NUM_THREADS=1
-torchrun --nproc_per_node 1 {train} --dim 1024 --hidden {hidden} --batch 8 \\
+{launch} {train} --dim 1024 --hidden {hidden} --batch 8 \\
     --dataset-size 256 --epochs 100000 --checkpoint {ckpt} --jsonl {log}
 """
 
 
-def run_restart(tmp: Path, cycles: int, hidden: int) -> dict[str, list[float]]:
+def run_restart(tmp: Path, cycles: int, hidden: int, framework: str = "torch"
+                ) -> dict[str, list[float]]:
     tmp = tmp / "restart"
     tmp.mkdir()
     coord_proc, coord = start_coordinator(tmp)
     job, log = "bench-restart", tmp / "restart.jsonl"
-    text = SCRIPT.format(train=TRAIN, hidden=hidden, ckpt=tmp / "ckpt.pt", log=log)
+    _, train, launch, ckpt = FRAMEWORKS[framework]
+    text = SCRIPT.format(launch=launch, train=train, hidden=hidden, ckpt=tmp / ckpt, log=log)
     path = f"{Path(sys.executable).parent}:/usr/bin:/bin"
     procs: dict[str, subprocess.Popen] = {}
 
@@ -114,16 +129,17 @@ def main() -> int:
     ap.add_argument("--cycles", type=int, default=2, help="up/down cycles per mode")
     ap.add_argument("--hidden", type=int, default=12288, help="hidden width (smaller: smoke)")
     ap.add_argument("--keep", action="store_true", help="keep the logs (path printed)")
+    ap.add_argument("--framework", choices=sorted(FRAMEWORKS), default="torch")
     args = ap.parse_args()
     rescale.MODEL_ARGS[3] = str(args.hidden)
     tmp = Path(tempfile.mkdtemp(prefix="mt-restart-"))
     print(f"logs in {tmp}", flush=True)
     try:
-        native = rescale.run_malletrain(tmp, args.cycles)
+        native = rescale.run_malletrain(tmp, args.cycles, FRAMEWORKS[args.framework][0])
         print(f"native  up_s={rescale.fmt(native['up'])} down_s={rescale.fmt(native['down'])} "
               f"(training stall: up {rescale.fmt(native['up_stall'])} "
               f"down {rescale.fmt(native['down_stall'])})", flush=True)
-        restart = run_restart(tmp, args.cycles, args.hidden)
+        restart = run_restart(tmp, args.cycles, args.hidden, args.framework)
         print(f"restart up_s={rescale.fmt(restart['up'])} down_s={rescale.fmt(restart['down'])} "
               f"(training stall: up {rescale.fmt(restart['up_stall'])} "
               f"down {rescale.fmt(restart['down_stall'])})", flush=True)
@@ -133,7 +149,8 @@ def main() -> int:
     med = statistics.median
     print(f"restart_vs_native restart_up_s={med(restart['up']):.2f} "
           f"restart_down_s={med(restart['down']):.2f} native_up_s={med(native['up']):.2f} "
-          f"native_down_s={med(native['down']):.2f} (hidden={args.hidden})")
+          f"native_down_s={med(native['down']):.2f} (hidden={args.hidden}, "
+          f"framework={args.framework})")
     return 0
 
 
