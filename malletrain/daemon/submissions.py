@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-from malletrain.core.cluster import ClusterSnapshot, JobState
+from malletrain.core.cluster import ClusterSnapshot, Job, JobState
 from malletrain.core.lifecycle import JobPhase
 from malletrain.daemon.slots import parse_tag, slot_tag
 from malletrain.daemon.store import JobRecord, SlotRecord, Store
@@ -45,26 +45,32 @@ def attach_problem(snapshot: ClusterSnapshot, job: JobRecord, slots: Sequence[Sl
         return f"{len(slots)} slot jobs attached for {job.spec.max_nodes} slots"
     for rec in sorted(slots, key=lambda r: r.slot):
         sj = snapshot.job(rec.slurm_job_id)
-        problem = None
-        if sj is None:
-            problem = "is unknown to Slurm"
-        elif sj.user != job.user:
-            problem = f"belongs to {sj.user}, not to {job.user}"
-        elif sj.comment != slot_tag(job.job_id, rec.slot):
-            problem = f"is not tagged {slot_tag(job.job_id, rec.slot)!r}"
-        elif sj.partition != partition:
-            problem = f"is in partition {sj.partition}, not the scavenger partition"
-        elif sj.state is not JobState.PENDING or sj.node_count > 1:
-            problem = "is not a pending single-node job"
+        problem = ("is unknown to Slurm" if sj is None
+                   else _not_owned(sj, job, rec) or _not_a_fresh_slot(sj, partition))
         if problem:
             return f"slot job {rec.slurm_job_id} {problem}"
     return None
 
 
+def _not_owned(sj: Job, job: JobRecord, rec: SlotRecord) -> str | None:
+    if sj.user != job.user:
+        return f"belongs to {sj.user}, not to {job.user}"
+    if sj.comment != slot_tag(job.job_id, rec.slot):
+        return f"is not tagged {slot_tag(job.job_id, rec.slot)!r}"
+    return None
+
+
+def _not_a_fresh_slot(sj: Job, partition: str) -> str | None:
+    if sj.partition != partition:
+        return f"is in partition {sj.partition}, not the scavenger partition"
+    if sj.state is not JobState.PENDING or sj.node_count > 1:
+        return "is not a pending single-node job"
+    return None
+
+
 def _own_slot(snapshot: ClusterSnapshot, job: JobRecord, rec: SlotRecord) -> bool:
     sj = snapshot.job(rec.slurm_job_id)
-    return sj is not None and sj.user == job.user and sj.comment == slot_tag(job.job_id,
-                                                                              rec.slot)
+    return sj is not None and _not_owned(sj, job, rec) is None
 
 
 def admit_attached(store: Store, jobs: Sequence[JobRecord],

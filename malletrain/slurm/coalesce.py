@@ -29,15 +29,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
 
 from malletrain.slurm.commands import render_act_line
 
-R = TypeVar("R")
+#: one script's run: the job ids and lines in, the errors of the ids Slurm named out
+RunScript = Callable[[Sequence[int], Sequence[str]], Mapping[int, Exception]]
 
 
 @dataclass
-class _Batch(Generic[R]):
+class _Batch:
     ids: set[int] = field(default_factory=set)
     #: the callers' lines, in arrival order (the batch's script)
     lines: list[str] = field(default_factory=list)
@@ -45,33 +45,32 @@ class _Batch(Generic[R]):
     #: monotonic time before which it does not run (gathering while nothing runs)
     opens_at: float = 0.0
     done: bool = False
-    result: R | None = None
+    result: Mapping[int, Exception] | None = None
     error: Exception | None = None
 
 
-class _Coalescer(Generic[R]):
-    """The batching of every kind: ``call(ids, lines)`` joins the open batch and returns it
-    done; ``run(ids, lines)`` makes a batch's call. A batch opened while no call runs waits
+class _Coalescer:
+    """The batching: ``call(ids, lines)`` joins the open batch and returns it done;
+    ``run(ids, lines)`` makes a batch's call. A batch opened while no call runs waits
     ``gather_s`` for company first (0: it runs at once)."""
 
-    def __init__(self, run: Callable[[Sequence[int], Sequence[str]], R],
-                 gather_s: float = 0.0) -> None:
+    def __init__(self, run: RunScript, gather_s: float = 0.0) -> None:
         self._run_batch = run
         self._gather_s = gather_s
         self._cond = threading.Condition()
-        self._open: _Batch[R] | None = None  # gathering ids while a call runs
+        self._open: _Batch | None = None  # gathering ids while a call runs
         self._running = False
 
-    def call(self, wanted: Sequence[int], lines: Sequence[str] = ()) -> _Batch[R]:
+    def call(self, wanted: Sequence[int], lines: Sequence[str] = ()) -> _Batch:
         batch = self._join(wanted, lines)
         if not batch.done:  # this caller runs it
             self._run(batch)
         return batch
 
-    def _join(self, wanted: Sequence[int], lines: Sequence[str]) -> _Batch[R]:
+    def _join(self, wanted: Sequence[int], lines: Sequence[str]) -> _Batch:
         """Add the ids to the open batch; return it once it is done or this caller's turn."""
         with self._cond:
-            batch = self._open if self._open is not None else _Batch[R]()
+            batch = self._open if self._open is not None else _Batch()
             if self._open is None and not self._running:
                 batch.opens_at = time.monotonic() + self._gather_s
             self._open = batch
@@ -90,7 +89,7 @@ class _Coalescer(Generic[R]):
                 self._cond.wait()
             return batch
 
-    def _run(self, batch: _Batch[R]) -> None:
+    def _run(self, batch: _Batch) -> None:
         try:
             batch.result = self._run_batch(sorted(batch.ids), batch.lines)
         except Exception as exc:
@@ -107,8 +106,7 @@ class CoalescedScontrol:
     script and returns the errors of the ids Slurm named as failed; it raises when the call
     as a whole failed."""
 
-    def __init__(self, run: Callable[[Sequence[int], Sequence[str]],
-                                     Mapping[int, Exception]], gather_s: float = 0.0) -> None:
+    def __init__(self, run: RunScript, gather_s: float = 0.0) -> None:
         self._run = run
         self._batches = _Coalescer(run, gather_s)
 
