@@ -20,7 +20,7 @@ from malletrain.elastic.restart.script import (
 )
 
 G = Generation(nnodes=3, node_rank=1, master_addr="n4", master_port=21234,
-               nodes=("n4", "n5", "n7"), workers_per_node=2)
+               nodes=("n4", "n5", "n7"), workers_per_node=2, run_dir="/tmp/malletrain-restart-x")
 
 TORCHRUN_SCRIPT = """#!/bin/bash
 #SBATCH --nodes=2-4
@@ -140,9 +140,41 @@ def test_accelerate_and_deepspeed_are_rewritten():
                         "train.py")
     ds = plan_launch(["deepspeed", "--hostfile", "hf", "--num_gpus", "4", "train.py",
                       "--deepspeed"], G)
-    assert ds.argv == ("deepspeed", "--no_ssh", "--num_nodes", "3", "--node_rank", "1",
-                       "--num_gpus", "2", "--master_addr", "n4", "--master_port", "21234",
-                       "train.py", "--deepspeed")
+    hostfile = "/tmp/malletrain-restart-x/deepspeed-hostfile"
+    assert ds.argv == ("deepspeed", "--hostfile", hostfile, "--no_ssh", "--num_nodes", "3",
+                       "--node_rank", "1", "--num_gpus", "2", "--master_addr", "n4",
+                       "--master_port", "21234", "train.py", "--deepspeed")
+    # deepspeed's runner refuses more than one node without a hostfile naming them
+    assert ds.files == ((hostfile, "n4 slots=2\nn5 slots=2\nn7 slots=2\n"),)
+    assert ds.env["SLURM_NNODES"] == "3"
+
+
+def test_deepspeed_s_hostfile_is_written_privately_before_it_runs(tmp_path, monkeypatch):
+    """``launch.main`` writes the hostfile (0600, never through a link), then execs."""
+    import os
+
+    from malletrain.elastic.restart import launch as launch_mod
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    env = {"MALLETRAIN_NNODES": "2", "MALLETRAIN_NODE_RANK": "0", "MALLETRAIN_MASTER_ADDR": "n1",
+           "MALLETRAIN_MASTER_PORT": "4000", "MALLETRAIN_NODES": "n1,n2",
+           "MALLETRAIN_RUN_DIR": str(run_dir)}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    ran = []
+    monkeypatch.setattr(launch_mod.os, "execvpe", lambda f, argv, e: ran.append(argv))
+    assert launch_mod.main(["deepspeed", "train.py"]) == 0
+    hostfile = run_dir / "deepspeed-hostfile"
+    assert hostfile.read_text() == "n1 slots=1\nn2 slots=1\n"
+    assert oct(hostfile.stat().st_mode & 0o777) == "0o600"
+    assert ran[0][:3] == ["deepspeed", "--hostfile", str(hostfile)]
+    hostfile.unlink()
+    os.symlink(tmp_path / "elsewhere", hostfile)  # planted link: refused, nothing written
+    assert launch_mod.main(["deepspeed", "train.py"]) == 2
+    assert not (tmp_path / "elsewhere").exists()
+    monkeypatch.delenv("MALLETRAIN_RUN_DIR")
+    assert launch_mod.main(["deepspeed", "train.py"]) == 2  # no private directory
 
 
 def test_not_a_launch_line_is_a_clear_error():

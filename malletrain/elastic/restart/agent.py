@@ -235,6 +235,7 @@ class NodeAgent:
             "MALLETRAIN_WORKERS_PER_NODE": str(self.workers),
             "MALLETRAIN_EPOCH": str(m.epoch),
             "MALLETRAIN_PROGRESS_FILE": str(self.progress_file),
+            "MALLETRAIN_RUN_DIR": str(self.run_dir),  # private: a launch's own files
         })
         return env
 

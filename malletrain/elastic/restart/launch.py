@@ -3,8 +3,9 @@ ARGV...``, with the shell's evaluated argument list.
 
 The generation it runs in comes from the node agent's environment (``MALLETRAIN_NNODES``,
 ``MALLETRAIN_NODE_RANK``, ``MALLETRAIN_MASTER_ADDR``, ``MALLETRAIN_MASTER_PORT``,
-``MALLETRAIN_NODES``, ``MALLETRAIN_WORKERS_PER_NODE``). torchrun, accelerate and deepspeed
-replace this process (``exec``); ``srun python`` becomes one process per task, supervised
+``MALLETRAIN_NODES``, ``MALLETRAIN_WORKERS_PER_NODE``, ``MALLETRAIN_RUN_DIR``). torchrun,
+accelerate and deepspeed replace this process (``exec``, after writing the launch's own
+files: deepspeed's hostfile); ``srun python`` becomes one process per task, supervised
 here like srun's ``--kill-on-bad-exit``: the first task that fails ends the others.
 """
 
@@ -30,9 +31,19 @@ def generation_from_env(env: Mapping[str, str]) -> Generation:
             nnodes=int(env["MALLETRAIN_NNODES"]), node_rank=int(env["MALLETRAIN_NODE_RANK"]),
             master_addr=env["MALLETRAIN_MASTER_ADDR"],
             master_port=int(env["MALLETRAIN_MASTER_PORT"]), nodes=nodes,
-            workers_per_node=int(env.get("MALLETRAIN_WORKERS_PER_NODE", "1")))
+            workers_per_node=int(env.get("MALLETRAIN_WORKERS_PER_NODE", "1")),
+            run_dir=env.get("MALLETRAIN_RUN_DIR", ""))
     except (KeyError, ValueError) as exc:
         raise LaunchError(f"not started by a malletrain node agent ({exc})") from None
+
+
+def write_files(launch: Launch) -> None:
+    """The launch's own files (deepspeed's hostfile), in the agent's private directory:
+    created 0600, never through a link."""
+    for path, text in launch.files:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
 
 
 def task_gpus(visible: str | None, k: int, index: int, bind: bool) -> str | None:
@@ -82,8 +93,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = args[1:]
     try:
         launch = plan_launch(args, generation_from_env(os.environ))
+        write_files(launch)
     except LaunchError as exc:
         print(f"malletrain launch: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"malletrain launch: cannot write {exc.filename}: {exc.strerror}",
+              file=sys.stderr)
         return 2
     if launch.tasks:
         rc = run_tasks(launch, os.environ)

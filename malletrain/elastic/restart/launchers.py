@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from malletrain.elastic.restart.shellwords import prefix_command, shell_string
 from malletrain.errors import PermanentError
@@ -38,6 +38,8 @@ class Generation:
     nodes: tuple[str, ...]
     #: worker processes per node when the line does not say (the job's GPUs or ``--ntasks``)
     workers_per_node: int = 1
+    #: the node agent's private directory (0700), where a launch's own files go
+    run_dir: str = ""
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,8 @@ class Launch:
     tasks: tuple[dict[str, str], ...] = ()
     #: ``srun --gpus-per-task`` / ``--gpu-bind``: each task gets its own share of the GPUs
     bind_gpus: bool = False
+    #: (path, text) written before the command runs (deepspeed's hostfile)
+    files: tuple[tuple[str, str], ...] = ()
 
 
 # ------------------------------------------------------------------------------------ srun
@@ -226,13 +230,24 @@ _DEEPSPEED_SIZE = frozenset({"--num-nodes", "--num-gpus", "--node-rank", "--mast
                              "--force-multi", "--ssh-port"})
 
 
-def _deepspeed(cmd: list[str], g: Generation) -> tuple[str, ...]:
+def _deepspeed(cmd: list[str], g: Generation) -> Launch:
+    """deepspeed's own runner, one node at a time (``--no_ssh``). It still reads the job's
+    hosts from a hostfile (without one, more than one node is refused: "no extra nodes
+    available via hostfile", deepspeed 0.18), so the generation's nodes are written to one in
+    the agent's private directory."""
     kept, program, _ = _drop(cmd[1:], _DEEPSPEED_FLAGS, _DEEPSPEED_SIZE)
     if not program:
         raise LaunchError("deepspeed: no training script on the launch line")
-    return (cmd[0], "--no_ssh", "--num_nodes", str(g.nnodes), "--node_rank", str(g.node_rank),
-            "--num_gpus", str(g.workers_per_node), "--master_addr", g.master_addr,
-            "--master_port", str(g.master_port), *kept, *program)
+    if not g.run_dir:
+        raise LaunchError("deepspeed: no private directory for its hostfile (not started by "
+                          "a malletrain node agent)")
+    hostfile = f"{g.run_dir}/deepspeed-hostfile"
+    hosts = "".join(f"{node} slots={g.workers_per_node}\n" for node in g.nodes)
+    argv = (cmd[0], "--hostfile", hostfile, "--no_ssh", "--num_nodes", str(g.nnodes),
+            "--node_rank", str(g.node_rank), "--num_gpus", str(g.workers_per_node),
+            "--master_addr", g.master_addr, "--master_port", str(g.master_port), *kept,
+            *program)
+    return Launch("deepspeed", argv, files=((hostfile, hosts),))
 
 
 def slurm_env(g: Generation, tasks_per_node: int) -> dict[str, str]:
@@ -293,5 +308,5 @@ def plan_launch(argv: Sequence[str], g: Generation) -> Launch:
     if kind == "accelerate":
         return Launch(kind, _accelerate(cmd, g), env)
     if kind == "deepspeed":
-        return Launch(kind, _deepspeed(cmd, g), env)
+        return replace(_deepspeed(cmd, g), env=env)
     raise LaunchError(f"not a launch line malletrain can run: {' '.join(argv)[:200]!r}")
