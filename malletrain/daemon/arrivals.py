@@ -49,7 +49,7 @@ class SubmitNotice:
         self.path = path
         self._last: bytes | None = None
         #: why the notice cannot be used now (None: usable); logged when it changes
-        self.problem: str | None = None
+        self.problem: str | None = "has not been read yet"
 
     def changed(self) -> bool | None:
         """Whether the content changed since the last call; None while unusable."""

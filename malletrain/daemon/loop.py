@@ -64,8 +64,9 @@ def run_daemon(settings: Settings, config_path: str | None, backend: SlurmBacken
                     wake=signals.wake, act_in_background=True)
     channel = ChannelServer(settings.submit.socket_path, daemon.handle).start()
     notice_path = settings.slurm.submit_notice
+    notice = SubmitNotice(notice_path) if notice_path is not None else None
     probe = ArrivalProbe(backend.pending_job_ids, signals.wake, settings.slurm.arrival_probe_s,
-                         SubmitNotice(notice_path) if notice_path is not None else None).start()
+                         notice).start()
     notifier.ready(f"scavenging through partition {settings.slurm.scavenger_partition}")
     log.info("daemon running (instance %s, coordinator %s, socket %s)", daemon.instance,
              daemon.coordinator.address, settings.submit.socket_path)
@@ -82,6 +83,9 @@ def run_daemon(settings: Settings, config_path: str | None, backend: SlurmBacken
             except Exception:
                 log.exception("tick failed; the next tick starts from a fresh snapshot")
             probe.expect(daemon.seen_job_ids, armed=daemon.holds_nodes)
+            if notice is not None:
+                metrics.submit_notice_usable.labels(path=str(notice.path)).set(
+                    notice.problem is None)
             notifier.watchdog()
             sleep_s = next_sleep_s(settings.allocator.tick_interval_s,
                                    plan is not None and plan.follow_up, daemon.observe_s)

@@ -60,7 +60,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, Summary
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
@@ -264,6 +264,10 @@ class Metrics:
             ["result"], registry=registry)
         for result in ("ok", "rejected"):
             self.config_reloads.labels(result=result)  # export 0 before the first reload
+        self.submit_notice_usable = Gauge(
+            f"{p}_submit_notice_usable", "1 while slurm.submit_notice can be used, 0 while "
+            "the arrival probe polls instead (the reason is in the log).", ["path"],
+            registry=registry)  # a series only where a notice is configured
 
     # -- state ------------------------------------------------------------------------
     def publish(self, snapshot: MetricsSnapshot) -> None:
@@ -327,11 +331,12 @@ class Metrics:
     # -- introspection ------------------------------------------------------------------
     def sample_names(self) -> set[str]:
         """Every series name these metrics can expose (to check dashboards and alerts)."""
-        sources: list[SnapshotCollector | Counter | Histogram | Summary] = [
+        sources: list[SnapshotCollector | Counter | Gauge | Histogram | Summary] = [
             self._collector, self.decision_seconds, self.tick_seconds,
             self.tick_phase_seconds, self.yield_seconds,
             self.preemptions, self.slurm_calls, self.slurm_call_errors,
             self.slurm_call_seconds, self.request_seconds, self.config_reloads,
+            self.submit_notice_usable,
         ]
         names: set[str] = set()
         for source in sources:

@@ -92,6 +92,7 @@ class HardenedDaemon:
         self.metrics_port = free_port()
         self.config = base / "malletrain.yaml"
         self.log_path = base / "daemon.log"
+        self.notice_path = cluster.dir / "run" / "submit-notice"  # slurm/job_submit.lua's
         self.write_config(level="INFO")
         # the unit's sd_notify channel: a datagram socket the daemon's user may write to
         self.notify_path = base / "notify.sock"
@@ -110,7 +111,7 @@ class HardenedDaemon:
         self.config.write_text(yaml.safe_dump({
             "slurm": {"scavenger_partition": "scavenger", "partitions": ["batch"],
                       "slurm_conf": str(self.cluster.conf_path), "min_slot_time_s": 60,
-                      "max_slot_time_s": 900},
+                      "max_slot_time_s": 900, "submit_notice": str(self.notice_path)},
             "allocator": {"tick_interval_s": 1, "policy": "malletrain"},
             "state": {"database_path": str(self.state / "state.db"),
                       "snapshot_dir": str(self.state / "snapshots")},
@@ -250,6 +251,9 @@ def test_daemon_as_operator_scraped_by_prometheus(daemon, clean_cluster, prometh
     assert idle_in_slurm(cluster) == n - 3
     assert prom.value("malletrain_cluster_nodes") == n
     assert prom.value("malletrain_slurm_up") == 1
+    # slurmctld wrote the notice at the regular job's submission; the daemon can read it
+    wait_for(f'malletrain_submit_notice_usable{{path="{daemon.notice_path}"}}',
+             lambda v: v == 1)
     daemon.receive("WATCHDOG=1", timeout_s=10)
     mark("idle nodes seen by Prometheus")
 
@@ -329,7 +333,9 @@ def test_daemon_as_operator_scraped_by_prometheus(daemon, clean_cluster, prometh
         prom.query(expr)
     groups = prom.api("/api/v1/rules")["groups"]
     rules = [r for g in groups for r in g["rules"]]
-    assert len(rules) == 7 and all(r["health"] != "err" for r in rules), rules
+    alerts = yaml.safe_load((ROOT / "configs" / "malletrain-alerts.yml").read_text())
+    assert len(rules) == sum(len(g["rules"]) for g in alerts["groups"]) == 8
+    assert all(r["health"] != "err" for r in rules), rules
     firing = {r["name"] for r in rules if r["state"] == "firing"}
     assert firing == {"MalletrainConfigReloadRejected"}, firing  # we did reject one
 
