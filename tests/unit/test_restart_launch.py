@@ -149,32 +149,47 @@ def test_accelerate_and_deepspeed_are_rewritten():
     assert ds.env["SLURM_NNODES"] == "3"
 
 
-def test_deepspeed_s_hostfile_is_written_privately_before_it_runs(tmp_path, monkeypatch):
-    """``launch.main`` writes the hostfile (0600, never through a link), then execs."""
+def test_deepspeed_s_hostfile_is_written_privately_before_it_runs(tmp_path):
+    """``python -m malletrain.elastic.restart.launch`` writes the hostfile (0600, never
+    through a link), then execs the launcher (here a stand-in ``deepspeed`` on PATH that
+    prints its argv and the hostfile it was given: DeepSpeed is not installed in CI)."""
+    import json
     import os
-
-    from malletrain.elastic.restart import launch as launch_mod
+    import subprocess
+    import sys
 
     run_dir = tmp_path / "run"
     run_dir.mkdir(mode=0o700)
-    env = {"MALLETRAIN_NNODES": "2", "MALLETRAIN_NODE_RANK": "0", "MALLETRAIN_MASTER_ADDR": "n1",
-           "MALLETRAIN_MASTER_PORT": "4000", "MALLETRAIN_NODES": "n1,n2",
-           "MALLETRAIN_RUN_DIR": str(run_dir)}
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    ran = []
-    monkeypatch.setattr(launch_mod.os, "execvpe", lambda f, argv, e: ran.append(argv))
-    assert launch_mod.main(["deepspeed", "train.py"]) == 0
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in = bin_dir / "deepspeed"
+    stand_in.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                        "print(json.dumps([sys.argv[1:], open(sys.argv[2]).read()]))\n")
+    stand_in.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+           "MALLETRAIN_NNODES": "2", "MALLETRAIN_NODE_RANK": "0",
+           "MALLETRAIN_MASTER_ADDR": "n1", "MALLETRAIN_MASTER_PORT": "4000",
+           "MALLETRAIN_NODES": "n1,n2", "MALLETRAIN_RUN_DIR": str(run_dir)}
+
+    def launch(env):
+        return subprocess.run([sys.executable, "-m", "malletrain.elastic.restart.launch",
+                               "deepspeed", "train.py"], env=env, capture_output=True,
+                              text=True, timeout=60, check=False)
+
+    res = launch(env)
+    assert res.returncode == 0, res.stderr
+    argv, hosts = json.loads(res.stdout)
     hostfile = run_dir / "deepspeed-hostfile"
-    assert hostfile.read_text() == "n1 slots=1\nn2 slots=1\n"
+    assert argv[:2] == ["--hostfile", str(hostfile)] and argv[-1] == "train.py"
+    assert hosts == "n1 slots=1\nn2 slots=1\n"
     assert oct(hostfile.stat().st_mode & 0o777) == "0o600"
-    assert ran[0][:3] == ["deepspeed", "--hostfile", str(hostfile)]
     hostfile.unlink()
     os.symlink(tmp_path / "elsewhere", hostfile)  # planted link: refused, nothing written
-    assert launch_mod.main(["deepspeed", "train.py"]) == 2
+    res = launch(env)
+    assert res.returncode == 2 and "cannot write" in res.stderr
     assert not (tmp_path / "elsewhere").exists()
-    monkeypatch.delenv("MALLETRAIN_RUN_DIR")
-    assert launch_mod.main(["deepspeed", "train.py"]) == 2  # no private directory
+    res = launch({k: v for k, v in env.items() if k != "MALLETRAIN_RUN_DIR"})
+    assert res.returncode == 2 and "no private directory" in res.stderr
 
 
 def test_not_a_launch_line_is_a_clear_error():

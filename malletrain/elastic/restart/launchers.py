@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from malletrain.elastic.restart.shellwords import prefix_command, shell_string
 from malletrain.errors import PermanentError
@@ -230,7 +230,7 @@ _DEEPSPEED_SIZE = frozenset({"--num-nodes", "--num-gpus", "--node-rank", "--mast
                              "--force-multi", "--ssh-port"})
 
 
-def _deepspeed(cmd: list[str], g: Generation) -> Launch:
+def _deepspeed(cmd: list[str], g: Generation, env: dict[str, str]) -> Launch:
     """deepspeed's own runner, one node at a time (``--no_ssh``). It still reads the job's
     hosts from a hostfile (without one, more than one node is refused: "no extra nodes
     available via hostfile", deepspeed 0.18), so the generation's nodes are written to one in
@@ -247,7 +247,7 @@ def _deepspeed(cmd: list[str], g: Generation) -> Launch:
             "--node_rank", str(g.node_rank), "--num_gpus", str(g.workers_per_node),
             "--master_addr", g.master_addr, "--master_port", str(g.master_port), *kept,
             *program)
-    return Launch("deepspeed", argv, files=((hostfile, hosts),))
+    return Launch("deepspeed", argv, env, files=((hostfile, hosts),))
 
 
 def slurm_env(g: Generation, tasks_per_node: int) -> dict[str, str]:
@@ -308,5 +308,5 @@ def plan_launch(argv: Sequence[str], g: Generation) -> Launch:
     if kind == "accelerate":
         return Launch(kind, _accelerate(cmd, g), env)
     if kind == "deepspeed":
-        return replace(_deepspeed(cmd, g), env=env)
+        return _deepspeed(cmd, g, env)
     raise LaunchError(f"not a launch line malletrain can run: {' '.join(argv)[:200]!r}")
