@@ -58,9 +58,10 @@ from malletrain.core.holes import HoleLengthModel, HoleTracker
 from malletrain.core.knapsack import solve_counts
 from malletrain.core.model import AllocationInput, Plan
 from malletrain.core.options import PolicyOptions
-from malletrain.core.placement import assign_nodes
+from malletrain.core.plan_check import Solution, TableOf, better_plan, shrinks, weighted
 from malletrain.core.spread import with_spread_penalty
 from malletrain.core.valuation import (
+    NodeOffer,
     no_exploration_beyond_free,
     node_offer,
     offer_value_table,
@@ -226,12 +227,18 @@ class MalleTrainPolicy:
             assignments=assignments, objective=objective, decision_s=time.perf_counter() - t0
         )
 
+    #: Price the plan on the nodes the placement step really hands out, beside the plan in
+    #: which no running job gives a node up, and keep the better (:mod:`.plan_check`).
+    check_plans: bool = True
+
     def assign(self, inp: AllocationInput, price_per_node_s: float = 0.0
                ) -> tuple[dict[str, tuple[str, ...]], float]:
         """Counts and node names for ``inp`` without learning from it: (assignments, objective)."""
-        counts, objective, w, growth_order = self.solve(inp, price_per_node_s)
-        windows = {n.name: float(w[i]) for i, n in enumerate(inp.nodes)}
-        return assign_nodes(inp, counts, windows_s=windows, growth_order=growth_order), objective
+        sol = self._solution(inp, price_per_node_s)
+        assignments = sol.place(inp, sol.counts)
+        if not self.check_plans or sol.offer is None or not shrinks(sol.offer, sol.counts, inp):
+            return assignments, sol.objective
+        return better_plan(inp, sol, assignments)
 
     def solve(self, inp: AllocationInput, price_per_node_s: float = 0.0
               ) -> tuple[dict[str, int], float, np.ndarray, list[str]]:
@@ -240,9 +247,13 @@ class MalleTrainPolicy:
         ``price_per_node_s``: each node a job holds costs this per second of its window (a
         job at ``n`` nodes is charged for the ``n`` longest windows: an upper estimate).
         """
-        values, w, own_idx = self.value_table(inp, price_per_node_s)
-        if not inp.jobs:
-            return {}, 0.0, w, []
+        sol = self._solution(inp, price_per_node_s)
+        return sol.counts, sol.objective, sol.w, sol.growth_order(inp, sol.counts)
+
+    def _solution(self, inp: AllocationInput, price_per_node_s: float) -> Solution:
+        values, w, p, key, offer, table = self._tables(inp, price_per_node_s)
+        if offer is None:
+            return Solution({}, 0.0, w, p, key, values, None, table)
         count_arr, objective = solve_counts(values, len(inp.nodes))
         if (
             self.finish_weight > 0
@@ -255,24 +266,23 @@ class MalleTrainPolicy:
             if beta.any():
                 values = values * (1.0 + beta)[:, None]
                 count_arr, objective = solve_counts(values, len(inp.nodes))
+                table = weighted(table, 1.0 + beta)
         counts = {job.job_id: int(n) for job, n in zip(inp.jobs, count_arr, strict=True)}
-        # growth order: the largest value per new node picks from the pool first
-        gain: list[tuple[float, int, str]] = []
-        for j, (job, idx) in enumerate(zip(inp.jobs, own_idx, strict=True)):
-            n = counts[job.job_id]
-            if n > idx.size:
-                gain.append((-float(values[j, n]) / n, job.submit_order, job.job_id))
-        growth_order = [j for _, _, j in sorted(gain)]
-        return counts, objective, w, growth_order
+        return Solution(counts, objective, w, p, key, values, offer, table)
 
     def value_table(self, inp: AllocationInput, price_per_node_s: float = 0.0
                     ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
         """(V[job, count], node windows, each job's own node indices by descending window);
         ``price_per_node_s`` as in :meth:`solve`."""
+        values, w, _, _, offer, _ = self._tables(inp, price_per_node_s)
+        return values, w, [] if offer is None else offer.own_idx
+
+    def _tables(self, inp: AllocationInput, price_per_node_s: float
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, NodeOffer | None,
+                           TableOf]:
+        """The value table on the pool's offer, and the function that values any other
+        offer the same way (the plan check values the nodes really handed out)."""
         w, p, key = self.effective_windows(inp)
-        if not inp.jobs:
-            return np.zeros((0, 1)), w, []
-        offer = node_offer(inp, w, p, key)
         start = None
         if self.charge_start:
             start = np.array(
@@ -281,14 +291,21 @@ class MalleTrainPolicy:
         margins = np.array(
             [self.keep_margin + self.noise_margin * max(0.0, j.rate_noise) for j in inp.jobs]
         )
-        values = offer_value_table(inp.jobs, offer, start, margins)
-        if self.explore_free_only and offer.beyond_free:
-            no_exploration_beyond_free(values, inp.jobs, offer, start, margins)
-        if price_per_node_s > 0 and values.shape[1] > 1:
-            longest = np.sort(w)[::-1][: values.shape[1] - 1]
-            charge = np.concatenate(([0.0], np.cumsum(longest)))
-            values[:, : charge.size] -= price_per_node_s * charge
-        return values, w, offer.own_idx
+
+        def table(offer: NodeOffer) -> np.ndarray:
+            values = offer_value_table(inp.jobs, offer, start, margins)
+            if self.explore_free_only and offer.beyond_free:
+                no_exploration_beyond_free(values, inp.jobs, offer, start, margins)
+            if price_per_node_s > 0 and values.shape[1] > 1:
+                longest = np.sort(w)[::-1][: values.shape[1] - 1]
+                charge = np.concatenate(([0.0], np.cumsum(longest)))
+                values[:, : charge.size] -= price_per_node_s * charge
+            return values
+
+        if not inp.jobs:
+            return np.zeros((0, 1)), w, p, key, None, table
+        offer = node_offer(inp, w, p, key)
+        return table(offer), w, p, key, offer, table
 
 
 def in_work_units(inp: AllocationInput) -> AllocationInput:

@@ -342,7 +342,11 @@ def test_random_plans_are_feasible(seed):
     plan = policy.decide(inp)
     check_plan(inp, plan)
     counts, _objective, _, _ = policy.solve(inp)
-    assert {j.job_id: plan.count(j.job_id) for j in jobs} == counts
+    got = {j.job_id: plan.count(j.job_id) for j in jobs}
+    if got != counts:
+        # the plan check (core.plan_check) took the best plan that shrinks nobody instead
+        assert all(got[j.job_id] >= len(j.nodes) for j in jobs)
+        assert any(counts[j.job_id] < len(j.nodes) for j in jobs)
 
 
 def test_similar_jobs_do_not_trade_nodes_back_and_forth():
