@@ -286,17 +286,30 @@ def node_offer(inp: AllocationInput, w: np.ndarray, p: np.ndarray, key: np.ndarr
         held_idx = np.flatnonzero(~np.isin(np.arange(len(inp.nodes)), free))
         held_idx = held_idx[np.argsort(w[held_idx], kind="stable")]
         cap = float(w[free[-1]]) if free.size else math.inf
+        need_others = m_max - free.size
+        # plain lists: per job this is a scan of a few nodes, where numpy's per-call cost
+        # was most of the time at 500 jobs (benchmarks/load.py)
+        held_list = held_idx.tolist()
+        held_w = w[held_idx].tolist()
+        held_p = p[held_idx].tolist()
         for j, idx in enumerate(own_idx):
-            # among the first (need + own) held nodes at least `need` are others'
-            head = held_idx[: m_max - free.size + idx.size]
-            others = head[~np.isin(head, idx)][: m_max - free.size]
-            if not others.size:
+            # the others' nodes by ascending window: the first `need_others` not the job's
+            mine = set(idx.tolist())
+            got, low_w, high_p = 0, math.inf, -math.inf
+            for node, node_w, node_p in zip(held_list, held_w, held_p, strict=True):
+                if node in mine:
+                    continue
+                low_w, high_p = min(low_w, node_w), max(high_p, node_p)
+                got += 1
+                if got == need_others:
+                    break
+            if not got:
                 continue
-            sl = slice(free.size, free.size + others.size)
-            grow_w[j, sl] = min(float(w[others].min()), cap)
-            grow_p[j, sl] = float(p[others].max())
+            sl = slice(free.size, free.size + got)
+            grow_w[j, sl] = min(low_w, cap)
+            grow_p[j, sl] = high_p
             grow_g[j, sl] = np.nan
-            grow_n[j] = free.size + others.size
+            grow_n[j] = free.size + got
     return NodeOffer(own_idx, [w[i] for i in own_idx], [p[i] for i in own_idx],
                      [key[i] for i in own_idx], grow_w, grow_p, grow_g, grow_n, int(free.size))
 
