@@ -36,7 +36,9 @@ shortest window among them, since others release their shortest first), with the
 windows merged into one ranking. Every job is valued against
 the pool's best windows; the node-choice step then hands the pool out longest
 window first in order of the value each job gains per new node, so jobs growing
-at the same decision share the top of the pool.
+at the same decision share the top of the pool. Where that sharing makes a plan shrink
+running jobs for growers that will not get those windows, the plan check
+(:mod:`malletrain.core.plan_check`) values it on the nodes really handed out.
 
 Solving: ``f_j(t)`` = best value of jobs ``1..j`` on at most ``t`` nodes,
 ``f_j(t) = max(f_{j-1}(t) + V_j(0), max_{n in [min_j, max_j]} f_{j-1}(t-n) + V_j(n))``,
