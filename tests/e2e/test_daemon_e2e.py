@@ -79,12 +79,16 @@ def test_grow_yield_shrink_kill9_regrow_exact_samples(daemon, clean_cluster):
     # kill -9 in the middle: training goes on, the restarted daemon reconciles
     d.kill9()
     killed_at = time.time()
-    # what the advisor learned is in the store up to the last tick before the kill (with a
-    # 30 s save interval the restarted daemon forgot the 2-node rate and never regrew)
+    # what the advisor learned is in the store as of its last change before the kill (with
+    # a 30 s save interval the restarted daemon forgot the 2-node rate and never regrew).
+    # Not a time stamp: a profile is written when it changes, and while the shrunk jobs
+    # re-form nothing new is measured (a loaded CI machine saw 6.5 s without a change).
     with sqlite3.connect(d.state / "state.db") as db:
-        saved = dict(db.execute("SELECT kind, updated_s FROM profiles").fetchall())
+        saved = {kind: json.loads(data)
+                 for kind, data in db.execute("SELECT kind, data FROM profiles")}
     assert "elastic_train.py" in saved, saved
-    assert saved["elastic_train.py"] > killed_at - 5.0, (killed_at, saved)
+    at_two = [saved["elastic_train.py"][book].get("2", [0.0, 0.0]) for book in ("clean", "dirty")]
+    assert any(weight > 0 for _, weight in at_two), (killed_at, saved)
     time.sleep(3)
     d.start()
     rows = d.jobs()
