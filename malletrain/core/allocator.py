@@ -60,7 +60,7 @@ from malletrain.core.holes import HoleLengthModel, HoleTracker
 from malletrain.core.knapsack import solve_counts
 from malletrain.core.model import AllocationInput, Plan
 from malletrain.core.options import PolicyOptions
-from malletrain.core.plan_check import Solution, TableOf, better_plan, shrinks, weighted
+from malletrain.core.plan_check import Solution, TableOf, better_plan, weighted
 from malletrain.core.spread import with_spread_penalty
 from malletrain.core.valuation import (
     NodeOffer,
@@ -238,7 +238,7 @@ class MalleTrainPolicy:
         """Counts and node names for ``inp`` without learning from it: (assignments, objective)."""
         sol = self._solution(inp, price_per_node_s)
         assignments = sol.place(inp, sol.counts)
-        if not self.check_plans or sol.offer is None or not shrinks(sol.offer, sol.counts, inp):
+        if not self.check_plans or not sol.shrinks(inp):
             return assignments, sol.objective
         return better_plan(inp, sol, assignments)
 

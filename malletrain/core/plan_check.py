@@ -61,6 +61,12 @@ class Solution:
                 gain.append((-float(self.values[j, n]) / n, job.submit_order, job.job_id))
         return [j for _, _, j in sorted(gain)]
 
+    def shrinks(self, inp: AllocationInput) -> bool:
+        """Whether the solved counts put a running job below its present size."""
+        return self.offer is not None and any(
+            self.counts[job.job_id] < self.offer.own_idx[j].size
+            for j, job in enumerate(inp.jobs))
+
     def place(self, inp: AllocationInput, counts: Mapping[str, int]
               ) -> dict[str, tuple[str, ...]]:
         windows = {n.name: float(self.w[i]) for i, n in enumerate(inp.nodes)}
@@ -71,10 +77,6 @@ class Solution:
 def weighted(table: TableOf, factor: np.ndarray) -> TableOf:
     """``table`` with each job's row multiplied by ``factor[job]`` (finish weights)."""
     return lambda offer: table(offer) * factor[:, None]
-
-
-def shrinks(offer: NodeOffer, counts: Mapping[str, int], inp: AllocationInput) -> bool:
-    return any(counts[job.job_id] < offer.own_idx[j].size for j, job in enumerate(inp.jobs))
 
 
 def realised_value(inp: AllocationInput, sol: Solution,
