@@ -28,7 +28,7 @@ from typing import Any
 from malletrain.core.lifecycle import JobPhase, Lifecycle, Transition, advance, replay
 from malletrain.daemon.spec import JobSpec
 from malletrain.daemon.store_rows import JobRecord as JobRecord
-from malletrain.daemon.store_rows import JobRows, job_record, slot_record, transition_of
+from malletrain.daemon.store_rows import JobRows, SlotRows, job_record, transition_of
 from malletrain.daemon.store_rows import SlotRecord as SlotRecord
 
 SCHEMA_VERSION = 1
@@ -113,6 +113,7 @@ class Store:
         self._db.row_factory = sqlite3.Row
         self._lock = threading.RLock()
         self._rows = JobRows()
+        self._slot_rows = SlotRows()
         with self._lock:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
@@ -262,14 +263,9 @@ class Store:
                            [(job_id, int(i)) for i in slurm_ids])
 
     def slots(self, job_id: str | None = None) -> list[SlotRecord]:
-        q = "SELECT * FROM slots"
-        args: tuple[Any, ...] = ()
-        if job_id is not None:
-            q += " WHERE job_id=?"
-            args = (job_id,)
+        """Every slot (or one job's), by job and slot number."""
         with self._lock:
-            rows = self._db.execute(q + " ORDER BY job_id, slot", args).fetchall()
-        return [slot_record(r) for r in rows]
+            return self._slot_rows.read(self._db, job_id)
 
     def mark_slot(self, job_id: str, slot: int, **fields: Any) -> None:
         self.mark_slots([(job_id, slot, fields)])

@@ -71,13 +71,13 @@ def _job_read(js: JobStore, epoch: int, cfg: bytes | None, newer: bytes | None,
         membership = js.current()  # epochs were written past the hint: scan as JobStore does
     else:
         membership = _membership(cfg) if epoch > 0 and cfg is not None else None
-    events = js.cached_events()
+    live, departures = js.event_views()
     return JobRead(
         membership=membership,
-        live=p.live_registrations(events),
+        live=live,
         progress=None if progress is None else r.decode_progress(progress),
         finished=None if finished is None else r.decode_finish(finished),
-        departures=p.departures(events),
+        departures=departures,
         bad_records=js.bad_records,
     )
 

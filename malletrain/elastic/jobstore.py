@@ -47,6 +47,8 @@ class JobStore:
         self._events: list[p.Event | None] = []
         #: records of this job refused so far (bad events, progress, memberships...)
         self.bad_records = 0
+        #: (events read, live registrations, departures) as of that many events
+        self._views: tuple[int, dict[str, p.MemberInfo], list[p.Departure]] | None = None
 
     # ------------------------------------------------------------------ memberships
 
@@ -122,6 +124,16 @@ class JobStore:
         """The events read so far (records that failed their schema left out)."""
         return [e for e in self._events if e is not None]
 
+    def event_views(self) -> tuple[dict[str, p.MemberInfo], list[p.Departure]]:
+        """The live registrations and the departures of the events read so far, worked out
+        again only when an event was added: the daemon asks every tick, for every job, and
+        the log rarely grows between two ticks (copies: callers may keep or change them)."""
+        if self._views is None or self._views[0] != len(self._events):
+            events = self.cached_events()
+            self._views = (len(self._events), p.live_registrations(events),
+                           p.departures(events))
+        return dict(self._views[1]), list(self._views[2])
+
     def register(self, info: p.MemberInfo) -> int:
         return self.append_event(
             "register",
@@ -189,4 +201,5 @@ class JobStore:
             if self.store.delete_key(key):
                 deleted += 1
         self._events = []
+        self._views = None
         return deleted
