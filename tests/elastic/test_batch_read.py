@@ -64,6 +64,20 @@ def test_batched_read_says_what_the_per_job_reads_say():
         again = coord.read_jobs(["j1"])["j1"]
         assert not isinstance(again, RecordError)
         assert again.membership.epoch == 2 and set(again.live) == {"a", "c"}
+        # the views are kept between reads while the log does not grow (JobStore.event_views):
+        # a caller changing its answer changes no later one, and a new event is seen
+        again.live.clear()
+        again.departures.clear()
+        same = coord.read_jobs(["j1"])["j1"]
+        assert not isinstance(same, RecordError)
+        assert set(same.live) == {"a", "c"} and [d.member_id for d in same.departures] == ["b"]
+        w1.depart("c", "sigterm", 2, 9)
+        third = coord.read_jobs(["j1"])["j1"]
+        assert not isinstance(third, RecordError)
+        assert set(third.live) == {"a"}
+        assert [d.member_id for d in third.departures] == ["b", "c"]
+        assert (third.membership, third.live, third.progress, third.finished, third.departures,
+                third.bad_records) == _per_job(coord, "j1")
     finally:
         coord.close()
 

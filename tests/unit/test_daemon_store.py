@@ -107,6 +107,31 @@ def test_the_job_list_rebuilds_only_what_changed_and_says_what_a_fresh_read_says
         "m1", "m2", "m3", "m5"]
 
 
+def test_the_slot_list_rebuilds_only_what_changed_and_says_what_a_fresh_read_says(tmp_path):
+    """``slots()`` is read every tick for every slot: a changed row gives a new record, an
+    unchanged one the same record, and the list is always what a fresh store reads."""
+    db = tmp_path / "state.db"
+    s = Store(db)
+    for i in range(3):
+        s.create_job(1001, "alice", SPEC, now_s=float(i))
+    s.add_slots("m1", [41, 42])
+    s.add_slots("m2", [43])
+    first = s.slots()
+    assert [(r.job_id, r.slot, r.slurm_job_id) for r in first] == [
+        ("m1", 0, 41), ("m1", 1, 42), ("m2", 0, 43)]
+    s.mark_slots([("m1", 1, {"placed_node": "n3", "placed_at_s": 9.0}),
+                  ("m2", 0, {"last_status": "running", "last_node": "n4"})])
+    s.add_slots("m3", [44])
+    again = s.slots()
+    assert again == Store(db).slots()  # a new store has no memo
+    assert again[0] is first[0]  # unchanged: the same record
+    assert again[1].placed_node == "n3" and again[1] is not first[1]
+    assert again[2].last_status == "running" and again[2].last_node == "n4"
+    assert s.slots("m1") == again[:2] and s.slots("m3") == [again[3]]
+    # a read of one job's slots leaves the memo of the whole list as it was
+    assert all(a is b for a, b in zip(s.slots(), again, strict=True))
+
+
 def test_batched_updates_check_every_column_before_writing_any(tmp_path):
     s = Store(tmp_path / "state.db")
     s.create_job(1, "u", SPEC)
