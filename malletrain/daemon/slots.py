@@ -60,6 +60,7 @@ def member_id(slot: int, restart_count: int) -> str:
     return f"s{slot}-r{restart_count}"
 
 
+@functools.lru_cache(maxsize=8192)  # every registration and departure, several times a tick
 def parse_member(member: str) -> tuple[int, int] | None:
     m = _MEMBER_RE.match(member)
     return (int(m.group(1)), int(m.group(2))) if m else None
