@@ -133,7 +133,7 @@ def bound(slice_name: str, time_s: float, milp_s: float = 0.0) -> tuple[float, s
 
     ``milp_s`` > 0 also runs the integer-finish MILP (``sim.bound``, as ``cli_bound
     --milp-s``) for at most that long: tighter where many jobs finish, minutes a slice."""
-    from malletrain.sim.bound import upper_bound
+    from malletrain.sim.bound import milp_block_s, upper_bound
     from malletrain.sim.bound_inputs import idle_segments, in_worker_seconds
 
     sl = BY_NAME[slice_name]
@@ -141,7 +141,7 @@ def bound(slice_name: str, time_s: float, milp_s: float = 0.0) -> tuple[float, s
     segs = idle_segments(trace, trace.start_s + SPAN_DAYS * DAY)
     b = upper_bound(segs, in_worker_seconds(_jobs(sl.jobs)), 10,
                     submit_origin_s=trace.start_s, time_limit_s=time_s, milp_s=milp_s,
-                    block_s=0.0 if len(segs) <= 500 else 3 * 3600.0)
+                    block_s=milp_block_s(segs))
     what = f"gap {b.gap:.2%}"
     if b.samples_milp is not None and b.samples_milp < b.samples_lp:
         how = "optimal" if b.milp_optimal else f"HiGHS's bound at {milp_s:g} s"

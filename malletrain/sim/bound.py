@@ -167,6 +167,17 @@ def _can_run_dry(runs: Sequence[SimJob], k: int, span_s: float) -> bool:
     return len(runs) < k + max_finishes
 
 
+#: Up to this many segments the integer-finish MILP gets one block per event; on longer
+#: traces, blocks of about ``block_s`` (one per event would make it too big to solve).
+EVENT_BLOCKS_MAX = 500
+
+
+def milp_block_s(segments: Sequence[IdleSegment], block_s: float = 3 * 3600.0) -> float:
+    """The ``block_s`` to pass :func:`upper_bound` for this trace: 0 (one block per
+    event) up to :data:`EVENT_BLOCKS_MAX` segments, else ``block_s``."""
+    return 0.0 if len(segments) <= EVENT_BLOCKS_MAX else block_s
+
+
 def upper_bound(
     segments: Sequence[IdleSegment],
     jobs: Iterable[SimJob],

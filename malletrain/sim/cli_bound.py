@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 
 from malletrain.errors import UserError
-from malletrain.sim.bound import Bound, upper_bound
+from malletrain.sim.bound import Bound, milp_block_s, upper_bound
 from malletrain.sim.bound_inputs import NodeCount, idle_segments
 from malletrain.sim.cli_simulate import add_replay_arguments, load_trace
 from malletrain.sim.jobs import parse_jobs
@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not segments:
         ap.error("the trace has no event before --until-s")
     k = args.max_concurrent_jobs
-    block_s = 0.0 if len(segments) <= 500 else args.block_s
+    block_s = milp_block_s(segments, args.block_s)
 
     def bound(nodes: NodeCount) -> Bound:
         return upper_bound(
