@@ -7,7 +7,8 @@ reloads the config between ticks. Between ticks the loop sleeps ``tick_interval_
 answers slowly: :func:`next_sleep_s`), and wakes early on a submission, a cancellation or a
 new pending job at Slurm (the arrival probe, :mod:`malletrain.daemon.arrivals`, paced by
 slurmctld's submit notice where it has one). A tick's
-actions are applied off the tick (:mod:`malletrain.daemon.action_queue`).
+actions are applied off the tick (:mod:`malletrain.daemon.action_queue`). The cyclic
+garbage collector scans only what the last tick made (:mod:`malletrain.ops.heap`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Mapping
 from malletrain.daemon.arrivals import ArrivalProbe, SubmitNotice
 from malletrain.daemon.channel import ChannelServer
 from malletrain.daemon.daemon import Daemon
+from malletrain.ops.heap import BetweenTicks
 from malletrain.ops.metrics import Metrics
 from malletrain.ops.settings import Settings
 from malletrain.slurm.backend import SlurmBackend
@@ -67,6 +69,8 @@ def run_daemon(settings: Settings, config_path: str | None, backend: SlurmBacken
     notice = SubmitNotice(notice_path) if notice_path is not None else None
     probe = ArrivalProbe(backend.pending_job_ids, signals.wake, settings.slurm.arrival_probe_s,
                          notice).start()
+    heap = BetweenTicks()
+    heap.after_tick()  # what start-up made (modules, settings, the store's records)
     notifier.ready(f"scavenging through partition {settings.slurm.scavenger_partition}")
     log.info("daemon running (instance %s, coordinator %s, socket %s)", daemon.instance,
              daemon.coordinator.address, settings.submit.socket_path)
@@ -82,6 +86,7 @@ def run_daemon(settings: Settings, config_path: str | None, backend: SlurmBacken
                 plan = daemon.tick()
             except Exception:
                 log.exception("tick failed; the next tick starts from a fresh snapshot")
+            heap.after_tick()
             probe.expect(daemon.seen_job_ids, armed=daemon.holds_nodes)
             if notice is not None:
                 metrics.submit_notice_usable.labels(path=str(notice.path)).set(
@@ -102,6 +107,7 @@ def run_daemon(settings: Settings, config_path: str | None, backend: SlurmBacken
             server.stop()
         # the actions in flight finish and are recorded, inside the stop deadline
         daemon.close(timeout_s=settings.daemon.stop_timeout_s / 2)
+        heap.close()
         signals.restore()
     return 0
 
