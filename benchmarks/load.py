@@ -24,7 +24,9 @@ scavenger slots there), after ``--latency-ms`` per call.
    jobs' series would cost the daemon more than what is measured): each tick's duration is
    the growth of
    ``malletrain_tick_duration_seconds_sum`` between scrapes one tick apart; the daemon's
-   CPU is read from ``/proc/PID/stat`` (all its threads, the scrapes' answers included);
+   CPU is read from ``/proc/PID/stat`` (all its threads, the scrapes' answers included),
+   and so is the coordinator process's (printed apart: it is not the daemon's loop, but
+   it runs on the same login node);
    Slurm calls per tick are counted by the replay (the daemon's own calls: the tick's,
    its actions', the arrival probe's). At the end, the daemon's own p99 time per request
    (``malletrain_request_duration_seconds``, to its histogram's bucket) is printed beside
@@ -327,10 +329,12 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def measure(pid: int, port: int, slurm: ReplaySlurm, seconds: float) -> dict[str, object]:
+def measure(pid: int, port: int, slurm: ReplaySlurm, seconds: float, coordinator_pid: int
+            ) -> dict[str, object]:
     ticks: list[float] = []
     calls0, acts0, subs0 = dict(slurm.daemon_calls), slurm.daemon_acts, slurm.submissions
     c0, t0 = cpu_s(pid), time.monotonic()
+    k0 = cpu_s(coordinator_pid)
     phases0 = phases(port)
     prev = scrape(port)
     first = prev
@@ -345,6 +349,7 @@ def measure(pid: int, port: int, slurm: ReplaySlurm, seconds: float) -> dict[str
         prev = cur
     wall = time.monotonic() - t0
     cpu = cpu_s(pid) - c0
+    coordinator_cpu = cpu_s(coordinator_pid) - k0
     n_ticks = prev["malletrain_tick_duration_seconds_count"] - first[
         "malletrain_tick_duration_seconds_count"]
     calls = {k: v - calls0.get(k, 0) for k, v in slurm.daemon_calls.items()}
@@ -355,6 +360,7 @@ def measure(pid: int, port: int, slurm: ReplaySlurm, seconds: float) -> dict[str
     observe = sum(calls.get(k, 0) for k in ("sinfo", "sinfo states", "squeue", "scontrol show"))
     ticks.sort()
     return {"ticks": ticks, "n_ticks": n_ticks, "cpu_fraction": cpu / wall, "wall_s": wall,
+            "coordinator_cpu_fraction": coordinator_cpu / wall,
             "calls": calls, "calls_per_tick": sum(calls.values()) / max(1, n_ticks),
             "observe_calls_per_tick": observe / max(1, n_ticks), "phase_ms": phase_ms,
             "probe_calls_per_s": calls.get("squeue pending", 0) / wall,
@@ -408,7 +414,8 @@ def main() -> int:
         print(f"submitted {len(submitted)} jobs in {time.monotonic() - t0:.1f} s "
               f"from {args.clients} clients as {args.users} users", flush=True)
         time.sleep(args.settle_s)
-        m = measure(daemon.pid, port, slurm, 60.0 * args.minutes)
+        coordinator_pid = int((work / "state" / "coordinator.pid").read_text())
+        m = measure(daemon.pid, port, slurm, 60.0 * args.minutes, coordinator_pid)
         ticks = m["ticks"]
         assert isinstance(ticks, list)
         both = [a + b for a, b in submitted]
@@ -430,6 +437,8 @@ def main() -> int:
               f"daemon's own p99: submit <= "
               f"{1000 * daemon_request_p99_s(port, 'submit'):.0f} ms, attach <= "
               f"{1000 * daemon_request_p99_s(port, 'attach'):.0f} ms (histogram buckets)")
+        print(f"the coordinator process (every worker's registrations and progress): "
+              f"cpu_fraction={m['coordinator_cpu_fraction']:.3f}")
         print(f"load nodes={args.nodes} jobs={len(submitted)} tick_p99_ms={1000 * p99(ticks):.1f} "
               f"cpu_fraction={m['cpu_fraction']:.3f} "
               f"slurm_calls_per_tick={m['calls_per_tick']:.2f} "
