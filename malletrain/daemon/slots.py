@@ -45,9 +45,24 @@ def slot_tag(job_id: str, slot: int) -> str:
     return f"{TAG_PREFIX}:{job_id}:{slot}"
 
 
-@functools.lru_cache(maxsize=16384)  # every job of the queue, several times a tick
+#: the longest comment that can be a tag (a 128-character job id, a 6-digit slot)
+_MAX_TAG_CHARS = len(TAG_PREFIX) + 1 + 128 + 1 + 6
+
+
 def parse_tag(comment: str) -> tuple[str, int] | None:
-    m = _TAG_RE.match(comment.strip())
+    """``(job, slot)`` of a slot job's comment, None for any other comment.
+
+    Every job of the queue is asked, several times a tick, so answers are memoised; only
+    for comments short enough to be a tag, since the others are any user's ``--comment``
+    of any length (4,096 jobs of 1 MB each would otherwise stay in the memo).
+    """
+    text = comment.strip()
+    return None if len(text) > _MAX_TAG_CHARS else _parse_short_tag(text)
+
+
+@functools.lru_cache(maxsize=16384)
+def _parse_short_tag(text: str) -> tuple[str, int] | None:
+    m = _TAG_RE.match(text)
     return (m.group(1), int(m.group(2))) if m else None
 
 

@@ -7,7 +7,6 @@ The ``#SBATCH`` reading that builds a spec is :mod:`malletrain.daemon.directives
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from collections.abc import Mapping
@@ -328,9 +327,9 @@ def _check_slot_fields(s: JobSpec) -> None:
 # ----------------------------------------------------------------------------- stored
 
 
-@functools.lru_cache(maxsize=4096)
 def spec_from_json(text: str) -> JobSpec:
-    """A stored spec (:meth:`JobSpec.to_dict` as JSON), decoded once: it never changes
-    after submission, and the daemon's tick reads every job several times (500 jobs:
-    ~200 ms of a tick decoding the same JSON, ``benchmarks/load.py``)."""
+    """A stored spec (:meth:`JobSpec.to_dict` as JSON). It never changes after submission:
+    the store's job list decodes it once per job and keeps it with the job's record
+    (``store_rows.JobRows``), not in a memo of its own, which would keep the specs of
+    jobs long gone (up to a request's 1 MiB each)."""
     return JobSpec.from_dict(json.loads(text))

@@ -58,10 +58,12 @@ def transition_of(h: sqlite3.Row) -> Transition:
                       JobPhase(h["to_state"]), h["at_s"], h["reason"])
 
 
-def job_record(row: sqlite3.Row, lifecycle: Lifecycle) -> JobRecord:
+def job_record(row: sqlite3.Row, lifecycle: Lifecycle, spec: JobSpec | None = None
+               ) -> JobRecord:
+    """The record of one row; ``spec``: the row's spec already decoded."""
     return JobRecord(
         job_id=row["job_id"], seq=row["seq"], uid=row["uid"], user=row["user"],
-        spec=spec_from_json(row["spec"]), lifecycle=lifecycle,
+        spec=spec if spec is not None else spec_from_json(row["spec"]), lifecycle=lifecycle,
         created_s=row["created_s"], samples_total=row["samples_total"],
         samples_per_s=row["samples_per_s"], rescales_up=row["rescales_up"],
         rescales_down=row["rescales_down"], preemptions=row["preemptions"],
@@ -146,7 +148,10 @@ class JobRows:
         hit = self._records.get(job_id)
         if hit is not None and hit[0] == key and hit[1] is lc:
             return hit[2]
-        rec = job_record(row, lc)
+        # a job's row changes with each progress report, its spec never: decoded once
+        spec_at = row.keys().index("spec")
+        kept = hit[2].spec if hit is not None and hit[0][spec_at] == key[spec_at] else None
+        rec = job_record(row, lc, kept)
         self._records[job_id] = (key, lc, rec)
         return rec
 

@@ -86,6 +86,17 @@ def test_tags_and_members_round_trip():
     assert parse_member("s4-rx") is None
 
 
+def test_the_longest_tag_is_read_and_no_other_users_long_comment_is_kept():
+    longest = slot_tag("j" * 128, 999999)
+    assert parse_tag(f"  {longest} ") == ("j" * 128, 999999)
+    from malletrain.daemon.slots import _parse_short_tag
+    before = _parse_short_tag.cache_info()
+    for k in range(50):  # any user's --comment, of any length
+        assert parse_tag(f"{longest}{k}" + " x" * 500_000) is None
+    after = _parse_short_tag.cache_info()
+    assert (after.currsize, after.misses) == (before.currsize, before.misses)
+
+
 def job(state, reason=""):
     return Job(job_id=1, name="x", user="u", partition="scavenger", state=state,
                state_reason=reason)

@@ -1,5 +1,9 @@
 """The SQLite store: WAL, ids, lifecycle with history, slots, open actions, profiles, reopen."""
 
+import dataclasses
+import gc
+import weakref
+
 import pytest
 
 from malletrain.core.lifecycle import IllegalTransition, JobPhase
@@ -130,6 +134,26 @@ def test_the_slot_list_rebuilds_only_what_changed_and_says_what_a_fresh_read_say
     assert s.slots("m1") == again[:2] and s.slots("m3") == [again[3]]
     # a read of one job's slots leaves the memo of the whole list as it was
     assert all(a is b for a, b in zip(s.slots(), again, strict=True))
+
+
+def test_a_jobs_spec_is_decoded_once_and_not_kept_once_the_job_is_gone(tmp_path):
+    """The job list decodes a spec once per job, and keeps it with the job only: specs are
+    up to a request's 1 MiB each, and a memo of every spec ever read grew with each job
+    submitted (a user submitting and cancelling jobs grew the daemon without end)."""
+    s = Store(tmp_path / "state.db")
+    big = dataclasses.replace(SPEC, environment={f"V{k}": "x" * 4000 for k in range(200)})
+    s.create_job(1001, "alice", big, now_s=1.0)
+    first = s.jobs()[0]
+    s.update_job("m1", samples_total=50, samples_per_s=5.0)
+    again = s.jobs()[0]
+    assert again is not first and again.samples_total == 50
+    assert again.spec is first.spec and again.spec == big  # not decoded again
+    spec = weakref.ref(first.spec)
+    s.transition("m1", JobPhase.CANCELLED, "cancelled by alice")
+    assert s.prune_ended(keep=0) == 1 and s.jobs() == []
+    del first, again
+    gc.collect()
+    assert spec() is None
 
 
 def test_batched_updates_check_every_column_before_writing_any(tmp_path):
