@@ -4,18 +4,19 @@ Why: the daemon keeps a large heap from one tick to the next (the store's record
 parse memos, the last snapshot, the profiles), and CPython's collector walks all of it
 again and again while finding next to nothing, since the heap is freed by reference
 counting. Measured on ``benchmarks/load.py`` (5,000 nodes, 500 jobs; ``gc.callbacks`` in
-the daemon, 125 s): 571 passes took 2.1 s, about a sixth of the daemon's CPU; the full
-passes took 120-340 ms each, inside ticks and in the middle of submit requests; over the
-whole run 1,243 young passes freed 489 objects, and 10 of 11 full passes freed none.
+the daemon, the process's CPU time of each pass): in 125 s, 566 young, 51 middle and 5 full
+passes took 0.75 s of CPU, 0.6 % of a core and 7 % of the daemon's; a full pass took
+46-62 ms, inside a tick or a submit request; and they freed nothing.
 
 So after each tick everything alive is put out of the collector's sight (``gc.freeze``,
 which moves the generations aside in constant time), and the young generation is collected
 after ``YOUNG_THRESHOLD`` new containers rather than 700: a tick makes tens of thousands,
 among them the snapshot's large tuples and dicts, which every young pass walked again
-(with the freeze alone, 520 young passes still took 1.3 s in 125 s). The passes during the
-next tick, now about one, scan only what that tick made. Once every ``full_every_s``,
-between ticks, the frozen objects are given back and the whole heap is collected once, so
-a cycle that became garbage after it was frozen is freed within that time.
+(with the freeze alone, timed beside a soak, the young and middle passes still took 60 %
+of the wall time they had taken). With both, a steady load run made no pass at all between
+its start-up and its end. Once every ``full_every_s``, between ticks, the frozen objects
+are given back and the whole heap is collected once, so a cycle that became garbage after
+it was frozen is freed within that time.
 """
 
 from __future__ import annotations
