@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from malletrain.daemon.arrivals import ArrivalProbe, SubmitNotice
 from malletrain.daemon.channel import ChannelServer
 from malletrain.daemon.daemon import Daemon
+from malletrain.daemon.tick import TickPlan
 from malletrain.ops.heap import BetweenTicks
 from malletrain.ops.metrics import Metrics
 from malletrain.ops.settings import Settings
@@ -45,6 +46,18 @@ def next_sleep_s(interval_s: float, follow_up: bool, observe_s: float) -> float:
     if observe_s > SLOW_OBSERVE_S:
         sleep_s = max(sleep_s, BACKOFF_FACTOR * observe_s)
     return sleep_s
+
+
+def _tick(daemon: Daemon, heap: BetweenTicks) -> TickPlan | None:
+    """One tick (None: it failed, logged; the next starts from a fresh snapshot), then the
+    collector's turn (:mod:`malletrain.ops.heap`)."""
+    try:
+        return daemon.tick()
+    except Exception:
+        log.exception("tick failed; the next tick starts from a fresh snapshot")
+        return None
+    finally:
+        heap.after_tick()
 
 
 def run_daemon(settings: Settings, config_path: str | None, backend: SlurmBackend,
@@ -81,12 +94,7 @@ def run_daemon(settings: Settings, config_path: str | None, backend: SlurmBacken
                                          notifier=notifier)
                 daemon.apply_settings(settings)
                 probe.interval_s = settings.slurm.arrival_probe_s
-            plan = None
-            try:
-                plan = daemon.tick()
-            except Exception:
-                log.exception("tick failed; the next tick starts from a fresh snapshot")
-            heap.after_tick()
+            plan = _tick(daemon, heap)
             probe.expect(daemon.seen_job_ids, armed=daemon.holds_nodes)
             if notice is not None:
                 metrics.submit_notice_usable.labels(path=str(notice.path)).set(
