@@ -70,3 +70,19 @@ def test_young_passes_are_rarer_while_it_runs_and_as_before_after():
     finally:
         h.close()
     assert gc.get_threshold() == before
+
+
+def test_the_loop_gives_the_collector_its_turn_after_a_failed_tick_too():
+    from malletrain.daemon.loop import _tick
+
+    class SlurmDown:
+        def tick(self):
+            raise RuntimeError("slurmctld is not answering")
+
+    h = BetweenTicks()
+    try:
+        gc.unfreeze()
+        assert _tick(SlurmDown(), h) is None  # logged; the next tick starts afresh
+        assert gc.get_freeze_count() > 0
+    finally:
+        h.close()
