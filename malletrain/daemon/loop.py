@@ -51,13 +51,14 @@ def next_sleep_s(interval_s: float, follow_up: bool, observe_s: float) -> float:
 def _tick(daemon: Daemon, heap: BetweenTicks) -> TickPlan | None:
     """One tick (None: it failed, logged; the next starts from a fresh snapshot), then the
     collector's turn (:mod:`malletrain.ops.heap`)."""
+    plan, failed = None, False
     try:
-        return daemon.tick()
+        plan = daemon.tick()
     except Exception:
         log.exception("tick failed; the next tick starts from a fresh snapshot")
-        return None
-    finally:
-        heap.after_tick()
+        failed = True
+    heap.after_tick(failed)  # after the except block, which kept the error alive
+    return plan
 
 
 def run_daemon(settings: Settings, config_path: str | None, backend: SlurmBackend,

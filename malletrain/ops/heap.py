@@ -48,7 +48,10 @@ class BetweenTicks:
         self.full_collections = 0
         self.last_freed = 0
 
-    def after_tick(self) -> None:
+    def after_tick(self, failed: bool = False) -> None:
+        """``failed``: the tick raised. Its frames are then often in a cycle with the error
+        (a frame that kept it), holding whatever they held, a whole snapshot perhaps: what
+        the tick made is collected before the freeze (the frozen heap is not scanned)."""
         now = self._clock()
         if now - self._last_full_s >= self.full_every_s:
             gc.unfreeze()
@@ -56,6 +59,8 @@ class BetweenTicks:
             self.full_collections += 1
             self._last_full_s = now
             log.debug("full collection: %d objects freed", self.last_freed)
+        elif failed:
+            gc.collect()
         gc.freeze()
 
     def close(self) -> None:

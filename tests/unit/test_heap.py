@@ -1,6 +1,7 @@
 """The daemon's collector between ticks (malletrain/ops/heap.py), on the real CPython gc."""
 
 import gc
+import logging
 import weakref
 
 import pytest
@@ -72,17 +73,33 @@ def test_young_passes_are_rarer_while_it_runs_and_as_before_after():
     assert gc.get_threshold() == before
 
 
-def test_the_loop_gives_the_collector_its_turn_after_a_failed_tick_too():
+def test_a_failed_ticks_cycles_are_freed_at_once_not_frozen_for_ten_minutes():
+    """A tick that raised leaves its frames in a cycle with the exception (a frame that
+    kept the error), and with them all they held (a whole snapshot): collected before the
+    freeze, not kept until the next full collection."""
     from malletrain.daemon.loop import _tick
+
+    held = []
 
     class SlurmDown:
         def tick(self):
-            raise RuntimeError("slurmctld is not answering")
+            snapshot = _Cycle()  # a large structure the failed tick's frame holds
+            held.append(weakref.ref(snapshot))
+            try:
+                raise ValueError("slurmctld is not answering")
+            except ValueError as exc:
+                error = exc  # the frame keeps the error, the error's traceback the frame
+                raise RuntimeError("tick failed") from error
 
+    # (pytest's log capture keeps each record, and with it the error: not a daemon's)
+    loop_log = logging.getLogger("malletrain.daemon.loop")
     h = BetweenTicks()
     try:
+        loop_log.disabled = True
         gc.unfreeze()
         assert _tick(SlurmDown(), h) is None  # logged; the next tick starts afresh
-        assert gc.get_freeze_count() > 0
+        assert gc.get_freeze_count() > 0  # the collector had its turn
+        assert held[0]() is None
     finally:
+        loop_log.disabled = False
         h.close()
