@@ -6,7 +6,7 @@ again and again while finding next to nothing, since the heap is freed by refere
 counting. Measured on ``benchmarks/load.py`` (5,000 nodes, 500 jobs; ``gc.callbacks`` in
 the daemon, the process's CPU time of each pass): in 125 s, 566 young, 51 middle and 5 full
 passes took 0.75 s of CPU, 0.6 % of a core and 7 % of the daemon's; a full pass took
-46-62 ms, inside a tick or a submit request; and they freed nothing.
+44-62 ms, inside a tick or a submit request; and they freed nothing.
 
 So after each tick everything alive is put out of the collector's sight (``gc.freeze``,
 which moves the generations aside in constant time), and the young generation is collected
