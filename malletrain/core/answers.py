@@ -25,6 +25,20 @@ from malletrain.core.model import ThroughputModel
 from malletrain.core.profile import Profile
 
 
+@dataclass(frozen=True)
+class JobAnswers:
+    """What the allocator is told of one job, all worked out from its merged profile: its
+    model (marked with how far it is measured), its rescale and start costs, its rate across
+    switches. Kept with that profile, so a tick asks the advisor once per job, not five times."""
+
+    model: ThroughputModel
+    measured_sizes: tuple[int, ...]
+    scale_up_s: float
+    scale_down_s: float
+    start_s: float
+    spread_factor: float
+
+
 @dataclass
 class _Entry:
     """One cached answer: the pool's generations and the clock when it was worked out."""
@@ -36,6 +50,7 @@ class _Entry:
     fitted: bool = False
     #: None: the profile has no rates (the advisor answers with a prior, never cached)
     model: ThroughputModel | None = None
+    told: JobAnswers | None = None
 
 
 @dataclass
@@ -94,6 +109,18 @@ class AnswerCache:
         if not hit.fitted:
             hit.model, hit.fitted = fit(), True
         return hit.model
+
+    def told(self, job_id: str, profile: Profile,
+             work_out: Callable[[], tuple[JobAnswers, bool]]) -> JobAnswers:
+        """The job's answers from ``profile`` (its cached merged profile); ``work_out`` says
+        whether they may be kept (not a prior's, which follows the other jobs)."""
+        hit = self._jobs.get(job_id)
+        if hit is not None and hit.profile is profile and hit.told is not None:
+            return hit.told
+        told, keep = work_out()
+        if keep and hit is not None and hit.profile is profile:
+            hit.told = told
+        return told
 
     def kind_total(self, kind: str, build: Callable[[], Profile]) -> Profile:
         """Everything known of ``kind`` (archive + running jobs), kept like a job's answers."""

@@ -319,8 +319,7 @@ class TypedProgress:
 def told_model(advisor: ProfilingAdvisor, key: str) -> ThroughputModel:
     """The advisor's model of ``key``, marked with how far it is measured: the policy
     explores beyond that on free nodes only."""
-    measured = max(advisor.measured_sizes(key), default=0)
-    return replace(advisor.model(key), measured_max_nodes=measured)
+    return advisor.answers(key).model
 
 
 def typed_models(advisor: ProfilingAdvisor, speeds: TypeSpeeds, job_id: str, kind: str | None,

@@ -9,13 +9,13 @@ measured size an optimistic extension whose slope is the last measured marginal 
 a concave curve allows) times ``optimism``. The allocator therefore sees untried larger
 sizes as worth at most what concavity permits, tries them when that pays, and the
 measurement replaces the optimism (optimism in the face of uncertainty, bounded by
-concavity). ``ProfilingAdvisor.suggest_probe`` names the next untried size for callers
-that probe explicitly.
+concavity).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -264,3 +264,19 @@ class AdvisorSettings:
     cost_prior_weight: float = 1.0
     #: Rate assumed per node for a job nobody knows anything about.
     prior_rate_per_node: float = 1.0
+
+
+def median_rate_per_node(profiles: Iterable[Profile], min_warmup_evidence_s: float,
+                         prior: float) -> float:
+    """The median, over ``profiles`` with a rate, of the rate per node at the largest size
+    measured: the prior of a job nobody knows anything about (``prior`` without any)."""
+    per_node = []
+    for prof in profiles:
+        rates = prof.rates(min_warmup_evidence_s)
+        if rates:
+            n = max(rates)
+            per_node.append(rates[n][0] / n)
+    if not per_node:
+        return prior
+    per_node.sort()
+    return per_node[len(per_node) // 2]

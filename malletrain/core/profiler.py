@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from malletrain.core.answers import AnswerCache
+from malletrain.core.answers import AnswerCache, JobAnswers
 from malletrain.core.comm import fit_comm, temper
 from malletrain.core.comm import spread_factor as spread_factor_of
 from malletrain.core.model import ThroughputModel
@@ -43,6 +43,7 @@ from malletrain.core.profile import (
     Profile,
     WeightedSum,
     fit_curve,
+    median_rate_per_node,
 )
 
 log = logging.getLogger(__name__)
@@ -295,6 +296,21 @@ class ProfilingAdvisor:
         per_node = self._population_rate_per_node()
         return ThroughputModel(((1, per_node),), optimistic_slope=per_node)
 
+    def answers(self, job_id: str) -> JobAnswers:
+        """:meth:`model` (marked with how far it is measured), :meth:`scale_costs`,
+        :meth:`start_cost_s`, :meth:`measured_sizes` and :meth:`spread_factor` at once,
+        kept while the job's merged profile stands (core.answers)."""
+        prof = self._combined(job_id)
+        return self._answers.told(job_id, prof, lambda: self._work_out(job_id, prof))
+
+    def _work_out(self, job_id: str, prof: Profile) -> tuple[JobAnswers, bool]:
+        sizes = self.measured_sizes(job_id)
+        model = replace(self.model(job_id), measured_max_nodes=max(sizes, default=0))
+        told = JobAnswers(model, sizes, *self.scale_costs(job_id), self.start_cost_s(job_id),
+                          self.spread_factor(job_id))
+        # a prior (nothing fitted) follows the other jobs' rates: never kept
+        return told, self._answers.model(job_id, prof, lambda: self._fit(prof)) is not None
+
     def _fit(self, prof: Profile) -> ThroughputModel | None:
         rates = prof.rates(self.settings.min_warmup_evidence_s)
         if not rates:
@@ -348,24 +364,10 @@ class ProfilingAdvisor:
     def measured_sizes(self, job_id: str) -> tuple[int, ...]:
         return tuple(sorted(self._combined(job_id).rates(self.settings.min_warmup_evidence_s)))
 
-    def suggest_probe(self, job_id: str, max_nodes: int) -> int | None:
-        """The next untried size worth measuring: double the largest measured, up to max."""
-        sizes = self.measured_sizes(job_id)
-        if not sizes or sizes[-1] >= max_nodes:
-            return None
-        return min(max_nodes, 2 * sizes[-1])
-
     def _population_rate_per_node(self) -> float:
-        per_node = []
-        for prof in [st.profile for st in self._jobs.values()] + list(self._kinds.values()):
-            rates = prof.rates(self.settings.min_warmup_evidence_s)
-            if rates:
-                n = max(rates)
-                per_node.append(rates[n][0] / n)
-        if not per_node:
-            return self.settings.prior_rate_per_node
-        per_node.sort()
-        return per_node[len(per_node) // 2]
+        profiles = [st.profile for st in self._jobs.values()] + list(self._kinds.values())
+        return median_rate_per_node(profiles, self.settings.min_warmup_evidence_s,
+                                    self.settings.prior_rate_per_node)
 
     # -- persistence ----------------------------------------------------------
     def profile_dict(self, kind: str) -> dict[str, Any] | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from malletrain.core.hetero import TypedProgress, TypeSpeeds, typed_models
@@ -207,21 +206,19 @@ class JobMonitor:
         points = {}
         for job in jobs:
             self.advisor.register(job.job_id, job.spec.kind)
-            up, down = self.advisor.scale_costs(job.job_id)
-            start = self.advisor.start_cost_s(job.job_id)
-            model = self.advisor.model(job.job_id)
+            told = self.advisor.answers(job.job_id)
+            # (its model says how far the curve is measured: the policy explores beyond it
+            # on free nodes only)
+            model = told.model
             if model.rate(job.spec.max_nodes) <= 0.0:
                 # nothing measured worth the name yet: compete as a linear job, never as
                 # "worth nothing" (that would evict it)
-                model = ThroughputModel(((1, 1.0),), optimistic_slope=1.0)
-            # how far the curve is measured: the policy explores beyond it on free nodes only
-            sizes = self.advisor.measured_sizes(job.job_id)
-            points[job.job_id] = len(sizes)
-            model = replace(model, measured_max_nodes=max(sizes, default=0))
-            out[job.job_id] = JobModel(model, up, down, start,
+                model = ThroughputModel(((1, 1.0),), 1.0, model.measured_max_nodes)
+            points[job.job_id] = len(told.measured_sizes)
+            out[job.job_id] = JobModel(model, told.scale_up_s, told.scale_down_s, told.start_s,
                                        self.advisor.rate_noise(job.job_id),
                                        self._by_type(job, types) if len(types) > 1 else {},
-                                       self.advisor.spread_factor(job.job_id))
+                                       told.spread_factor)
         self.measured_points = points
         return out
 

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from typing import Protocol
 
-from malletrain.core.hetero import TypedProgress, TypeSpeeds, told_model, typed_models
+from malletrain.core.hetero import TypedProgress, TypeSpeeds, typed_models
 from malletrain.core.model import ThroughputModel
 from malletrain.sim.jobs import SimJob
 
@@ -120,7 +120,7 @@ class LearnedCurves:
     def model(self, job: SimJob) -> tuple[ThroughputModel, float, float]:
         key = self._key(job, None)
         up, down = self.advisor.scale_costs(key)
-        return told_model(self.advisor, key), up, down
+        return self.advisor.answers(key).model, up, down
 
     def type_models(self, job: SimJob, types: Sequence[str]) -> dict[str, ThroughputModel]:
         return typed_models(self.advisor, self.speeds, job.name,

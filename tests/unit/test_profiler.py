@@ -144,8 +144,6 @@ def test_unknown_job_prior_is_population_median_then_kind_profile():
     adv.register("a2", "bert")
     assert adv.model("a2").rate(2) == pytest.approx(20.0)
     assert adv.measured_sizes("a2") == (2,)
-    assert adv.suggest_probe("a2", max_nodes=16) == 4
-    assert adv.suggest_probe("a2", max_nodes=2) is None
 
 
 def test_profiles_round_trip_and_bad_input_names_the_field():

@@ -30,7 +30,14 @@ step = st.tuples(
 
 def answers(adv: ProfilingAdvisor, job: str) -> tuple:
     m = adv.model(job)
-    return (m.points, m.optimistic_slope, adv.scale_costs(job), adv.start_cost_s(job))
+    one = (m.points, m.optimistic_slope, adv.scale_costs(job), adv.start_cost_s(job),
+           adv.measured_sizes(job), adv.spread_factor(job))
+    told = adv.answers(job)  # all at once, kept per merged profile: the same answers
+    assert (told.model.points, told.model.optimistic_slope,
+            (told.scale_up_s, told.scale_down_s), told.start_s, told.measured_sizes,
+            told.spread_factor) == one
+    assert told.model.measured_max_nodes == max(one[4], default=0)
+    return one
 
 
 def replay(adv: ProfilingAdvisor, steps, ask_every_step: bool) -> list[tuple]:
@@ -126,3 +133,30 @@ def test_exact_answers_with_refresh_zero():
     assert adv.model("j").rate(2) == pytest.approx(190.0)
     adv.observe("j", 11.0, 2, 1900.0 + 100.0)
     assert adv.model("j").rate(2) == pytest.approx(2000.0 / 11.0)
+
+
+def test_answers_are_kept_while_the_profile_stands_and_a_prior_never_is():
+    """A tick asks the advisor once per job (``answers``); the same object comes back until
+    the job's merged profile is worked out again, except for a job with no rate of its own
+    or of its kind, whose prior follows every other job's rates."""
+    adv = ProfilingAdvisor(AdvisorSettings(refresh_s=30.0, warmup_s=0.0))
+    adv.register("a-000", "a")
+    adv.register("new", "b")
+    adv.observe("a-000", 0.0, 2, 0.0)
+    adv.observe("a-000", 10.0, 2, 2000.0)
+    told = adv.answers("a-000")
+    assert adv.answers("a-000") is told
+    prior = adv.answers("new")
+    assert prior.model.rate(1) == pytest.approx(100.0)  # the median rate per node
+    assert prior.measured_sizes == () and prior.model.measured_max_nodes == 0
+    adv.observe("a-000", 20.0, 2, 2000.0 + 1000.0)  # more evidence at 2 nodes: may lag
+    assert adv.answers("a-000") is told
+    adv.register("c-000", "c")
+    adv.observe("c-000", 0.0, 1, 0.0)
+    adv.observe("c-000", 10.0, 1, 3000.0)
+    # another kind's first rate moves the prior of "new" (its own pool did not change)
+    assert adv.answers("new").model.rate(1) == pytest.approx(300.0)
+    adv.observe("a-000", 21.0, 4, 3000.0)
+    adv.observe("a-000", 22.0, 4, 3000.0 + 380.0)  # a new size: worked out at once
+    assert adv.answers("a-000") is not told
+    assert adv.answers("a-000").measured_sizes == (2, 4)
