@@ -28,7 +28,7 @@ from malletrain.sim.bound import upper_bound
 from malletrain.sim.bound_inputs import idle_segments, in_worker_seconds
 
 K = 10
-DEFAULT = ("theta22-d150-sia", "theta23-d20-gavel", "theta23-d100-sia")
+DEFAULT = ("theta22-d150-sia", "theta23-d20-gavel", "theta23-d100-sia", "centre-theta-philly-mixed")
 
 
 def admission_line(name: str, time_s: float) -> str:
