@@ -316,12 +316,6 @@ class TypedProgress:
         return gone
 
 
-def told_model(advisor: ProfilingAdvisor, key: str) -> ThroughputModel:
-    """The advisor's model of ``key``, marked with how far it is measured: the policy
-    explores beyond that on free nodes only."""
-    return advisor.answers(key).model
-
-
 def typed_models(advisor: ProfilingAdvisor, speeds: TypeSpeeds, job_id: str, kind: str | None,
                  types: Iterable[str]) -> dict[str, ThroughputModel]:
     """A job's model per node type (profiled as ``<job>@<type>``, pooled per
@@ -331,5 +325,6 @@ def typed_models(advisor: ProfilingAdvisor, speeds: TypeSpeeds, job_id: str, kin
     for t in types:
         key = TypedProgress.key(job_id, t)
         advisor.register(key, None if kind is None else f"{kind}@{t}")
-        told[t] = told_model(advisor, key)
+        # marked with how far it is measured: the policy explores beyond on free nodes only
+        told[t] = advisor.answers(key).model
     return speeds.fill(job_id, told)

@@ -305,11 +305,13 @@ class ProfilingAdvisor:
 
     def _work_out(self, job_id: str, prof: Profile) -> tuple[JobAnswers, bool]:
         sizes = self.measured_sizes(job_id)
-        model = replace(self.model(job_id), measured_max_nodes=max(sizes, default=0))
-        told = JobAnswers(model, sizes, *self.scale_costs(job_id), self.start_cost_s(job_id),
+        fitted = self._answers.model(job_id, prof, lambda: self._fit(prof))
+        model = fitted if fitted is not None else self.model(job_id)  # (the prior)
+        told = JobAnswers(replace(model, measured_max_nodes=max(sizes, default=0)), sizes,
+                          *self.scale_costs(job_id), self.start_cost_s(job_id),
                           self.spread_factor(job_id))
         # a prior (nothing fitted) follows the other jobs' rates: never kept
-        return told, self._answers.model(job_id, prof, lambda: self._fit(prof)) is not None
+        return told, fitted is not None
 
     def _fit(self, prof: Profile) -> ThroughputModel | None:
         rates = prof.rates(self.settings.min_warmup_evidence_s)
