@@ -4,13 +4,13 @@ Recorded start times cannot be trusted for idleness (RICC's overlap beyond the
 machine's size) and carry no plan, so the regular workload is replayed on the
 machine's node count: first come first served, and EASY backfill (a later job may
 start now if it fits and does not delay the queue head's reservation). Jobs run for
-their recorded run time; the scheduler only knows their requested wall time, as a
-real one would.
+their recorded run time; the scheduler only knows their wall-time limits, as a real
+one would (the request, or the run time where a job ran past it: ``SwfJob.limit_s``).
 
 At every change of the idle set the replay also emits the backfill *plan*: the
 planned start of the first ``plan_depth`` pending jobs on concrete nodes (each
-planned in queue order onto the nodes that become free earliest, by requested wall
-times). That is what ``squeue --start`` gives the daemon, and it is what the shared
+planned in queue order, by wall-time limits, onto the nodes it will take when it
+starts). That is what ``squeue --start`` gives the daemon, and it is what the shared
 scavenger turns into per-node idle windows. Predictions are often too late, as real
 ones are: jobs end before their wall time.
 """
@@ -50,8 +50,22 @@ class SwfJob:
     submit_s: float
     run_s: float
     nodes: int
-    #: The user's wall-time request: all the scheduler knows about the run time.
+    #: The user's wall-time request, as the log records it.
     requested_s: float
+
+    @property
+    def limit_s(self) -> float:
+        """The wall-time limit the scheduler plans with: the request, or the run time where
+        the log has the job running longer.
+
+        A scheduler ends a job at its limit, so a job that ran hours past its request had a
+        longer one (extended by an operator: Theta 2022 has 1,024-node jobs 21-26 h over)
+        that the log does not record. Planned with the request, such a job "ends now" for
+        hours: the queue head's reservation is always now, nothing is backfilled around it
+        and every plan on its nodes is stale (idle nodes with a start in the past), which a
+        real scheduler, knowing the extended limit, would not show.
+        """
+        return max(self.requested_s, self.run_s)
 
 
 def read_swf(
@@ -123,7 +137,7 @@ class _Running:
 
     @property
     def expected_end_s(self) -> float:
-        return self.start_s + self.job.requested_s
+        return self.start_s + self.job.limit_s
 
 
 class EasyBackfillReplay:
@@ -170,7 +184,7 @@ class EasyBackfillReplay:
                 break
             if job.nodes > free_count:
                 continue
-            ends_before = now + job.requested_s <= shadow
+            ends_before = now + job.limit_s <= shadow
             if ends_before or job.nodes <= extra:
                 self.queue.remove(job)
                 self._start(job, now)
@@ -186,13 +200,16 @@ class EasyBackfillReplay:
         out: list[PlannedStart] = []
         for job in list(self.queue)[: self.plan_depth]:
             k = job.nodes
-            # Earliest-free nodes, lowest index first among equals (as jobs start).
-            idx = np.argsort(avail, kind="stable")[:k]
-            start = float(avail[idx].max())
-            avail[idx] = start + job.requested_s
+            # The start: when the k-th node is free. The nodes: the k lowest-numbered of those
+            # free by then, as the job will take them (_start), not the k that free earliest:
+            # a plan that names long-idle nodes the job will not take ends their windows for
+            # nothing once its start has passed.
+            start = float(np.partition(avail, k - 1)[k - 1])
+            idx = np.flatnonzero(avail <= start)[:k]
+            avail[idx] = start + job.limit_s
             on_idle = idx[self.free[idx]]
             if len(on_idle):
-                out.append(PlannedStart(job.job_id, start, tuple(int(i) for i in np.sort(on_idle))))
+                out.append(PlannedStart(job.job_id, start, tuple(int(i) for i in on_idle)))
         return tuple(out)
 
     def run(self, start_s: float = 0.0, until_s: float = math.inf) -> Iterator[TraceEvent]:

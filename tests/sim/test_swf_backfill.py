@@ -70,6 +70,37 @@ def test_backfill_on_extra_nodes_that_the_head_does_not_need():
     assert dict(replay.started) == {1: 0.0, 3: 5.0, 2: 100.0}
 
 
+def test_a_job_past_its_request_is_planned_to_its_run_time():
+    # Job 1 asked for 100 s and ran 300 (the log has it past its request: its limit was
+    # longer). Planned with the request it would "end now" from t=100 to 300: job 2's
+    # reservation always now, job 3 never backfilled, nodes 2-3 idle with a stale plan.
+    log = swf((1, 0, 300, 2, 100), (2, 0, 100, 4, 100), (3, 10, 100, 2, 100))
+    jobs = read_swf("t.swf", 4, text=log)
+    assert [j.limit_s for j in jobs] == [300.0, 100.0, 100.0]
+    assert jobs[0].requested_s == 100.0  # the log's request is kept as recorded
+    replay = EasyBackfillReplay(jobs, 4)
+    evs = list(replay.run())
+    assert dict(replay.started) == {1: 0.0, 3: 10.0, 2: 300.0}
+    after_job3 = next(e for e in evs if e.time_s == 110.0)
+    assert after_job3.became_idle == (2, 3)
+    assert after_job3.planned[0].job_id == 2 and after_job3.planned[0].start_s == 300.0
+
+
+def test_the_plan_names_the_nodes_the_job_will_take():
+    # Node 3 is idle throughout; job 2 waits for job 1's nodes 0-2 and, at t=100, takes the
+    # lowest-numbered free nodes: 0-2 again. The plan must say so: naming node 3 (free
+    # earliest) would end its window at t=100 and leave a stale claim on it after.
+    log = swf((1, 0, 100, 3, 100), (2, 0, 100, 3, 100))
+    replay = EasyBackfillReplay(read_swf("t.swf", 4, text=log), 4)
+    evs = list(replay.run())
+    assert [(e.time_s, e.became_idle, e.became_busy) for e in evs] == [
+        (0.0, (3,), ()),
+        (200.0, (0, 1, 2), ()),
+    ]
+    assert dict(replay.started) == {1: 0.0, 2: 100.0}
+    assert evs[0].planned == ()  # job 2 is planned, but on no idle node
+
+
 def test_swf_trace_slice(tmp_path):
     (tmp_path / "t.swf").write_text(LOG)
     tr = swf_trace(tmp_path / "t.swf", 4, start_s=70.0, until_s=250.0)
