@@ -5,11 +5,11 @@ each measured on the replay itself (``job_nodes.csv``'s node counts, every job's
 curve in one-worker units):
 
 * ``ceiling / B``: ``ceiling`` is the integral over time of the best split of the idle
-  nodes among the jobs the policy had admitted at that moment (the same exact DP as the
-  allocator, true curves, no rescale cost, no cap at a job's remaining work). The bound
-  lets *any* job that finishes could have admitted run, next to any other such job; the
-  policy has the jobs its own finishes admitted. Low where many jobs finish, or where the
-  policy's finishes left slots to jobs that scale badly.
+  nodes among the jobs the policy had admitted at that moment (the bound's exact DP,
+  ``bound_lp.best_allocations``; true curves, no rescale cost, no cap at a job's remaining
+  work). The bound lets *any* job that finishes could have admitted run, next to any
+  other such job; the policy has the jobs its own finishes admitted. Low where many jobs
+  finish, or where the policy's finishes left slots to jobs that scale badly.
 * ``rate / ceiling``: ``rate`` is the integral of the true rates of the node counts the
   policy really gave its admitted jobs: how well it split the nodes (learned curves,
   windows, margins).
@@ -30,39 +30,27 @@ import itertools
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import evaluate  # the slices and job sets of the evaluation
 
-from malletrain.core.knapsack import solve_counts
 from malletrain.core.policies import POLICIES, REPLAY, make_policy
 from malletrain.sim.bound_inputs import idle_segments, in_worker_seconds, job_rates
+from malletrain.sim.bound_lp import best_allocations
 from malletrain.sim.curves import provider_for
 from malletrain.sim.engine import Simulator
+from malletrain.sim.jobs import SimJob
 from malletrain.sim.result import Result
+from malletrain.sim.trace import IdleTrace
 
 DEFAULT_SLICES = ("theta22-d150-sia", "theta23-d20-gavel", "theta23-d100-sia",
                   "centre-theta-philly-mixed")
 
 
-def best_rate(rates: list[np.ndarray], capacity: int) -> float:
-    """The highest summed rate of these jobs on ``capacity`` nodes (each 0 or in range)."""
-    if not rates:
-        return 0.0
-    values = np.full((len(rates), max(len(r) for r in rates)), -np.inf)
-    for i, r in enumerate(rates):
-        values[i, 0] = 0.0
-        ok = r > 0
-        values[i, : len(r)][ok] = r[ok]
-    return solve_counts(values, capacity)[1]
-
-
-def integrals(res: Result, trace_name: str, until_s: float) -> tuple[float, float]:
-    """(rate, ceiling) of a replay, in one-worker-seconds (see the module docstring)."""
-    sl = evaluate.BY_NAME[trace_name]
-    trace = sl.trace()
-    rates = {j.name: job_rates(j) for j in in_worker_seconds(evaluate._jobs(sl.jobs))}
+def integrals(res: Result, trace: IdleTrace, jobs: list[SimJob], until_s: float
+              ) -> tuple[float, float]:
+    """(rate, ceiling) of a replay of ``jobs`` on ``trace``, in one-worker-seconds (see the
+    module docstring)."""
+    rates = {j.name: job_rates(j) for j in in_worker_seconds(jobs)}
     segs = idle_segments(trace, until_s)
     changes = sorted(res.job_nodes, key=lambda c: c.time_s)
     cuts = sorted({s.start_s for s in segs} | {c.time_s for c in changes} | {until_s})
@@ -78,7 +66,11 @@ def integrals(res: Result, trace_name: str, until_s: float) -> tuple[float, floa
         admitted = [r.job.name for r in res.jobs if r.admitted_s is not None
                     and r.admitted_s <= t0 and (r.finished_s is None or r.finished_s > t0)]
         rate += (t1 - t0) * sum(rates[n][counts.get(n, 0)] for n in admitted)
-        ceiling += (t1 - t0) * best_rate([rates[n] for n in admitted], segs[seg_i].idle)
+        if admitted:  # the bound's own DP, at this moment's idle count
+            cap = segs[seg_i].idle
+            best = best_allocations([rates[n] for n in admitted], [1.0] * len(admitted),
+                                    len(admitted), cap)
+            ceiling += (t1 - t0) * float(best.value[cap])
     return rate, ceiling
 
 
@@ -86,10 +78,11 @@ def gap_line(name: str, policy: str, bound: float) -> str:
     sl = evaluate.BY_NAME[name]
     trace = sl.trace()
     until = trace.start_s + evaluate.SPAN_DAYS * evaluate.DAY
-    res = Simulator(trace, evaluate._jobs(sl.jobs), make_policy(policy, REPLAY),
+    jobs = evaluate._jobs(sl.jobs)
+    res = Simulator(trace, jobs, make_policy(policy, REPLAY),
                     provider_for(POLICIES[policy].curves), until_s=until).run()
     work = float(res.summary()["one_worker_seconds_total"])  # type: ignore[arg-type]
-    rate, ceiling = integrals(res, name, until)
+    rate, ceiling = integrals(res, trace, jobs, until)
     return (f"gap slice={name} policy={policy} of_bound={work / bound:.3f} "
             f"ceiling_of_bound={ceiling / bound:.3f} split_of_ceiling={rate / ceiling:.3f} "
             f"work_of_rate={work / rate:.3f}")
