@@ -199,7 +199,7 @@ def _read_spec(args: argparse.Namespace) -> ReadScript:
     spec = build_spec(opts, script=str(path), args=script_args, cwd=os.getcwd(),
                       python=str(Path(args.python).absolute()), default_name=path.name,
                       plan=plan)
-    return ReadScript(spec, opts.warnings + spec_warnings(opts, spec), text, plan)
+    return ReadScript(spec, opts.warnings + spec_warnings(opts, spec, plan), text, plan)
 
 
 def cmd_test_only(args: argparse.Namespace) -> int:
@@ -224,9 +224,11 @@ def cmd_test_only(args: argparse.Namespace) -> int:
     }
     if read.plan is not None:
         launch = read.plan.launch
-        report.update(launcher=launch.kind, launch_line=launch.lineno,
-                      launch_words=list(launch.words),
+        report.update(launcher=launch.kind if launch else None,
+                      launch_line=launch.lineno if launch else None,
+                      launch_words=list(launch.words) if launch else [],
                       launch_alternatives=[x.lineno for x in read.plan.alternatives],
+                      tasks_per_node=spec.tasks_per_node,
                       stop_signal=spec.stop_signal, stop_grace_s=spec.stop_grace_s)
     if args.json:
         print(json.dumps(report))
@@ -259,12 +261,10 @@ def _describe(read: ReadScript) -> str:
     launch = read.plan.launch
     stop = (f"SIG{spec.stop_signal}, then up to {spec.stop_grace_s} s to exit"
             if spec.stop_signal != "TERM" else "SIGTERM")
-    lines += [f"mode: restart (the script is restarted at every size change; stopped with "
-              f"{stop})",
-              f"launch line {launch.lineno} ({launch.kind}): " + " ".join(launch.words)]
-    lines += [f"  or, in another branch, line {x.lineno} ({x.kind})"
-              for x in read.plan.alternatives]
-    lines.append("each node runs the script as written, its launch line at the current size")
+    lines.append(f"mode: restart (the batch script runs once per size on the job's first "
+                 f"node, its srun steps across the job's nodes; stopped with {stop})")
+    for x in [launch, *read.plan.alternatives] if launch else []:
+        lines.append(f"launch line {x.lineno} ({x.kind}): " + " ".join(x.words))
     return "\n".join(lines)
 
 

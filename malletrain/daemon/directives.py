@@ -117,12 +117,13 @@ def script_mode(script_text: str, path: str) -> tuple[ScriptPlan | None, tuple[s
     return None, ()
 
 
-def spec_warnings(opts: Options, spec: JobSpec) -> tuple[str, ...]:
+def spec_warnings(opts: Options, spec: JobSpec, plan: ScriptPlan | None = None
+                  ) -> tuple[str, ...]:
     """Warnings that depend on the mode: ``--signal`` matters only in restart mode."""
     if spec.mode == "native" and "signal" in opts.values:
         return (f"{opts.origin['signal']}: --signal ignored: an ElasticJob script leaves on "
                 "Slurm's SIGTERM at the next step boundary, with no checkpoint to write",)
-    return ()
+    return plan.warnings if plan is not None else ()
 
 
 def _tokenize(body: str, where: str) -> list[str]:
@@ -322,8 +323,9 @@ def build_spec(opts: Options, *, script: str, args: Sequence[str], cwd: str, pyt
     exclude = c.get("exclude", _exclude) or ()
     workers = tasks or gpus or 1
     if plan is not None:
-        workers = declared_workers(plan.launch) or gpus or (
-            tasks if plan.launch.kind == "srun-python" and tasks else 1)
+        launch = plan.launch
+        workers = (declared_workers(launch) if launch else None) or gpus or (
+            tasks if (launch is None or launch.kind == "srun-python") and tasks else 1)
     spec = None
     if not c.problems:
         try:
@@ -337,7 +339,8 @@ def build_spec(opts: Options, *, script: str, args: Sequence[str], cwd: str, pyt
                 launcher=v.get("launcher", "srun"), slot_options=slot,
                 mode="restart" if plan else "native",
                 stop_signal=stop_signal, stop_grace_s=grace, stop_shell_only=shell_only,
-                rate_target=target, exclude=exclude)
+                rate_target=target, exclude=exclude,
+                tasks_per_node=tasks if plan is not None else None)
         except SpecError as exc:
             c.problems.append(str(exc))
     if spec is None:

@@ -132,7 +132,12 @@ def node_command(spec: JobSpec) -> list[str]:
         agent = [spec.python, "-m", "malletrain.elastic.restart.agent",
                  f"--workers={spec.nproc_per_node}", f"--stop-signal={spec.stop_signal}",
                  f"--stop-grace-s={spec.stop_grace_s}",
-                 *(["--stop-shell-only"] if spec.stop_shell_only else [])]
+                 *(["--stop-shell-only"] if spec.stop_shell_only else []),
+                 *([f"--tasks-per-node={spec.tasks_per_node}"] if spec.tasks_per_node
+                   else []),
+                 f"--job-name={spec.name}", f"--submit-dir={spec.chdir}",
+                 *([f"--batch-output={spec.output}"] if spec.output else []),
+                 *([f"--batch-error={spec.error}"] if spec.error else [])]
         return ["srun", "--nodes=1", "--ntasks=1", "--kill-on-bad-exit=1", *agent]
     if spec.launcher == "srun":
         # srun starts the K workers itself; each maps its SLURM_LOCALID to LOCAL_RANK

@@ -180,6 +180,9 @@ class JobSpec:
     rate_target: float | None = None
     #: ``--exclude``: nodes the job never runs on (sbatch's hostlist, expanded)
     exclude: tuple[str, ...] = ()
+    #: restart mode: sbatch's ``--ntasks-per-node`` (or ``-n`` over a fixed size), which a
+    #: batch shell's ``srun`` without counts starts per node; None: one task per node
+    tasks_per_node: int | None = None
 
     def __post_init__(self) -> None:
         _check_spec(self)
@@ -215,8 +218,8 @@ class JobSpec:
                     raise SpecError("spec.environment: expected an object of strings")
                 kw[key] = dict(value)
             elif key in ("min_nodes", "max_nodes", "gpus_per_node", "nproc_per_node",
-                         "time_limit_s", "stop_grace_s"):
-                if value is None and key == "time_limit_s":
+                         "time_limit_s", "stop_grace_s", "tasks_per_node"):
+                if value is None and key in ("time_limit_s", "tasks_per_node"):
                     kw[key] = None
                 elif isinstance(value, bool) or not isinstance(value, int):
                     raise SpecError(f"spec.{key}: expected an integer, got {type(value).__name__}")
@@ -306,6 +309,9 @@ def _check_slot_fields(s: JobSpec) -> None:
             or not 0 <= s.stop_grace_s <= MAX_STOP_GRACE_S):
         raise SpecError(f"--signal: a grace of {s.stop_grace_s!r} s must be 0 to "
                         f"{MAX_STOP_GRACE_S} s")
+    if s.tasks_per_node is not None and (isinstance(s.tasks_per_node, bool) or not isinstance(
+            s.tasks_per_node, int) or not 1 <= s.tasks_per_node <= 256):
+        raise SpecError(f"--ntasks-per-node: {s.tasks_per_node!r} must be 1 to 256")
     if s.rate_target is not None and not 0 < s.rate_target <= MAX_RATE_TARGET:
         raise SpecError(f"--rate-target: {s.rate_target!r} must be a rate in samples/s "
                         f"above 0 and at most {MAX_RATE_TARGET:g}")

@@ -135,11 +135,12 @@ class JobStore:
         return dict(self._views[1]), list(self._views[2])
 
     def register(self, info: p.MemberInfo) -> int:
-        return self.append_event(
-            "register",
-            info.member_id,
-            {"node": info.node, "pid": info.pid, "local_world_size": info.local_world_size},
-        )
+        data: dict[str, Any] = {"node": info.node, "pid": info.pid,
+                                "local_world_size": info.local_world_size}
+        if info.slurm_job:
+            data.update(slurm_node=info.slurm_node, slurm_job=info.slurm_job,
+                        run_dir=info.run_dir)
+        return self.append_event("register", info.member_id, data)
 
     def depart(
         self, member_id: str, reason: p.DepartureReason, epoch: int | None, step: int | None

@@ -106,6 +106,11 @@ class MemberInfo:
     pid: int
     local_world_size: int
     registered_at_s: float  # unix time of the registration
+    #: restart mode: the node slot's Slurm node name, Slurm job id and the agent's private
+    #: directory (the batch shell's ``srun`` places a step's tasks in those slots)
+    slurm_node: str = ""
+    slurm_job: int = 0
+    run_dir: str = ""
 
 
 @dataclass(frozen=True)
@@ -195,6 +200,9 @@ def member_info(ev: Event) -> MemberInfo:
         pid=int(ev.data.get("pid", 0)),
         local_world_size=int(ev.data.get("local_world_size", 1)),
         registered_at_s=ev.time_s,
+        slurm_node=str(ev.data.get("slurm_node", "")),
+        slurm_job=int(ev.data.get("slurm_job", 0)),
+        run_dir=str(ev.data.get("run_dir", "")),
     )
 
 

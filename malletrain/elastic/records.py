@@ -192,12 +192,19 @@ def decode_event(seq: int, raw: bytes | str) -> Event:
 
 
 def _register_data(data: Mapping[str, Any], what: str) -> None:
-    if set(data) - {"node", "pid", "local_world_size"}:
+    if set(data) - {"node", "pid", "local_world_size", "slurm_node", "slurm_job", "run_dir"}:
         raise RecordError(f"{what}: unexpected registration fields {sorted(data)[:5]}")
-    node = data.get("node", "")
-    if (not isinstance(node, str) or len(node) > MAX_NODE_NAME
-            or not all(c.isprintable() and not c.isspace() for c in node)):
-        raise RecordError(f"{what}: node {node!r:.40} is not a host name")
+    for key in ("node", "slurm_node"):
+        node = data.get(key, "")
+        if (not isinstance(node, str) or len(node) > MAX_NODE_NAME
+                or not all(c.isprintable() and not c.isspace() for c in node)):
+            raise RecordError(f"{what}: {key} {node!r:.40} is not a host name")
+    run_dir = data.get("run_dir", "")
+    if (not isinstance(run_dir, str) or len(run_dir) > 1024
+            or not (run_dir == "" or run_dir.startswith("/"))
+            or not all(c.isprintable() and not c.isspace() for c in run_dir)):
+        raise RecordError(f"{what}: run_dir {run_dir!r:.40} is not an absolute path")
+    _int(data.get("slurm_job", 0), "slurm_job", what)
     _int(data.get("pid", 0), "pid", what)
     _int(data.get("local_world_size", 1), "local_world_size", what, lo=1,
          hi=MAX_LOCAL_WORLD_SIZE)

@@ -11,12 +11,10 @@ import pytest
 from malletrain.elastic.restart.launch import task_gpus
 from malletrain.elastic.restart.launchers import Generation, LaunchError, plan_launch, split_srun
 from malletrain.elastic.restart.script import (
-    LAUNCH_PREFIX,
     analyse,
     declared_workers,
     is_shell_script,
     logical_lines,
-    render,
 )
 
 G = Generation(nnodes=3, node_rank=1, master_addr="n4", master_port=21234,
@@ -44,35 +42,30 @@ def test_finds_the_launch_line_across_continuations():
     assert plan.launch.words[-3:] == ("train.py", "--epochs", "5")
 
 
-def test_render_changes_only_the_launch_command():
-    plan, _ = analyse(TORCHRUN_SCRIPT, "job.sh")
-    assert plan is not None
-    out = render(TORCHRUN_SCRIPT, plan).split("\n")
-    src = TORCHRUN_SCRIPT.split("\n")
-    assert [i for i, (a, b) in enumerate(zip(out, src, strict=True)) if a != b] == [6]
-    assert out[6] == LAUNCH_PREFIX + src[6]
-
-
-@pytest.mark.parametrize(("line", "rendered"), [
-    ("  exec srun python train.py", '  ' + LAUNCH_PREFIX + "srun python train.py"),
-    ('FOO="a b" BAR=1 torchrun x.py', 'FOO="a b" BAR=1 ' + LAUNCH_PREFIX + "torchrun x.py"),
-])
-def test_render_keeps_assignments_and_drops_exec(line, rendered):
-    text = f"#!/bin/bash\n{line}\n"
-    plan, problems = analyse(text, "j.sh")
-    assert problems == [] and plan is not None
-    assert render(text, plan).split("\n")[1] == rendered
-
-
 @pytest.mark.parametrize(("body", "expect"), [
-    ("srun hostname\necho hi\n", "j.sh:1: no launch line"),
-    ("torchrun a.py\ntorchrun b.py\n", "j.sh:3: a second launch line (the first is line 2)"),
     ("mpirun -np 8 python train.py\n", "j.sh:2: mpirun: MPI launches cannot change size"),
 ])
 def test_refusals_name_file_and_line(body, expect):
     plan, problems = analyse("#!/bin/bash\n" + body, "j.sh")
     assert plan is None
     assert any(p.startswith(expect) for p in problems), problems
+
+
+def test_a_script_without_a_known_launcher_or_with_two_runs_as_sbatch_would():
+    """The batch shell runs the script as written: no launcher to find is a warning, and
+    two launch lines run one after the other, as under sbatch."""
+    plan, problems = analyse("#!/bin/bash\nsrun hostname\necho hi\n", "j.sh")
+    assert problems == [] and plan is not None and plan.launch is None
+    assert plan.warnings and plan.warnings[0].startswith("j.sh:1: no launcher")
+    plan, problems = analyse("#!/bin/bash\ntorchrun a.py\ntorchrun b.py\n", "j.sh")
+    assert problems == [] and plan is not None and plan.warnings == ()
+    assert [x.lineno for x in (plan.launch, *plan.alternatives)] == [2, 3]
+
+
+@pytest.mark.parametrize("first", ["#!/usr/bin/env -S bash -e", "#!/bin/bash -l",
+                                   "#!/usr/bin/env bash", "#!/bin/sh", "#!/usr/bin/zsh"])
+def test_any_shell_in_the_hashbang_line_is_a_batch_script(first):
+    assert is_shell_script(first + "\nsrun hostname\n")
 
 
 def test_here_documents_and_comments_are_not_launch_lines():

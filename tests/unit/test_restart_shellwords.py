@@ -12,12 +12,11 @@ import sys
 
 from malletrain.elastic.restart import shellwords as sh
 from malletrain.elastic.restart.launchers import (
-    LAUNCH_PREFIX,
     Generation,
     plan_launch,
     split_srun,
 )
-from malletrain.elastic.restart.script import analyse, declared_workers, logical_lines, render
+from malletrain.elastic.restart.script import analyse, declared_workers, logical_lines
 
 # the shape of BigScience's and ml-engineering's launchers (written for this test)
 VARIABLES_SCRIPT = """#!/bin/bash
@@ -51,30 +50,12 @@ def test_a_launcher_built_in_variables_and_run_by_bash_c_is_found():
     assert "$MASTER_ADDR:6000" in words and words[-3:] == ("train.py", "--steps", "100")
 
 
-def test_render_prefixes_the_command_after_clear_and_keeps_the_pipe():
-    plan, _ = analyse(VARIABLES_SCRIPT, "job.sh")
-    assert plan is not None
-    out = render(VARIABLES_SCRIPT, plan).split("\n")
-    assert out[13] == ("clear; " + LAUNCH_PREFIX + "srun $SRUN_ARGS --jobid $SLURM_JOB_ID bash"
-                       " -c \"$LAUNCHER --node_rank \\$SLURM_PROCID \\")
-    original = VARIABLES_SCRIPT.split("\n")
-    assert out[:13] == original[:13] and out[14:] == original[14:]
-
-
 def test_launch_lines_in_branches_of_one_if_are_alternatives():
     text = ("#!/bin/bash\nif [ -n \"$SALLOC_MODE\" ]; then\n    srun torchrun a.py\n"
             "else\n    srun torchrun b.py\nfi\n")
     plan, problems = analyse(text, "j.sh")
     assert problems == [] and plan is not None
     assert [x.lineno for x in (plan.launch, *plan.alternatives)] == [3, 5]
-    rendered = render(text, plan).split("\n")
-    assert rendered[2] == "    " + LAUNCH_PREFIX + "srun torchrun a.py"
-    assert rendered[4] == "    " + LAUNCH_PREFIX + "srun torchrun b.py"
-    # two launch lines that can both run are still refused
-    _, problems = analyse("#!/bin/bash\nsrun torchrun a.py\nif x; then\n srun torchrun b.py\n"
-                          "fi\n", "j.sh")
-    assert problems == ["j.sh:4: a second launch line (the first is line 2): restart mode "
-                        "restarts one launch per node"]
 
 
 def test_quoted_strings_over_lines_here_strings_and_comment_markers():

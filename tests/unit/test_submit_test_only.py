@@ -75,10 +75,10 @@ def test_a_shell_batch_script_runs_in_restart_mode(tmp_path):
                                             "malletrain.elastic.restart.agent"]
 
 
-def test_a_script_without_a_launch_line_or_of_another_language_is_refused(tmp_path):
+def test_a_script_without_a_launcher_runs_and_one_of_another_language_is_refused(tmp_path):
     res, script = submit(tmp_path, "#!/bin/bash\n#SBATCH -N 2\nsrun hostname\n")
-    assert res.returncode == 1
-    assert res.stderr.startswith(f"{script}:1: no launch line")
+    assert res.returncode == 0
+    assert f"{script}:1: no launcher malletrain recognises" in res.stderr
     res, script = submit(tmp_path, "#!/usr/bin/perl\nprint 1;\n")
     assert res.returncode == 1
     assert res.stderr.startswith(f"{script}:1: a '/usr/bin/perl' script")

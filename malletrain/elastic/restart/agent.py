@@ -1,19 +1,24 @@
-"""The node agent of a restart-mode job: membership in, one launch per generation out.
+"""The node agent of a restart-mode job: membership in, one batch shell per generation out.
 
 A node slot of a restart-mode job runs this (``python -m malletrain.elastic.restart.agent``)
 as the user, under the slot's ``srun``. To the daemon it is a member like an ``ElasticJob``
-node: it registers, follows the published memberships and announces its departure. To the
-user's script it is the batch system: for each membership (a *generation*) that includes
-it, it runs the script (set-up lines as written, the launch line through
-:mod:`.launch` at the generation's size) in a process group of its own; when the
-membership changes it stops that group and starts the next generation.
+node: it registers (with its slot's Slurm job id and node name), follows the published
+memberships and announces its departure. To the user's script it is the batch system, as
+``sbatch`` runs a script: for each membership (a *generation*) the agent of the first node
+runs the batch script once, unchanged, in the environment of an allocation of the
+generation's nodes (:mod:`.generation`), its output appended to the user's ``--output``;
+the ``srun`` on its PATH (:mod:`.srun`) places each step's tasks in the generation's node
+slots, where every node's agent keeps track of them (:mod:`.registry`). When the membership
+changes, every agent stops its part of the generation (the batch shell, the step tasks on
+its node) and the next one starts once all of it is gone.
 
-Stopping a generation: the script's own ``--signal`` (``USR1@60``: USR1, then up to 60 s to
-checkpoint and exit), then SIGTERM, then SIGKILL after :data:`KILL_AFTER_S`. On Slurm's
-SIGTERM (preemption, the slot's time limit) a regular job is waiting for the node: the agent
-announces its departure, passes SIGTERM on and sends SIGKILL :data:`PREEMPT_KILL_AFTER_S`
-later (measured in the e2e benchmark: letting a torchrun script checkpoint on SIGTERM held
-preempted nodes 2.2-7.2 s); the script resumes from its last checkpoint.
+Stopping a generation: the script's own ``--signal`` (``USR1@60``: USR1 to every task, then
+up to 60 s to checkpoint and exit; ``B:USR1@60``: to the batch shell only), then SIGTERM,
+then SIGKILL after :data:`KILL_AFTER_S`. On Slurm's SIGTERM (preemption, the slot's time
+limit) a regular job is waiting for the node: the agent announces its departure, passes
+SIGTERM on and sends SIGKILL :data:`PREEMPT_KILL_AFTER_S` later (measured in the e2e
+benchmark: letting a torchrun script checkpoint on SIGTERM held preempted nodes 2.2-7.2 s);
+the script resumes from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -29,77 +34,85 @@ import sys
 import tempfile
 import threading
 import time
-import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from malletrain.elastic import protocol as p
 from malletrain.elastic.config import ElasticConfig
 from malletrain.elastic.link import STORE_ERRORS, CoordinatorLink
-from malletrain.elastic.restart import handover, tree
-from malletrain.elastic.restart.script import SCRIPT_ENV, ScriptPlan, analyse, render
+from malletrain.elastic.restart import batchio, handover, registry, tree
+from malletrain.elastic.restart.batchio import BatchIO
+from malletrain.elastic.restart.generation import (
+    GENERATION_ENV,
+    SLOT_ONLY,
+    GenerationView,
+    GenNode,
+    batch_env,
+)
+from malletrain.elastic.restart.script import SCRIPT_ENV
+from malletrain.elastic.restart.stopping import KILL_AFTER_S, PREEMPTED, NodeStopper, StopRule
 
 log = logging.getLogger(__name__)
 
-#: after the stop signal's grace (or SIGTERM), a generation is killed this much later
-KILL_AFTER_S = 5.0
-#: after Slurm's SIGTERM, the launch is killed this much later: a regular job waits for the
-#: node meanwhile (issue 16's bound: < 1 s added wait, of which Slurm's own path takes
-#: 0.3-0.5 s). In the e2e benchmark (--restart-mode) 1.0 s gave waits up to 2.4 s; 0.3 s
-#: held the node 0.48 s (p50, max 0.87 s) from Slurm's signal to the slot's end, 0.1 s
-#: 0.25 s (max 0.61 s). Too short for any checkpoint anyway: a script keeps what it
-#: checkpointed before; the --signal grace is for planned stops, not for preemptions.
-PREEMPT_KILL_AFTER_S = 0.1
 #: a launch that fails on its own waits this long for a new membership before giving up
 RESTART_WAIT_S = 60.0
 HEARTBEAT_S = 5.0
 POLL_S = 0.25
-#: the generation's group store port on its first node: one per epoch, so a new generation
-#: never waits for the previous one's socket
-PORT_BASE, PORT_SPAN = 20000, 10000
-
-
-def master_port(job_id: str, epoch: int) -> int:
-    return PORT_BASE + zlib.crc32(f"{job_id}:{epoch}".encode()) % PORT_SPAN
+#: how often a node that runs no batch shell asks whether the job has finished
+FINISHED_POLL_S = 2.0
+#: the ``srun`` on the batch shell's PATH: this package's step launcher
+_SHIM = "#!{python}\nimport sys\nfrom malletrain.elastic.restart.srun import main\n" \
+        "sys.exit(main())\n"
 
 
 @dataclass
 class Running:
-    """One generation of the launch on this node."""
+    """One generation on this node: its batch shell (on the first node only)."""
 
     epoch: int
     members: tuple[str, ...]
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | None
     started_s: float  # unix time
     stopping: bool = False
 
 
 class NodeAgent:
-    def __init__(self, config: ElasticConfig, plan: ScriptPlan, text: str, workers: int,
-                 stop: StopRule) -> None:
+    def __init__(self, config: ElasticConfig, text: str, workers: int, stop: StopRule,
+                 io: BatchIO, tasks_per_node: int | None = None) -> None:
         self.config = config
-        self.plan = plan
-        self.rendered = render(text, plan)  # the node's copy: the same for every generation
+        self.text = text
         self.workers = workers
+        self.tasks_per_node = tasks_per_node
         self.stop = stop
+        self.io = io
         self.link = CoordinatorLink(config)
         self.run_dir = Path(tempfile.mkdtemp(prefix="malletrain-restart-"))
         self.progress_file = self.run_dir / "progress"
+        self.shim_dir = self.run_dir / "bin"
+        self.shim_dir.mkdir(mode=0o700)
+        (self.shim_dir / "srun").write_text(_SHIM.format(python=sys.executable))
+        (self.shim_dir / "srun").chmod(0o700)
+        self.real_srun = shutil.which("srun") or "srun"
+        self.stopper = NodeStopper(self.run_dir, self.shim_dir / "srun", self._preempted)
         self.child: Running | None = None
         self.joined = False
         self.failed_at: float | None = None
         self.sigterm_at: float | None = None
         self.woken = threading.Event()  # set by SIGTERM: the loop's wait ends at once
-        self.nodes: dict[str, str] = {}
+        self.members: dict[str, p.MemberInfo] = {}
         self.last_beat = 0.0
+        self.last_finished_check = 0.0
 
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         self.link.connect(first=True)
-        self.link.js.register(self.link.member_info())
+        self.link.js.register(replace(
+            self.link.member_info(), slurm_job=int(os.environ.get("SLURM_JOB_ID", "0") or 0),
+            slurm_node=os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+            run_dir=str(self.run_dir)))
         log.info("member %s registered; waiting for a membership", self.config.member_id)
         while True:
             if self.sigterm_at is not None:
@@ -138,11 +151,13 @@ class NodeAgent:
         """The launch ended by itself: finished (0), or failed: wait for a new generation
         (a peer left) for :data:`RESTART_WAIT_S`, then give up with the launch's code."""
         c = self.child
-        if c is None or c.stopping or c.proc.poll() is None:
+        if c is not None and c.proc is None and not c.stopping:
+            return self._finished_elsewhere(c)
+        if c is None or c.proc is None or c.stopping or c.proc.poll() is None:
             return None
         rc = c.proc.returncode
         if self.failed_at is None:
-            _end_leftovers(c.proc.pid)  # the batch shell ended: so does what it started
+            self.stopper.end_leftovers()  # the batch shell ended: so does what it started
         if rc == 0 and not self._peer_left(c):
             log.info("the launch finished (epoch %d)", c.epoch)
             self._call(lambda: self.link.js.set_finished(p.FinishRecord(
@@ -161,6 +176,24 @@ class NodeAgent:
                                                    c.epoch, 0))
             return rc if rc > 0 else 128 - rc
         return None
+
+    def _finished_elsewhere(self, c: Running) -> int | None:
+        """A node without the batch shell ends with the job: when the first node's shell
+        finished it (Slurm ends a job's steps with its batch script)."""
+        now = time.monotonic()
+        if now - self.last_finished_check < FINISHED_POLL_S:
+            return None
+        self.last_finished_check = now
+        try:
+            done = self.link.js.finished() is not None
+        except STORE_ERRORS:
+            return None
+        if not done:
+            return None
+        log.info("the job finished (epoch %d)", c.epoch)
+        self._stop_child(PREEMPTED)
+        self._call(lambda: self.link.js.depart(self.config.member_id, "finished", c.epoch, 0))
+        return 0
 
     def _peer_left(self, c: Running) -> bool:
         """Did the generation end because a peer left (its script then exits 0 on a stop
@@ -207,81 +240,77 @@ class NodeAgent:
         return not self._preempted()
 
     def _start(self, m: p.Membership) -> None:
-        env = self._generation_env(m)
-        script = self.run_dir / f"epoch-{m.epoch}.sh"
-        script.write_text(self.rendered)
-        script.chmod(0o500)
-        argv = [*self.plan.interpreter, str(script)]
-        proc = subprocess.Popen(argv, env=env, start_new_session=True)
+        registry.set_generation(self.run_dir, m.epoch, "run")
+        proc = None
+        if m.members[0] == self.config.member_id:
+            proc = self._start_batch(m)
         self.child = Running(m.epoch, m.members, proc, time.time())
         self._record(m.epoch, "run")
         self.joined = True
         self.failed_at = None
-        log.info("epoch %d: launch started on %d node(s) as node %d", m.epoch,
-                 len(m.members), m.members.index(self.config.member_id))
+        log.info("epoch %d: on %d node(s) as node %d%s", m.epoch, len(m.members),
+                 m.members.index(self.config.member_id),
+                 ": batch shell started" if proc else "")
 
-    def _generation_env(self, m: p.Membership) -> dict[str, str]:
-        nodes = [self._node_of(x) for x in m.members]
-        env = dict(os.environ)
+    def _start_batch(self, m: p.Membership) -> subprocess.Popen[bytes]:
+        """The batch script, as written, run once for the generation (the kernel reads
+        its ``#!`` line, as slurmstepd's exec does), its output where the user said."""
+        view = self._view(m)
+        script = self.run_dir / f"batch-{m.epoch}.sh"
+        script.write_text(self.text)
+        script.chmod(0o500)
+        out, err = batchio.open_streams(self.io, view.job_number, view.nodes[0].name)
+        try:
+            os.write(out, batchio.size_line(self.config.job_id, m.epoch, view.nodelist,
+                                            len(view.nodes)))
+            return subprocess.Popen([str(script)], env=self._batch_env(view), stdout=out,
+                                    stderr=err, stdin=subprocess.DEVNULL,
+                                    cwd=self.io.submit_dir, start_new_session=True)
+        finally:
+            os.close(out)
+            os.close(err)
+
+    def _view(self, m: p.Membership) -> GenerationView:
+        if any(x not in self.members for x in m.members):
+            self.link.js.events()  # read the registrations written since
+            self.members.update(self.link.js.event_views()[0])
+        nodes = []
+        for x in m.members:
+            info = self.members.get(x)
+            nodes.append(GenNode(name=(info.slurm_node if info and info.slurm_node
+                                       else socket.gethostname()),
+                                 host=info.node if info else socket.gethostname(),
+                                 slot_job=info.slurm_job if info else 0,
+                                 run_dir=info.run_dir if info else ""))
+        return GenerationView(job_id=self.config.job_id, epoch=m.epoch, nodes=tuple(nodes),
+                              name=self.io.job_name, tasks_per_node=self.tasks_per_node,
+                              python=sys.executable, real_srun=self.real_srun)
+
+    def _batch_env(self, view: GenerationView) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in SLOT_ONLY}
         for key in ("MALLETRAIN_JOB_SECRET", SCRIPT_ENV):
             env.pop(key, None)  # the user's processes need neither
+        env.update(batch_env(view, os.environ, self.io.submit_dir))
         env.update({
+            GENERATION_ENV: view.to_json(),
+            "PATH": f"{self.shim_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
             "MALLETRAIN_PYTHON": sys.executable,
-            "MALLETRAIN_NNODES": str(len(m.members)),
-            "MALLETRAIN_NODE_RANK": str(m.members.index(self.config.member_id)),
-            "MALLETRAIN_MASTER_ADDR": nodes[0],
-            "MALLETRAIN_MASTER_PORT": str(master_port(self.config.job_id, m.epoch)),
-            "MALLETRAIN_NODES": ",".join(nodes),
-            "MALLETRAIN_WORKERS_PER_NODE": str(self.workers),
-            "MALLETRAIN_EPOCH": str(m.epoch),
+            "MALLETRAIN_SHIM_DIR": str(self.shim_dir),
             "MALLETRAIN_PROGRESS_FILE": str(self.progress_file),
-            "MALLETRAIN_RUN_DIR": str(self.run_dir),  # private: a launch's own files
+            "MALLETRAIN_RUN_DIR": str(self.run_dir),  # private: the generation's own files
         })
         return env
 
-    def _node_of(self, member: str) -> str:
-        if member not in self.nodes:
-            for ev in self.link.js.events():
-                if ev.kind == "register":
-                    self.nodes[ev.member_id] = str(ev.data.get("node", ""))
-        node = self.nodes.get(member) or ""
-        return node or socket.gethostname()
-
     def _stop_child(self, stop: StopRule) -> None:
-        """Stop the running generation, as Slurm stops a job: the stop signal (to the batch
-        shell only for ``B:``, else to every process but the shell), up to its grace to
-        exit, then SIGTERM to all, then SIGKILL :data:`KILL_AFTER_S` later."""
+        """Stop this node's part of the generation (:mod:`.stopping`) and record it."""
         c = self.child
         if c is None:
             return
         c.stopping = True
-        t0 = time.monotonic()
-        shell = c.proc.pid
-        if stop.grace_s > 0 and c.proc.poll() is None:
-            procs = tree.descendants()
-            tree.signal_all([x for x in procs if (x.pid == shell) == stop.shell_only],
-                            stop.signum)
-            # a graceful stop gives way to Slurm's SIGTERM (the regular job must not wait)
-            tree.wait_gone(stop.grace_s, keep=shell if c.proc.poll() is None else None,
-                           cut_short=self._preempted)
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            c.proc.poll()
-            if not tree.descendants():
-                break
-            tree.signal_all(tree.descendants(), sig)
-            self._wait_stage(stop.kill_after_s if sig == signal.SIGTERM else 5.0)
-        c.proc.poll()
-        tree.reap_orphans(keep=None)
-        log.info("epoch %d: launch stopped in %.2f s", c.epoch, time.monotonic() - t0)
+        took_s = self.stopper.stop(c.proc, c.epoch, stop)
+        log.info("epoch %d: stopped in %.2f s", c.epoch, took_s)
         self._record(c.epoch, "stop")
         self.child = None
-
-    def _wait_stage(self, wait_s: float) -> None:
-        """Wait for the launch to end; Slurm's SIGTERM (before or during the wait) cuts it
-        to :data:`PREEMPT_KILL_AFTER_S`: the regular job's wait comes before the script's."""
-        start = time.monotonic()
-        tree.wait_gone(wait_s, keep=None, cut_short=lambda: self._preempted() and
-                       time.monotonic() - start > PREEMPT_KILL_AFTER_S)
 
     # ------------------------------------------------------------------ progress
 
@@ -299,7 +328,7 @@ class NodeAgent:
         now = time.time()
         if m.members[0] != self.config.member_id or now - self.last_beat < HEARTBEAT_S:
             return
-        if self.child is None or self.child.proc.poll() is not None:
+        if self.child is None or self.child.proc is None or self.child.proc.poll() is not None:
             return
         self.last_beat = now
         report = p.ProgressReport(
@@ -312,46 +341,23 @@ class NodeAgent:
             log.warning("progress report failed: %s", exc)
 
 
-@dataclass(frozen=True)
-class StopRule:
-    """How a generation is asked to stop: the script's ``--signal``."""
-
-    signum: int
-    grace_s: float
-    shell_only: bool  # ``B:``: the batch shell only (it traps the signal and passes it on)
-    kill_after_s: float = KILL_AFTER_S  # from SIGTERM to SIGKILL
-
-
-#: Slurm's SIGTERM: no grace, SIGKILL soon after
-PREEMPTED = StopRule(signal.SIGTERM, 0.0, False, PREEMPT_KILL_AFTER_S)
-
-
-def _end_leftovers(shell: int) -> None:
-    """Processes the ended batch shell left behind (Slurm ends them with the job)."""
-    left = tree.descendants()
-    if left:
-        log.info("ending %d process(es) the launch left behind", len(left))
-        tree.signal_all(left, signal.SIGTERM)
-        if not tree.wait_gone(KILL_AFTER_S, keep=None):
-            tree.signal_all(tree.descendants(), signal.SIGKILL)
-            tree.wait_gone(5.0, keep=None)
-    tree.reap_orphans(keep=shell)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="malletrain-restart-agent")
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--tasks-per-node", type=int, default=None)
     ap.add_argument("--stop-signal", default="TERM")
     ap.add_argument("--stop-grace-s", type=float, default=0.0)
     ap.add_argument("--stop-shell-only", action="store_true")
+    ap.add_argument("--job-name", default="malleable")
+    ap.add_argument("--submit-dir", default=os.getcwd())
+    ap.add_argument("--batch-output", default=None)
+    ap.add_argument("--batch-error", default=None)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s malletrain-agent %(levelname)s %(message)s")
     text = os.environ.pop(SCRIPT_ENV, "")
-    plan, problems = analyse(text, "batch script")
-    if plan is None:
-        for line in problems:
-            print(line, file=sys.stderr)
+    if not text.startswith("#!"):
+        print("malletrain-agent: the slot carries no batch script", file=sys.stderr)
         return 2
     config = ElasticConfig.from_env()
     stop = StopRule(signal.Signals[f"SIG{args.stop_signal}"], args.stop_grace_s,
@@ -359,7 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     if not tree.become_subreaper():
         log.warning("not a child subreaper: processes that leave the launch's tree may "
                     "outlive a stopped generation")
-    agent = NodeAgent(config, plan, text, args.workers, stop)
+    io = BatchIO(args.job_name, args.submit_dir, args.batch_output, args.batch_error)
+    agent = NodeAgent(config, text, args.workers, stop, io, args.tasks_per_node)
     try:
         rc = agent.run()
     finally:

@@ -1,14 +1,10 @@
-"""A shell batch script in restart mode: its launch line found, the node's copy rendered.
+"""A shell batch script in restart mode, read before it runs: its launch lines. Pure.
 
-Pure. The same :func:`analyse` runs at ``malletrain submit`` (so a script without a
-runnable launch line is refused there, as ``FILE:LINE:`` messages) and in the node agent,
-on the text the slot carries, so both agree on the line.
-
-The rendered copy differs from the user's script in one place only: the launch line's
-command is prefixed with ``"$MALLETRAIN_PYTHON" -m malletrain.elastic.restart.launch``.
-The shell still expands the line's variables, quotes and ``$(...)`` as written, and the
-launcher receives the evaluated argument list (no shell string is ever built); line numbers
-in the shell's error messages stay the user's.
+The script runs as written (one batch shell per generation, :mod:`.agent`); nothing here
+changes it. ``malletrain submit`` reads it to say what it will start (``--test-only``: the
+launcher, the workers per node a line states) and to refuse what cannot run at a changing
+size (an MPI launch). A script with no launcher malletrain recognises runs too, with a
+warning: its steps still reach the generation's nodes through ``srun``.
 """
 
 from __future__ import annotations
@@ -18,7 +14,6 @@ from dataclasses import dataclass
 
 from malletrain.elastic.restart import shellwords as sh
 from malletrain.elastic.restart.launchers import (
-    LAUNCH_PREFIX,
     launcher_kind,
     program_name,
     split_srun,
@@ -43,18 +38,22 @@ class LaunchLine:
 @dataclass(frozen=True)
 class ScriptPlan:
     interpreter: tuple[str, ...]  # from the #! line
-    launch: LaunchLine
-    #: launch lines in other branches of an ``if`` than ``launch`` (one of them runs)
+    launch: LaunchLine | None  # the first launch line, if the script has one
+    #: the script's other launch lines
     alternatives: tuple[LaunchLine, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+def interpreter_name(first_line: str) -> str:
+    """The program a ``#!`` line runs: ``#!/usr/bin/env -S bash -e`` -> ``bash``."""
+    words = first_line.strip()[2:].split() if first_line.strip().startswith("#!") else []
+    if words and program_name(words[0]) == "env":
+        words = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+    return program_name(words[0]) if words else ""
 
 
 def is_shell_script(text: str) -> bool:
-    first = text.split("\n", 1)[0].strip()
-    if not first.startswith("#!"):
-        return False
-    words = first[2:].split()
-    names = [program_name(w) for w in words[:2]]
-    return any(n in sh.SHELLS for n in names)
+    return interpreter_name(text.split("\n", 1)[0]) in sh.SHELLS
 
 
 def logical_lines(text: str) -> list[tuple[int, str]]:
@@ -84,17 +83,14 @@ def logical_lines(text: str) -> list[tuple[int, str]]:
 
 
 def find_launch(text: str, path: str) -> tuple[list[LaunchLine], list[str]]:
-    """The launch line of a script (or its alternatives), and every problem found.
+    """The launch lines of a script, and every problem found (an MPI launch).
 
     Each simple command of each line is read with the variables the script set before it
     (:mod:`.shellwords`), so ``srun bash -c "$LAUNCHER ... $CMD"`` is seen as the launcher it
-    runs. Launch lines in different branches of one ``if``/``elif``/``else`` are
-    alternatives (one of them runs); any other second launch line is a problem.
-    """
+    runs."""
     found: list[tuple[LaunchLine, tuple[tuple[int, int], ...]]] = []
     problems: list[str] = []
     lines = logical_lines(text)
-    firsts = dict(enumerate(text.split("\n"), start=1))
     branches = _Branches()
     variables: dict[str, str] = {}  # as they stand before the line read (one pass)
     for lineno, line in lines:
@@ -108,21 +104,9 @@ def find_launch(text: str, path: str) -> tuple[list[LaunchLine], list[str]]:
             launch, problem = _launch_in(words, path, lineno, offset)
             if problem:
                 problems.append(problem)
-            elif launch is not None and not _on_first_line(firsts[lineno], offset, command):
-                problems.append(f"{path}:{lineno}: the launch command must start on the first "
-                                "line of its command line, not after a backslash continuation")
             elif launch is not None:
                 found.append((launch, branches.path()))
         sh.assign(line, variables)
-    if not found and not problems:
-        problems.append(f"{path}:1: no launch line: restart mode runs the one line that starts "
-                        "training (srun torchrun ..., torchrun ..., srun python ..., "
-                        "accelerate launch ..., deepspeed ..., python -m "
-                        "torch.distributed.run ..., srun bash -c \"$LAUNCHER ...\")")
-    for i, (extra, where) in enumerate(found[1:], start=1):
-        if not all(_exclusive(where, other) for _, other in found[:i]):
-            problems.append(f"{path}:{extra.lineno}: a second launch line (the first is line "
-                            f"{found[0][0].lineno}): restart mode restarts one launch per node")
     return [launch for launch, _ in found], problems
 
 
@@ -151,18 +135,6 @@ class _Branches:
 
     def path(self) -> tuple[tuple[int, int], ...]:
         return tuple((block, branch) for block, branch in self._stack)
-
-
-def _exclusive(a: tuple[tuple[int, int], ...], b: tuple[tuple[int, int], ...]) -> bool:
-    """Whether two places are in different branches of one ``if`` (never both run)."""
-    return any(x[0] == y[0] and x[1] != y[1] for x, y in zip(a, b, strict=False))
-
-
-def _on_first_line(physical: str, offset: int, command: str) -> bool:
-    """Whether a command found at ``offset`` of a logical line starts on its first physical
-    line (a continued line's trailing backslash reads as a space in the logical line)."""
-    start = offset + len(command) - len(command.lstrip())
-    return start < len(physical) - (1 if physical.endswith("\\") else 0)
 
 
 def _launch_in(words: list[str], path: str, lineno: int, offset: int
@@ -200,16 +172,12 @@ def analyse(text: str, path: str) -> tuple[ScriptPlan | None, list[str]]:
     if not interpreter:
         problems.insert(0, f"{path}:1: no #! line: a batch script starts with its "
                            "interpreter, e.g. #!/bin/bash")
-    if not launches or problems:
+    if problems:
         return None, problems
-    return ScriptPlan(interpreter, launches[0], tuple(launches[1:])), []
-
-
-def render(text: str, plan: ScriptPlan) -> str:
-    """The script a node runs: the user's, with the launch line's command prefixed (each
-    alternative's too: the branch the shell takes runs through the launcher)."""
-    lines = text.split("\n")
-    for launch in (plan.launch, *plan.alternatives):
-        i, at = launch.lineno - 1, launch.offset
-        lines[i] = lines[i][:at] + sh.prefix_command(lines[i][at:], LAUNCH_PREFIX)
-    return "\n".join(lines)
+    warnings = () if launches else (
+        f"{path}:1: no launcher malletrain recognises (srun torchrun, torchrun, srun python, "
+        "accelerate launch, deepspeed, python -m torch.distributed.run): the script runs as "
+        "written, its srun steps on the job's current nodes; workers per node unknown, 1 "
+        "assumed",)
+    return ScriptPlan(interpreter, launches[0] if launches else None, tuple(launches[1:]),
+                      warnings), []
