@@ -85,8 +85,7 @@ def read_directives(script_text: str, path: str) -> Options:
         rest = line[len("#SBATCH"):]
         if rest and not rest[0].isspace():
             continue  # e.g. "#SBATCHX": not a directive, like sbatch
-        # sbatch allows a trailing comment after the options
-        body = rest.split(" #", 1)[0].strip()
+        body = rest.strip()
         if not body:
             continue
         where = f"{path}:{lineno}"
@@ -127,12 +126,15 @@ def spec_warnings(opts: Options, spec: JobSpec, plan: ScriptPlan | None = None
 
 
 def _tokenize(body: str, where: str) -> list[str]:
-    """Split a directive like a shell would, for the simple quoting sbatch accepts."""
+    """Split a directive as sbatch does: words, quotes, and an unquoted ``#`` that starts a
+    comment (``#SBATCH --nodes=128   # total nodes``)."""
     tokens: list[str] = []
     cur: list[str] = []
     quote: str | None = None
     started = False
     for ch in body:
+        if ch == "#" and not quote:
+            break
         if quote:
             if ch == quote:
                 quote = None

@@ -40,6 +40,7 @@ _TABLE: tuple[Rule, ...] = (
     Rule("--min-nodes", _USE), Rule("--max-nodes", _USE), Rule("--time", _USE, "-t"),
     Rule("--gpus-per-node", _USE), Rule("--gres", _USE), Rule("--gpus", _USE, "-G"),
     Rule("--gpus-per-task", _USE), Rule("--ntasks-per-node", _USE),
+    Rule("--tasks-per-node", _USE),  # sbatch's alias of --ntasks-per-node
     Rule("--nproc-per-node", _USE), Rule("--ntasks", _USE, "-n"),
     Rule("--output", _USE, "-o"), Rule("--error", _USE, "-e"), Rule("--chdir", _USE, "-D"),
     Rule("--export", _USE), Rule("--account", _USE, "-A"), Rule("--kind", _USE),
@@ -51,7 +52,9 @@ _TABLE: tuple[Rule, ...] = (
         ("--mem-per-gpu", None), ("--cpus-per-gpu", None), ("--constraint", "-C"),
         ("--tmp", None), ("--licenses", "-L"), ("--mincpus", None),
         ("--threads-per-core", None), ("--cores-per-socket", None),
-        ("--sockets-per-node", None), ("--gres-flags", None), ("--hint", None))),
+        ("--sockets-per-node", None), ("--gres-flags", None), ("--hint", None),
+        ("--core-spec", "-S"), ("--thread-spec", None), ("--extra-node-info", "-B"),
+        ("--network", None), ("--prefer", None))),
     # -- accepted, with a warning
     Rule("--partition", _IGNORE, "-p",
          why="malleable jobs run their node slots in the scavenger partition"),
@@ -79,7 +82,15 @@ _TABLE: tuple[Rule, ...] = (
         ("--input", "-i", "node slots read no input"),
         ("--wait-all-nodes", None, "each node slot starts when its node is ready"),
         ("--reservation", None, "node slots run on idle nodes of the scavenger partition, "
-         "outside reservations"))),
+         "outside reservations"),
+        ("--mem-bind", None, "not applied to node slots"),
+        ("--ntasks-per-gpu", None, "workers are placed per node by the launcher"),
+        ("--delay-boot", None, "node slots run on nodes that are up"),
+        ("--mcs-label", None, "not used by node slots"),
+        ("--power", None, "not applied to node slots"),
+        ("--burst-buffer", None, "burst buffers are not staged for node slots"),
+        ("--bbf", None, "burst buffers are not staged for node slots"),
+        ("--tres-per-task", None, "tasks are placed by the script's srun steps"))),
     *(Rule(o, _IGNORE, s, value=False, why=w) for o, s, w in (
         ("--parsable", None, "`malletrain submit --parsable` prints the job id"),
         ("--quiet", "-Q", "not needed"), ("--verbose", "-v", "not needed"),
@@ -87,7 +98,14 @@ _TABLE: tuple[Rule, ...] = (
         ("--oversubscribe", "-s", "node slots always hold a whole node"),
         ("--overcommit", "-O", "not applied to node slots"),
         ("--spread-job", None, "the daemon chooses the nodes"),
-        ("--kill-on-invalid-dep", None, "dependencies are not supported"))),
+        ("--kill-on-invalid-dep", None, "dependencies are not supported"),
+        ("--share", None, "node slots always hold a whole node"),
+        ("--contiguous", None, "the daemon chooses the nodes"),
+        ("--use-min-nodes", None, "the daemon chooses the node count"),
+        ("--ignore-pbs", None, "#PBS lines are never read"),
+        ("--reboot", None, "node slots run on nodes as they are"),
+        ("--no-requeue", None, "Slurm never requeues a node slot by itself: the daemon "
+         "places the job's node slots, and a preempted one's work goes on in the others"))),
     # -- cannot be honoured
     *(Rule(o, _REFUSE, s, why=w) for o, s, w in (
         ("--array", "-a", "a malleable job is one job: submit one per configuration"),
@@ -106,11 +124,14 @@ _TABLE: tuple[Rule, ...] = (
         ("--propagate", None, "not supported"),
         ("--get-user-env", None, "not supported"),
         ("--batch", None, "node features: use --constraint"),
-        ("--export-file", None, "use --export"))),
+        ("--export-file", None, "use --export"),
+        ("--nodefile", "-F", "the daemon chooses the nodes among the idle ones"),
+        ("--cluster-constraint", None, "one cluster per daemon"))),
     *(Rule(o, _REFUSE, s, value=False, why=w) for o, s, w in (
         ("--hold", "-H", "the daemon holds and releases node slots itself"),
-        ("--no-requeue", None, "node slots must be requeueable: the daemon requeues them"),
         ("--test-only", None, "use `malletrain submit --test-only`"),
+        ("--help", "-h", "not a job option"), ("--usage", None, "not a job option"),
+        ("--version", "-V", "not a job option"),
         ("--wait", "-W", "a malleable job's length depends on the idle nodes"))),
 )
 
@@ -119,8 +140,25 @@ RULES: Mapping[str, Rule] = {
     name: rule for rule in _TABLE for name in (rule.long, rule.short) if name
 }
 
+#: Options that SPANK plugins add at real sites (NERSC's shifter, NVIDIA's pyxis): not
+#: sbatch's own, so the site's Slurm refuses them where the plugin is not installed; passed
+#: to every node slot, whose sbatch then honours (or refuses) them as for the original job.
+SPANK_OPTIONS = frozenset({
+    "--image", "--module", "--volume", "--container-image", "--container-mounts",
+    "--container-workdir", "--container-name", "--container-save", "--container-env",
+    "--container-entrypoint", "--no-container-entrypoint", "--container-mount-home",
+    "--no-container-mount-home", "--container-remap-root", "--no-container-remap-root",
+    "--container-writable", "--container-readonly"})
+#: the SPANK options above that take no value
+SPANK_FLAGS = frozenset({
+    "--no-container-entrypoint", "--container-mount-home", "--no-container-mount-home",
+    "--container-remap-root", "--no-container-remap-root", "--container-writable",
+    "--container-readonly", "--container-entrypoint"})
+
 #: options node slots may carry (``--gres`` with a GPU is read, and passed on whole)
-SLOT_OPTIONS = frozenset({r.long for r in _TABLE if r.fate == _SLOT} | {"--gres"})
+SLOT_OPTIONS = frozenset({r.long for r in _TABLE if r.fate == _SLOT} | {"--gres"}
+                         | SPANK_OPTIONS)
+_LONG_NAMES = tuple(sorted({r.long for r in _TABLE}))
 #: a value passed to node slots: one token of ordinary characters (never a shell string)
 SLOT_VALUE_RE = re.compile(r"^[A-Za-z0-9_.,:|&*!()\[\]=+/%@-]{1,256}$")
 
@@ -138,6 +176,10 @@ class Options:
     slot: tuple[str, ...] = ()
 
 
+#: sbatch's aliases: read as the option they stand for
+_ALIASES = {"--tasks-per-node": "--ntasks-per-node"}
+
+
 def _split(token: str) -> tuple[str, str | None]:
     if token.startswith("--"):
         opt, sep, value = token.partition("=")
@@ -145,6 +187,42 @@ def _split(token: str) -> tuple[str, str | None]:
     if token.startswith("-") and len(token) > 2:
         return token[:2], token[2:].removeprefix("=")
     return token, None
+
+
+def resolve_long(opt: str) -> str | list[str]:
+    """getopt_long's reading of a long option: the exact name, else the one option it is
+    a unique prefix of (``--err`` is ``--error``); a list of candidates when it is
+    ambiguous (``--mem-per`` is ``--mem-per-cpu`` or ``--mem-per-gpu``), [] when none."""
+    if opt in RULES or opt in SPANK_OPTIONS:
+        return opt
+    hits = [name for name in (*_LONG_NAMES, *SPANK_OPTIONS) if name.startswith(opt)]
+    return hits[0] if len(hits) == 1 else hits
+
+
+def _not_an_option(token: str, where: str) -> str | None:
+    if token in ("hetjob", "packjob", ":"):
+        return (f"{where}: {token}: heterogeneous jobs (components of different shapes) "
+                "cannot be malleable; submit each component as a job")
+    if not token.startswith("-") or token == "-":
+        return f"{where}: {token!r} is not an option"
+    return None
+
+
+def _unresolved(opt: str, where: str) -> str | None:
+    resolved = resolve_long(opt) if opt.startswith("--") else opt
+    if isinstance(resolved, list) and resolved:
+        return f"{where}: option {opt} is ambiguous (possibilities: {' '.join(resolved)})"
+    return None
+
+
+def _spank(opt: str, value: str | None, where: str, slot: list[str], warnings: list[str],
+           problems: list[str]) -> None:
+    if value is not None and not SLOT_VALUE_RE.match(value):
+        problems.append(f"{where}: {opt}={value!r}: not a plain value")
+        return
+    slot.append(opt if value is None else f"{opt}={value}")
+    warnings.append(f"{where}: {opt} is a SPANK plugin's option (not sbatch's): passed to "
+                    "every node slot, which the site's plugin serves")
 
 
 def parse_option_tokens(tokens: Sequence[str], where: str) -> Options:
@@ -158,10 +236,18 @@ def parse_option_tokens(tokens: Sequence[str], where: str) -> Options:
     while i < len(tokens):
         token = tokens[i]
         i += 1
-        if not token.startswith("-") or token == "-":
-            problems.append(f"{where}: {token!r} is not an option")
-            continue
         opt, value = _split(token)
+        problem = _not_an_option(token, where) or _unresolved(opt, where)
+        if problem:
+            problems.append(problem)
+            continue
+        resolved = resolve_long(opt) if opt.startswith("--") else opt
+        opt = resolved if isinstance(resolved, str) else opt
+        if opt in SPANK_OPTIONS:
+            if value is None and opt not in SPANK_FLAGS and i < len(tokens):
+                value, i = tokens[i], i + 1
+            _spank(opt, value, where, slot, warnings, problems)
+            continue
         rule = RULES.get(opt)
         if rule is None:
             problems.append(f"{where}: unknown option {opt} (not an sbatch option; the "
@@ -188,7 +274,7 @@ def parse_option_tokens(tokens: Sequence[str], where: str) -> Options:
             else:
                 slot.append(f"{rule.long}={value}")
         else:
-            key = rule.long.removeprefix("--")
+            key = _ALIASES.get(rule.long, rule.long).removeprefix("--")
             values[key] = value
             origin[key] = where
     return Options(values, origin, tuple(warnings), tuple(problems), tuple(slot))

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from malletrain.daemon.sbatch_options import SLOT_OPTIONS, SLOT_VALUE_RE
+from malletrain.daemon.sbatch_options import SLOT_OPTIONS, SLOT_VALUE_RE, SPANK_FLAGS
 from malletrain.errors import PermanentError
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
@@ -256,7 +256,8 @@ def _check_spec(s: JobSpec) -> None:
     for i, a in enumerate(s.args):
         if "\0" in a or len(a.encode()) > MAX_ARG_BYTES:
             raise SpecError(f"args[{i}]: contains a NUL byte or is longer than {MAX_ARG_BYTES}")
-    _name(s.name, "job name")
+    if not (0 < len(s.name) <= 128 and s.name.isprintable()):
+        raise SpecError(f"job name: {s.name!r:.80} must be 1-128 printable characters")
     _name(s.kind, "kind")
     for key, value in (("min_nodes", s.min_nodes), ("max_nodes", s.max_nodes)):
         if (isinstance(value, bool) or not isinstance(value, int)
@@ -326,6 +327,8 @@ def _check_slot_fields(s: JobSpec) -> None:
         raise SpecError("slot_options: more than 32")
     for opt in s.slot_options:
         name, sep, value = opt.partition("=")
+        if opt in SPANK_FLAGS:
+            continue
         if not sep or name not in SLOT_OPTIONS or not SLOT_VALUE_RE.match(value):
             raise SpecError(f"slot_options: {opt!r} is not an option node slots may carry")
 

@@ -82,7 +82,12 @@ def test_unmodified_torchrun_script_grows_is_preempted_regrows_and_finishes(daem
     def trained_at(world: int) -> bool:
         return any(r["event"] == "step" and r["world"] == world for r in _records(log))
 
-    wait_until(lambda: trained_at(3), 180, what="the job to train on 3 nodes",
+    def checkpointed_at(world: int) -> bool:
+        return any(r["event"] == "epoch" and r["world"] == world for r in _records(log))
+
+    # an epoch's checkpoint at 3 nodes first: a preemption can take any node at once, so
+    # the generation that loses its peers cannot save, and resumes from the last epoch
+    wait_until(lambda: checkpointed_at(3), 180, what="the job to train an epoch on 3 nodes",
                on_timeout=diagnostics)
     assert d.jobs()[job]["state"] == "running"
 

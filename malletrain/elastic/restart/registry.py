@@ -57,7 +57,10 @@ def register(run_dir: str | Path, epoch: int, wait_s: float = 60.0) -> bool:
     if state != (epoch, "run"):
         return False
     pid = os.getpid()
-    (_tasks_dir(run_dir) / str(pid)).write_text(_start_time(pid))
+    entry = _tasks_dir(run_dir) / str(pid)
+    tmp = entry.with_name(f".{pid}")
+    tmp.write_text(_start_time(pid))
+    os.replace(tmp, entry)  # whole or absent: the agent may be reading the directory
     if _state(run_dir) != (epoch, "run"):  # the agent began to stop meanwhile
         unregister(run_dir)
         return False
@@ -86,10 +89,11 @@ def live_tasks(run_dir: str | Path) -> list[int]:
         return []
     for entry in entries:
         pid = int(entry.name) if entry.name.isdigit() else 0
-        if pid > 0 and (_same_process(pid, entry) or
-                        (not psutil.pid_exists(pid) and _group_alive(pid))):
+        if pid <= 0:
+            continue
+        if _same_process(pid, entry) or (not psutil.pid_exists(pid) and _group_alive(pid)):
             out.append(pid)  # the task, or what its group left behind after it ended
-        else:
+        elif not psutil.pid_exists(pid):
             with contextlib.suppress(OSError):
                 entry.unlink()
     return out

@@ -61,8 +61,8 @@ class NodeStopper:
         """The stop signal (to the batch shell only for ``B:``, else to every process but
         the shell and to the step tasks on this node), up to its grace to exit, then
         SIGTERM to all, then SIGKILL :data:`KILL_AFTER_S` later; the seconds it took.
-        The batch shell's ``srun`` clients get the signals only at SIGKILL: each node's
-        agent signals its own tasks, as slurmstepd does, and no task gets one twice."""
+        The batch shell's ``srun`` clients do not get the stop signal: each node's agent
+        signals its own tasks, as slurmstepd does, and no task gets it twice."""
         registry.set_generation(self.run_dir, epoch, "stop")  # before any scan: no task
         t0 = time.monotonic()  # of this generation can start after it
         shell_pid = shell.pid if shell is not None else None
@@ -78,8 +78,9 @@ class NodeStopper:
         for sig in (signal.SIGTERM, signal.SIGKILL):
             if not self.busy():
                 break
-            clients = self._step_clients() if sig == signal.SIGTERM else set()
-            tree.signal_all([x for x in tree.descendants() if x.pid not in clients], sig)
+            # Slurm's srun ends its step on every node on SIGTERM (as when a job is
+            # cancelled): the step's tasks on nodes whose agent is gone end too
+            tree.signal_all(tree.descendants(), sig)
             registry.signal_tasks(registry.live_tasks(self.run_dir), sig)
             self._wait_stage(rule.kill_after_s if sig == signal.SIGTERM else 5.0)
         if shell is not None:
