@@ -1,0 +1,141 @@
+"""Real sbatch is the oracle: every script of the corpus (tests/data/sbatch/) is submitted to
+a real Slurm's ``sbatch``, whose job_submit.lua records what Slurm parsed and refuses the
+job (slurm/dev-cluster's sbatch oracle: nothing is queued, no resources are needed), and
+``malletrain submit --test-only --json`` must read the same nodes, time, GPUs per node, GPU
+type, tasks per node and name, and refuse what sbatch refuses.
+
+A small cluster of its own (2 nodes with typed fake GPUs, the types the corpus asks for),
+on the release under test (``MALLETRAIN_TEST_SLURM_VERSION``, as the other Slurm tests).
+Options that name a site's own partition, QOS, account or reservation are refused by this
+cluster's slurmctld before the plugin sees them: such a script is submitted again with the
+site's name replaced on the command line (which wins over ``#SBATCH``), changing nothing
+that is compared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import DEV_CLUSTER, SLURM_VERSION, _pick_port_base
+
+from malletrain import cli
+
+pytestmark = pytest.mark.slurm
+
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "sbatch"
+ROWS = json.loads((CORPUS / "corpus.json").read_text())
+TAG = "malletrain-sbatch-oracle:"
+NO_VAL = {"4294967294", "4294967295", "65534", "65535", "0xfffffffe"}
+#: refusals of this cluster's slurmctld that are about names only the script's site has
+_SITE_NAMES = {"Invalid partition name": "--partition=batch", "Invalid qos": "--qos=",
+               "Invalid account": "--account=", "Requested reservation is invalid":
+               "--reservation="}
+
+
+#: what sbatch takes and malletrain refuses still, each with its reason (docs/user-guide.md)
+KNOWN_GAPS = ("--array cannot be used for a malleable job",)
+
+
+def _gpu_types() -> str:
+    found = {"a100", "v100"}
+    for row in ROWS:
+        text = (CORPUS / row["file"]).read_text(errors="replace")
+        found |= set(re.findall(r"gpu:([A-Za-z][A-Za-z0-9_]{0,31}):\d", text))
+    return ",".join(f"{t}:8" for t in sorted(found))
+
+
+@pytest.fixture(scope="module")
+def oracle() -> Iterator[dict[str, str]]:
+    base = Path(tempfile.mkdtemp(prefix="malletrain-oracle-", dir="/tmp"))
+    base.chmod(0o755)  # munged (its own user) must reach the cluster's socket
+    env = dict(os.environ, MALLETRAIN_DEVCLUSTER_DIR=str(base / "cluster"),
+               MALLETRAIN_DEVCLUSTER_PORT=str(_pick_port_base(2)))
+    up = subprocess.run([str(DEV_CLUSTER), "up", "--nodes", "2", "--gpus", _gpu_types(),
+                         "--users", "", "--slurm-version", SLURM_VERSION], env=env,
+                        capture_output=True, text=True, timeout=600)
+    assert up.returncode == 0, up.stderr
+    env["SLURM_CONF"] = str(base / "cluster" / "etc" / "slurm.conf")
+    env["WORK"] = str(base)
+    try:
+        yield env
+    finally:
+        subprocess.run([str(DEV_CLUSTER), "down"], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _sbatch(env: dict[str, str], path: Path, name: str) -> tuple[dict[str, str] | None, str]:
+    """What real sbatch parsed (None if it refused), and its message."""
+    record = Path(env["MALLETRAIN_DEVCLUSTER_DIR"]) / "run" / "sbatch-oracle" / f"{name}.json"
+    extra: list[str] = []
+    for _ in range(len(_SITE_NAMES) + 1):
+        res = subprocess.run(["sbatch", f"--comment={TAG}{name}", *extra, str(path)],
+                             env=env, cwd=env["WORK"], capture_output=True, text=True,
+                             timeout=60)
+        if record.exists():
+            return json.loads(record.read_text()), res.stderr
+        fix = next((opt for key, opt in _SITE_NAMES.items() if key in res.stderr), None)
+        if fix is None or fix in extra:
+            return None, res.stderr
+        extra.append(fix)
+    return None, res.stderr
+
+
+def _num(value: str | None) -> int | None:
+    return None if value is None or value in NO_VAL else int(value)
+
+
+def _gpus(parsed: dict[str, str | None], nodes: int, tasks: int | None
+          ) -> tuple[int, str | None]:
+    """GPUs per node and type from Slurm's TRES strings (``gres:gpu:a100:4``; 24.11 writes
+    ``gres/gpu:a100:4``)."""
+    for key, scale in (("tres_per_node", 1), ("tres_per_task", tasks or 1),
+                       ("tres_per_job", None)):
+        text = parsed.get(key) or ""
+        m = re.search(r"gres[:/]gpu(?::([A-Za-z][A-Za-z0-9_]*))?[:=](\d+)", text)
+        if m:
+            count = int(m.group(2))
+            per_node = count * scale if scale is not None else count // max(nodes, 1)
+            return per_node, m.group(1)
+    return 0, None
+
+
+def _ours(path: Path, capsys: pytest.CaptureFixture[str]) -> dict:
+    cli.main(["submit", "--test-only", "--json", str(path)])
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r["file"] for r in ROWS])
+def test_malletrain_reads_each_script_as_real_sbatch_does(row, oracle, capsys, monkeypatch):
+    monkeypatch.setenv("MALLETRAIN_SOCKET", os.path.join(oracle["WORK"], "none.sock"))
+    path = Path(oracle["WORK"]) / row["file"]
+    shutil.copyfile(CORPUS / row["file"], path)
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", row["file"])[:60]
+    parsed, message = _sbatch(oracle, path, name)
+    ours = _ours(path, capsys)
+    if parsed is None:
+        assert ours["accepted"] is False, f"sbatch refused it ({message.strip()}); we did not"
+        return
+    if not ours["accepted"]:  # only where a known gap of ours is the reason
+        assert all(any(gap in e for gap in KNOWN_GAPS) for e in ours["errors"]), \
+            f"sbatch took it; we refused: {ours['errors']}"
+        return
+    lo = _num(parsed["min_nodes"]) or 1
+    hi = _num(parsed["max_nodes"]) or lo
+    minutes = _num(parsed["time_limit"])
+    per_node = _num(parsed["ntasks_per_node"])
+    tasks = _num(parsed["num_tasks"])
+    if per_node is None and tasks is not None and lo == hi:
+        per_node = tasks // lo
+    gpus, kind = _gpus(parsed, lo, per_node)
+    want = {"min_nodes": lo, "max_nodes": hi, "time_s": None if minutes is None else
+            minutes * 60, "gpus_per_node": gpus, "gpu_type": kind, "name": parsed["name"],
+            "tasks_per_node": per_node}
+    assert {k: ours.get(k) for k in want} == want
