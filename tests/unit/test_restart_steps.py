@@ -124,3 +124,44 @@ def test_srun_option_table_has_a_role_for_every_option():
     roles = {role for _, role in steps._LONG.values()}
     assert roles == {"place", "pass", "drop", "refuse"}
     assert all(name in steps._LONG for name in steps._SHORT.values())
+
+
+SPEC = {"epoch": 3, "step": 2, "node_index": 1, "task_ids": [1], "ntasks": 3,
+        "step_nodes": ["n4", "n5", "n7"], "step_hosts": ["host4", "host5", "host7"],
+        "tasks_per_node": "1(x3)", "env": {"SLURM_JOB_ID": "12", "SLURM_NNODES": "3"},
+        "run_dir": "/tmp/r5", "label": False, "workers": 1, "port": 23456}
+
+
+def test_a_task_sees_the_job_wide_view_not_its_slots():
+    from malletrain.elastic.restart.task import task_env
+    slot = {"SLURM_JOB_ID": "105", "SLURM_LOCALID": "0", "SLURM_PROCID": "0",
+            "SLURM_STEP_ID": "7", "SLURM_NODELIST": "n5", "HOME": "/home/a"}
+    env, procid, local = task_env(SPEC, slot)
+    assert (procid, local) == (1, 0)
+    assert (env["SLURM_JOB_ID"], env["SLURM_PROCID"], env["SLURM_NODEID"]) == ("12", "1", "1")
+    assert (env["SLURM_STEP_ID"], env["SLURM_STEP_NODELIST"], env["SLURM_NTASKS"]) == \
+        ("2", "n4,n5,n7", "3")
+    assert env["HOME"] == "/home/a"
+
+
+@pytest.mark.parametrize("wrapper", [["singularity", "exec", "--nv", "img.sif"],
+                                     ["apptainer", "exec", "img.sif"], []])
+def test_a_launcher_behind_a_container_wrapper_is_run_at_the_steps_size(wrapper):
+    from malletrain.elastic.restart.task import command
+    cmd = [*wrapper, "torchrun", "--nnodes", "2", "--nproc_per_node", "4", "--rdzv_endpoint",
+           "n1:29500", "--rdzv_backend", "c10d", "train.py", "--lr", "1"]
+    env: dict[str, str] = {}
+    out = command(SPEC, cmd, env, 1, 0)
+    assert out[:len(wrapper)] == wrapper and out[len(wrapper)] == "torchrun"
+    assert out[-3:] == ["train.py", "--lr", "1"]
+    rest = " ".join(out[len(wrapper):])
+    assert "n1:29500" not in rest and "--nnodes 2 " not in rest
+    assert "--nnodes=3 --node-rank=1" in rest
+    assert "--master-addr=host4 --master-port=23456" in rest
+
+
+def test_anything_else_runs_as_written():
+    from malletrain.elastic.restart.task import command
+    for cmd in (["hostname", "--ip-address"], ["bash", "-c", "echo hi; torchrun x.py"],
+                ["shifter", "bash", "-c", "python train.py"]):
+        assert command(SPEC, cmd, {}, 1, 0) == cmd

@@ -23,9 +23,18 @@ from typing import IO, Any
 
 from malletrain.elastic.restart import registry, tree
 from malletrain.elastic.restart.generation import SLOT_ONLY
-from malletrain.elastic.restart.launchers import Generation, LaunchError, plan_launch
+from malletrain.elastic.restart.launchers import (
+    Generation,
+    Launch,
+    LaunchError,
+    plan_launch,
+    program_name,
+)
 from malletrain.elastic.restart.script import find_launch
 from malletrain.elastic.restart.shellwords import shell_string
+
+#: launchers found behind a wrapper's words
+_LAUNCHERS = ("torchrun", "accelerate", "deepspeed")
 
 
 def task_env(spec: Mapping[str, Any], slot_env: Mapping[str, str]) -> tuple[dict[str, str],
@@ -60,14 +69,14 @@ def _generation(spec: Mapping[str, Any]) -> Generation:
 def command(spec: Mapping[str, Any], cmd: Sequence[str], env: dict[str, str],
             procid: int, local: int) -> list[str]:
     """The command this task runs: a launcher rewritten for the step's nodes (one per
-    node), a plain Python task given torch's rendezvous variables, else as written."""
+    node), also behind a wrapper (``singularity exec $SIF torchrun ...``); a plain Python
+    task given torch's rendezvous variables; anything else as written."""
     g = _generation(spec)
     ntasks_here = len(spec["task_ids"])
     if not _rewritable(cmd):
         return list(cmd)
-    try:
-        launch = plan_launch(["srun", *cmd], g)
-    except LaunchError:
+    at, launch = _find_launcher(cmd, g)
+    if launch is None:
         return list(cmd)
     if launch.kind == "srun-python":
         env.update({"MASTER_ADDR": g.master_addr, "MASTER_PORT": str(g.master_port),
@@ -86,7 +95,27 @@ def command(spec: Mapping[str, Any], cmd: Sequence[str], env: dict[str, str],
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
-    return list(launch.argv)
+    return [*cmd[:at], *launch.argv]
+
+
+def _find_launcher(cmd: Sequence[str], g: Generation) -> tuple[int, Launch | None]:
+    """Where the launcher starts in ``cmd`` and its rewrite: at the start, or the first
+    torchrun/accelerate/deepspeed after a wrapper's words (a container's ``exec IMAGE``)."""
+    try:
+        return 0, plan_launch(["srun", *cmd], g)
+    except LaunchError:
+        pass
+    for at in range(1, len(cmd)):
+        if program_name(cmd[at]) not in _LAUNCHERS and not (
+                program_name(cmd[at]).startswith("python") and "-m" in cmd[at + 1:at + 3]):
+            continue
+        try:
+            launch = plan_launch(["srun", *cmd[at:]], g)
+        except LaunchError:
+            continue
+        if launch.kind in ("torchrun", "accelerate", "deepspeed"):
+            return at, launch
+    return 0, None
 
 
 def _rewritable(cmd: Sequence[str]) -> bool:
