@@ -16,21 +16,25 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
+import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import DEV_CLUSTER, SLURM_VERSION, _pick_port_base
 
 from malletrain import cli
 
 pytestmark = pytest.mark.slurm
 
-CORPUS = Path(__file__).resolve().parents[1] / "data" / "sbatch"
+REPO = Path(__file__).resolve().parents[2]
+DEV_CLUSTER = REPO / "slurm" / "dev-cluster"
+SLURM_VERSION = os.environ.get("MALLETRAIN_TEST_SLURM_VERSION", "22.05")  # as tests/conftest.py
+CORPUS = REPO / "tests" / "data" / "sbatch"
 ROWS = json.loads((CORPUS / "corpus.json").read_text())
 TAG = "malletrain-sbatch-oracle:"
 NO_VAL = {"4294967294", "4294967295", "65534", "65535", "0xfffffffe"}
@@ -57,7 +61,7 @@ def oracle() -> Iterator[dict[str, str]]:
     base = Path(tempfile.mkdtemp(prefix="malletrain-oracle-", dir="/tmp"))
     base.chmod(0o755)  # munged (its own user) must reach the cluster's socket
     env = dict(os.environ, MALLETRAIN_DEVCLUSTER_DIR=str(base / "cluster"),
-               MALLETRAIN_DEVCLUSTER_PORT=str(_pick_port_base(2)))
+               MALLETRAIN_DEVCLUSTER_PORT=str(_free_port_base(16)))
     up = subprocess.run([str(DEV_CLUSTER), "up", "--nodes", "2", "--gpus", _gpu_types(),
                          "--users", "", "--slurm-version", SLURM_VERSION], env=env,
                         capture_output=True, text=True, timeout=600)
@@ -69,6 +73,19 @@ def oracle() -> Iterator[dict[str, str]]:
     finally:
         subprocess.run([str(DEV_CLUSTER), "down"], env=env, capture_output=True, timeout=120)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _free_port_base(count: int) -> int:
+    """A port base whose range is free now (the shared dev cluster picks its own)."""
+    for base in random.Random().sample(range(40000, 60000, 100), 50):
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no free port range for the oracle's cluster")
 
 
 def _sbatch(env: dict[str, str], path: Path, name: str) -> tuple[dict[str, str] | None, str]:
