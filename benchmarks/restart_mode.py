@@ -7,10 +7,12 @@ parameters, 192 MiB of training state with SGD momentum; 8 samples per rank per 
 * native: ``examples/elastic_train.py`` (ElasticJob), measured by ``rescale.run_malletrain``:
   up = publish([m0, m1, m2]) -> the first step at size 3 starts; down likewise to size 2.
 * restart: ``examples/restart/train_ddp.py`` (plain DDP, its own checkpoint) started by a
-  batch script through three node agents (``malletrain.elastic.restart.agent``), exactly as
-  node slots run them, stopped with ``--signal=USR1@30``:
-  up = publish([m0, m1, m2]) -> every agent stops its launch (USR1: the script saves its
-  checkpoint and exits) and starts the next at size 3 -> the script's ``start`` record
+  batch script (``srun torchrun ...``) through three node agents
+  (``malletrain.elastic.restart.agent``) in node slots of a dev cluster of its own
+  (``benchmarks/devslots.py``), exactly as the daemon's slots run them, stopped with
+  ``--signal=USR1@30``: up = publish([m0, m1, m2]) -> the generation is stopped on every
+  node (USR1: the script saves its checkpoint and exits), the batch script runs again at
+  size 3 and its srun starts a torchrun in each slot -> the script's ``start`` record
   (checkpoint loaded, DDP built: its first step starts); down likewise to size 2.
 
 ``--framework accelerate``: the same with Hugging Face Accelerate on both sides, native
@@ -30,7 +32,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,8 +39,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import devslots
 import rescale
-from rescale import REPO, child_env, records, start_coordinator, wait_for
+from rescale import REPO, records, start_coordinator, wait_for
 
 #: framework -> (native script, restart-mode training script, its batch script's launch)
 FRAMEWORKS = {
@@ -52,31 +54,31 @@ FRAMEWORKS = {
 SCRIPT = """#!/bin/bash
 #SBATCH --signal=USR1@30
 export OMP_NUM_THREADS=1
-{launch} {train} --dim 1024 --hidden {hidden} --batch 8 \\
+srun {launch} {train} --dim 1024 --hidden {hidden} --batch 8 \\
     --dataset-size 256 --epochs 100000 --checkpoint {ckpt} --jsonl {log}
 """
 
 
-def run_restart(tmp: Path, cycles: int, hidden: int, framework: str = "torch"
-                ) -> dict[str, list[float]]:
+def run_restart(tmp: Path, cycles: int, hidden: int, framework: str,
+                slurm: dict[str, str]) -> dict[str, list[float]]:
     tmp = tmp / "restart"
     tmp.mkdir()
     coord_proc, coord = start_coordinator(tmp)
     job, log = "bench-restart", tmp / "restart.jsonl"
     _, train, launch, ckpt = FRAMEWORKS[framework]
-    text = SCRIPT.format(launch=launch, train=train, hidden=hidden, ckpt=tmp / ckpt, log=log)
-    path = f"{Path(sys.executable).parent}:/usr/bin:/bin"
-    procs: dict[str, subprocess.Popen] = {}
+    script = tmp / "batch.sh"
+    script.write_text(SCRIPT.format(launch=launch, train=train, hidden=hidden,
+                                    ckpt=tmp / ckpt, log=log))
+    tmp.chmod(0o755)
+    procs: dict[str, devslots.Slot] = {}
+    nodes = iter(f"n{i}" for i in range(1, 100))
 
     def launch(member: str) -> None:
-        env = child_env(MALLETRAIN_COORDINATOR=coord.address, MALLETRAIN_JOB_ID=job,
-                        MALLETRAIN_JOB_SECRET=coord.job_secret(job), MALLETRAIN_MEMBER_ID=member,
-                        MALLETRAIN_SCRIPT_TEXT=text, PATH=path)
-        with open(tmp / f"agent-{member}.err", "w") as err:
-            procs[member] = subprocess.Popen(
-                [sys.executable, "-m", "malletrain.elastic.restart.agent", "--workers=1",
-                 "--stop-signal=USR1", "--stop-grace-s=30"],
-                env=env, stdout=err, stderr=subprocess.STDOUT)
+        procs[member] = devslots.Slot(
+            slurm, next(nodes), member, coordinator=coord.address, job=job,
+            secret=coord.job_secret(job), script=script, log=tmp / f"agent-{member}.err",
+            agent_args=["--workers=1", "--stop-signal=USR1", "--stop-grace-s=30",
+                        f"--submit-dir={tmp}"])
 
     def started(world: int, after_s: float) -> float | None:
         t = [r["t"] for r in records(log)
@@ -114,10 +116,7 @@ def run_restart(tmp: Path, cycles: int, hidden: int, framework: str = "torch"
         coord.publish(job, [])
         procs["m2"].terminate()  # pre-started for a next cycle, never a member: SIGTERM
         for p in procs.values():
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                p.kill()
+            p.wait(60)
         coord.close()
         coord_proc.terminate()
         coord_proc.wait(10)
@@ -139,7 +138,8 @@ def main() -> int:
         print(f"native  up_s={rescale.fmt(native['up'])} down_s={rescale.fmt(native['down'])} "
               f"(training stall: up {rescale.fmt(native['up_stall'])} "
               f"down {rescale.fmt(native['down_stall'])})", flush=True)
-        restart = run_restart(tmp, args.cycles, args.hidden, args.framework)
+        with devslots.cluster(3 + args.cycles) as slurm:
+            restart = run_restart(tmp, args.cycles, args.hidden, args.framework, slurm)
         print(f"restart up_s={rescale.fmt(restart['up'])} down_s={rescale.fmt(restart['down'])} "
               f"(training stall: up {rescale.fmt(restart['up_stall'])} "
               f"down {rescale.fmt(restart['down_stall'])})", flush=True)

@@ -122,7 +122,14 @@ def spec_warnings(opts: Options, spec: JobSpec, plan: ScriptPlan | None = None
     if spec.mode == "native" and "signal" in opts.values:
         return (f"{opts.origin['signal']}: --signal ignored: an ElasticJob script leaves on "
                 "Slurm's SIGTERM at the next step boundary, with no checkpoint to write",)
-    return plan.warnings if plan is not None else ()
+    if plan is None:
+        return ()
+    if plan.srun_gpu_lines and not spec.gpus_per_node:
+        lines = ",".join(map(str, plan.srun_gpu_lines))
+        return (*plan.warnings, f"{spec.script}:{plan.srun_gpu_lines[0]}: srun asks for GPUs "
+                f"(line(s) {lines}) but the script's #SBATCH lines ask for none: the node "
+                "slots will hold no GPUs; add --gpus-per-node (or --gres=gpu:N)")
+    return plan.warnings
 
 
 def _tokenize(body: str, where: str) -> list[str]:

@@ -269,3 +269,17 @@ def test_what_sbatch_refuses_is_refused_with_its_line(line, needle):
         spec_from(f"#!/bin/bash\n{line}\nsrun torchrun x.py\n", path="/j.sh")
     assert any(needle in p and p.startswith("/j.sh:2:") for p in err.value.problems), \
         err.value.problems
+
+
+def test_gpus_asked_only_on_srun_lines_are_said_at_submit():
+    text = ("#!/bin/bash\n#SBATCH -N 2\nN=8\nsrun -n$((N*2)) --gpus-per-task=1 python t.py\n"
+            "srun hostname\n")
+    plan, problems = script_mode(text, "/j.sh")
+    assert problems == () and plan is not None and plan.srun_gpu_lines == (4,)
+    spec, opts = spec_from(text, path="/j.sh")
+    warnings = spec_warnings(opts, spec, plan)
+    assert any(w.startswith("/j.sh:4: srun asks for GPUs") for w in warnings), warnings
+    with_gpus = text.replace("-N 2\n", "-N 2\n#SBATCH --gpus-per-node=8\n")
+    spec, opts = spec_from(with_gpus, path="/j.sh")
+    assert not any("srun asks" in w for w in spec_warnings(opts, spec, script_mode(
+        with_gpus, "/j.sh")[0]))

@@ -10,6 +10,7 @@ warning: its steps still reach the generation's nodes through ``srun``.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from malletrain.elastic.restart import shellwords as sh
@@ -42,6 +43,8 @@ class ScriptPlan:
     #: the script's other launch lines
     alternatives: tuple[LaunchLine, ...] = ()
     warnings: tuple[str, ...] = ()
+    #: lines whose ``srun`` asks for GPUs (the node slots must hold them)
+    srun_gpu_lines: tuple[int, ...] = ()
 
 
 def interpreter_name(first_line: str) -> str:
@@ -82,59 +85,57 @@ def logical_lines(text: str) -> list[tuple[int, str]]:
     return out
 
 
-def find_launch(text: str, path: str) -> tuple[list[LaunchLine], list[str]]:
-    """The launch lines of a script, and every problem found (an MPI launch).
-
-    Each simple command of each line is read with the variables the script set before it
-    (:mod:`.shellwords`), so ``srun bash -c "$LAUNCHER ... $CMD"`` is seen as the launcher it
-    runs."""
-    found: list[tuple[LaunchLine, tuple[tuple[int, int], ...]]] = []
-    problems: list[str] = []
-    lines = logical_lines(text)
-    branches = _Branches()
+def commands(text: str) -> Iterator[tuple[int, int, list[str]]]:
+    """(line, offset, words) of each simple command of a script, its words read with the
+    variables the script set before it (:mod:`.shellwords`): ``srun bash -c "$LAUNCHER
+    ... $CMD"`` is seen as the launcher it runs. Comments and the ``#!`` line are skipped."""
     variables: dict[str, str] = {}  # as they stand before the line read (one pass)
-    for lineno, line in lines:
+    for lineno, line in logical_lines(text):
         if lineno == 1 or line.lstrip().startswith("#"):
             continue
         for offset, command in sh.segments(line):
-            command = branches.follow(command)
+            command = _after_keyword(command)
             words = sh.resolved_command(command, variables) if command.strip() else None
-            if not words:
-                continue
-            launch, problem = _launch_in(words, path, lineno, offset)
-            if problem:
-                problems.append(problem)
-            elif launch is not None:
-                found.append((launch, branches.path()))
+            if words:
+                yield lineno, offset, words
         sh.assign(line, variables)
-    return [launch for launch, _ in found], problems
 
 
-class _Branches:
-    """Where a command is in the script's ``if`` blocks: (block, branch) pairs, outermost
-    first. Follows ``if``/``elif``/``else``/``fi`` at the start of each simple command."""
+def find_launch(text: str, path: str) -> tuple[list[LaunchLine], list[str]]:
+    """The launch lines of a script, and every problem found (an MPI launch)."""
+    found: list[LaunchLine] = []
+    problems: list[str] = []
+    for lineno, offset, words in commands(text):
+        launch, problem = _launch_in(words, path, lineno, offset)
+        if problem:
+            problems.append(problem)
+        elif launch is not None:
+            found.append(launch)
+    return found, problems
 
-    def __init__(self) -> None:
-        self._stack: list[list[int]] = []
-        self._blocks = 0
 
-    def follow(self, command: str) -> str:
-        """Note a keyword at the start of ``command``; the command after it (or "")."""
-        word, _, rest = command.strip().partition(" ")
-        if word == "if":
-            self._blocks += 1
-            self._stack.append([self._blocks, 0])
-            return ""
-        if word in ("elif", "else") and self._stack:
-            self._stack[-1][1] += 1
-            return rest if word == "else" else ""
-        if word == "fi" and self._stack:
-            self._stack.pop()
-            return ""
-        return rest if word in ("then", "do") else command
+def srun_gpu_lines(text: str) -> tuple[int, ...]:
+    """Lines whose ``srun`` asks for GPUs (``--gpus-per-task=1``, ``--gres=gpu:4``, ``-G
+    8``): Slurm gives them only where the node slots hold GPUs."""
+    return tuple(sorted({lineno for lineno, _, words in commands(text)
+                         if _srun_asks_gpus(words)}))
 
-    def path(self) -> tuple[tuple[int, int], ...]:
-        return tuple((block, branch) for block, branch in self._stack)
+
+def _srun_asks_gpus(words: list[str]) -> bool:
+    """``srun --gpus-per-task=1 ...``, ``srun --gres=gpu:4``, ``srun -G 8``: GPUs asked for
+    on the step, which Slurm can only give where the node slots hold them."""
+    srun, _ = split_srun(words)
+    return any(k in ("--gpus-per-task", "--gpus-per-node", "--gpus", "-G") or
+               (k == "--gres" and "gpu" in v) for k, v in srun.items())
+
+
+def _after_keyword(command: str) -> str:
+    """The command after a compound command's keyword (``then torchrun ...``, ``else ...``,
+    ``do ...``); "" for ``if``/``elif`` conditions and ``fi``, else the command itself."""
+    word, _, rest = command.strip().partition(" ")
+    if word in ("if", "elif", "fi"):
+        return ""
+    return rest if word in ("then", "else", "do") else command
 
 
 def _launch_in(words: list[str], path: str, lineno: int, offset: int
@@ -180,4 +181,4 @@ def analyse(text: str, path: str) -> tuple[ScriptPlan | None, list[str]]:
         "written, its srun steps on the job's current nodes; workers per node unknown, 1 "
         "assumed",)
     return ScriptPlan(interpreter, launches[0] if launches else None, tuple(launches[1:]),
-                      warnings), []
+                      warnings, srun_gpu_lines(text)), []
