@@ -24,6 +24,8 @@ import psutil
 import pytest
 from elastic_harness import REPO, attach, start_coordinator, wait_for
 
+from malletrain.elastic.restart.generation import job_number
+
 pytestmark = pytest.mark.slurm
 
 TASK = """\
@@ -222,3 +224,35 @@ def test_the_next_generation_starts_once_the_last_one_has_stopped(setup):
     assert len(saved) == 2
     assert min(r["t"] for r in seen(out, e2)) > max(saved)
     assert a.wait(30) == "COMPLETED"
+
+
+STEPS_SCRIPT = """#!/bin/bash
+nodes=( $( scontrol show hostnames "$SLURM_JOB_NODELIST" ) )
+head_node_ip=$(srun --nodes=1 --ntasks=1 -w "${nodes[0]}" hostname --ip-address)
+echo "ip=$head_node_ip nodes=${nodes[*]} job=$SLURM_JOB_ID" > {out}/batch.txt
+srun -l --ntasks-per-node=1 bash -c \\
+    'echo "$SLURM_PROCID $SLURMD_NODENAME $SLURM_STEP_NUM_TASKS $SLURM_JOB_ID"' > {out}/step.txt
+srun -N1 -w n99 true 2> {out}/bad.txt; echo "rc=$?" >> {out}/bad.txt
+srun -n 3 -m cyclic bash -c 'echo "$SLURM_PROCID $SLURM_NODEID"' | sort > {out}/cyclic.txt
+"""
+
+
+def test_the_batch_shell_runs_once_and_its_srun_steps_reach_every_node(setup):
+    """The idiom of pytorch/examples and torchtune: the head node's address from a one-task
+    step on it, then a step on every node; a step that cannot run fails at once."""
+    coord, out, launch, _ = setup
+    (out.parent / "batch.sh").write_text(STEPS_SCRIPT.format(out=out))
+    a, b = launch("a"), launch("b")
+    wait_for(lambda: {"a", "b"} <= set(coord.registered("rj")), 60, "registration")
+    coord.publish("rj", ["a", "b"])
+    assert a.wait(60) == "COMPLETED" and b.wait(60) == "COMPLETED"  # the shell exited 0
+    batch = (out / "batch.txt").read_text().split()
+    assert batch[0] not in ("ip=", "") and batch[1:3] == ["nodes=n1", "n2"], batch
+    assert batch[3] == f"job={job_number('rj')}"  # the job's number, not a slot's id
+    assert sorted((out / "step.txt").read_text().splitlines()) == [
+        f"0: 0 n1 2 {job_number('rj')}", f"1: 1 n2 2 {job_number('rj')}"]
+    bad = (out / "bad.txt").read_text()
+    assert "srun: error: --nodelist n99: not a node of this job now (its nodes: n1,n2)" in bad
+    assert bad.strip().endswith("rc=1")
+    assert (out / "cyclic.txt").read_text().split("\n")[:3] == ["0 0", "1 1", "2 0"]
+    assert coord.result("rj") is not None  # finished: the batch shell exited 0
