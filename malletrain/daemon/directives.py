@@ -103,6 +103,9 @@ def script_mode(script_text: str, path: str) -> tuple[ScriptPlan | None, tuple[s
     """A shell batch script's plan (restart mode, with the problems of its launch line);
     None for a Python script (native mode); any other interpreter is refused."""
     first = script_text.split("\n", 1)[0].strip()
+    if not first.startswith("#!") and not path.endswith(".py"):
+        return None, (f"{path}:1: the first line must start with #! followed by the path to "
+                      "an interpreter (sbatch's rule; a Python script may leave it out)",)
     if is_shell_script(script_text):
         plan, problems = analyse(script_text, path)
         if len(script_text.encode()) > MAX_RESTART_SCRIPT_BYTES:
@@ -272,12 +275,23 @@ def _stop_signal(text: str, where: str) -> tuple[str, int, bool]:
 
 
 def _nodes(c: _Collect) -> tuple[int, int]:
-    lo, hi = c.get("nodes", parse_nodes) or (1, 1)
+    lo, hi = c.get("nodes", parse_nodes) or _nodes_from_tasks(c)
     lo = c.get("min-nodes", lambda t, w: positive_int(t, w, MAX_NODES_LIMIT)) or lo
     hi = c.get("max-nodes", lambda t, w: positive_int(t, w, MAX_NODES_LIMIT)) or hi
     if hi < lo:
         c.problem("max-nodes", f"{hi} is smaller than the minimum of {lo} nodes")
     return lo, hi
+
+
+def _nodes_from_tasks(c: _Collect) -> tuple[int, int]:
+    """No node count: sbatch's ``--ntasks`` at ``--ntasks-per-node`` fills that many nodes
+    (``-n 4 --ntasks-per-node=2``: 2), else one."""
+    v = c.opts.values
+    total, per = v.get("ntasks", ""), v.get("ntasks-per-node", "")
+    if total.isdigit() and per.isdigit() and int(per) > 0:
+        n = max(1, math.ceil(int(total) / int(per)))
+        return n, n
+    return 1, 1
 
 
 def _per_node(c: _Collect, total: int, key: str, nodes: tuple[int, int], what: str) -> int:

@@ -84,6 +84,7 @@ _TABLE: tuple[Rule, ...] = (
         ("--reservation", None, "node slots run on idle nodes of the scavenger partition, "
          "outside reservations"),
         ("--mem-bind", None, "not applied to node slots"),
+        ("--time-min", None, "the daemon sets each node slot's time from its idle window"),
         ("--ntasks-per-gpu", None, "workers are placed per node by the launcher"),
         ("--delay-boot", None, "node slots run on nodes that are up"),
         ("--mcs-label", None, "not used by node slots"),
@@ -114,7 +115,6 @@ _TABLE: tuple[Rule, ...] = (
         ("--nodelist", "-w", "the daemon chooses the nodes among the idle ones"),
         ("--begin", "-b", "a malleable job starts when nodes are idle"),
         ("--deadline", None, "not supported for malleable jobs"),
-        ("--time-min", None, "the daemon sets each node slot's time from its idle window"),
         ("--wrap", None, "give a batch script or a Python training script"),
         ("--uid", None, "jobs always run as the submitting user"),
         ("--gid", None, "jobs always run as the submitting user"),
@@ -144,7 +144,7 @@ RULES: Mapping[str, Rule] = {
 #: sbatch's own, so the site's Slurm refuses them where the plugin is not installed; passed
 #: to every node slot, whose sbatch then honours (or refuses) them as for the original job.
 SPANK_OPTIONS = frozenset({
-    "--image", "--module", "--volume", "--container-image", "--container-mounts",
+    "--image", "--module", "--volume", "--environment", "--container-image", "--container-mounts",
     "--container-workdir", "--container-name", "--container-save", "--container-env",
     "--container-entrypoint", "--no-container-entrypoint", "--container-mount-home",
     "--no-container-mount-home", "--container-remap-root", "--no-container-remap-root",

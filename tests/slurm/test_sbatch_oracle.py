@@ -45,7 +45,8 @@ _SITE_NAMES = {"Invalid partition name": "--partition=batch", "Invalid qos": "--
 
 
 #: what sbatch takes and malletrain refuses still, each with its reason (docs/user-guide.md)
-KNOWN_GAPS = ("--array cannot be used for a malleable job",)
+KNOWN_GAPS = ("--array cannot be used for a malleable job",
+              "--dependency cannot be used for a malleable job")
 
 
 def _gpu_types() -> str:
@@ -53,6 +54,8 @@ def _gpu_types() -> str:
     for row in ROWS:
         text = (CORPUS / row["file"]).read_text(errors="replace")
         found |= set(re.findall(r"gpu:([A-Za-z][A-Za-z0-9_]{0,31}):\d", text))
+        found |= set(re.findall(r"--gpus(?:-per-(?:node|task))?[= ]([A-Za-z][A-Za-z0-9_]{0,31}):\d",
+                                text))
     return ",".join(f"{t}:8" for t in sorted(found))
 
 

@@ -42,13 +42,12 @@ def test_finds_the_launch_line_across_continuations():
     assert plan.launch.words[-3:] == ("train.py", "--epochs", "5")
 
 
-@pytest.mark.parametrize(("body", "expect"), [
-    ("mpirun -np 8 python train.py\n", "j.sh:2: mpirun: MPI launches cannot change size"),
-])
-def test_refusals_name_file_and_line(body, expect):
-    plan, problems = analyse("#!/bin/bash\n" + body, "j.sh")
-    assert plan is None
-    assert any(p.startswith(expect) for p in problems), problems
+def test_a_script_needs_its_hashbang_line_and_mpi_is_said_untested():
+    plan, problems = analyse("srun torchrun x.py\n", "j.sh")
+    assert plan is None and problems[0].startswith("j.sh:1: no #! line")
+    plan, problems = analyse("#!/bin/bash\ntime srun mpirun -np 8 python train.py\n", "j.sh")
+    assert problems == [] and plan is not None
+    assert plan.warnings[0].startswith("j.sh:2: mpirun: an MPI launcher starts its remote")
 
 
 def test_a_script_without_a_known_launcher_or_with_two_runs_as_sbatch_would():

@@ -102,7 +102,7 @@ def commands(text: str) -> Iterator[tuple[int, int, list[str]]]:
 
 
 def find_launch(text: str, path: str) -> tuple[list[LaunchLine], list[str]]:
-    """The launch lines of a script, and every problem found (an MPI launch)."""
+    """The launch lines of a script, and every problem found."""
     found: list[LaunchLine] = []
     problems: list[str] = []
     for lineno, offset, words in commands(text):
@@ -112,6 +112,16 @@ def find_launch(text: str, path: str) -> tuple[list[LaunchLine], list[str]]:
         elif launch is not None:
             found.append(launch)
     return found, problems
+
+
+def mpi_lines(text: str) -> list[tuple[int, str]]:
+    """(line, launcher) of each MPI launch (``mpirun``, ``mpiexec``, ``srun mpirun``)."""
+    out = []
+    for lineno, _, words in commands(text):
+        _, cmd = split_srun(words)
+        if cmd and program_name(cmd[0]) in _MPI:
+            out.append((lineno, program_name(cmd[0])))
+    return out
 
 
 def srun_gpu_lines(text: str) -> tuple[int, ...]:
@@ -141,9 +151,6 @@ def _after_keyword(command: str) -> str:
 def _launch_in(words: list[str], path: str, lineno: int, offset: int
                ) -> tuple[LaunchLine | None, str | None]:
     _, cmd = split_srun(words)
-    if cmd and program_name(cmd[0]) in _MPI:
-        return None, (f"{path}:{lineno}: {program_name(cmd[0])}: MPI launches cannot change "
-                      "size; use torchrun or srun python")
     kind = launcher_kind(cmd, under_srun=program_name(words[0]) == "srun")
     if kind is None:
         return None, None
@@ -175,10 +182,14 @@ def analyse(text: str, path: str) -> tuple[ScriptPlan | None, list[str]]:
                            "interpreter, e.g. #!/bin/bash")
     if problems:
         return None, problems
-    warnings = () if launches else (
-        f"{path}:1: no launcher malletrain recognises (srun torchrun, torchrun, srun python, "
-        "accelerate launch, deepspeed, python -m torch.distributed.run): the script runs as "
-        "written, its srun steps on the job's current nodes; workers per node unknown, 1 "
-        "assumed",)
+    warnings = [f"{path}:{ln}: {name}: an MPI launcher starts its remote processes through "
+                "srun, which reaches the job's current nodes; not tested with malletrain"
+                for ln, name in mpi_lines(text)]
+    if not launches:
+        warnings.append(
+            f"{path}:1: no launcher malletrain recognises (srun torchrun, torchrun, srun "
+            "python, accelerate launch, deepspeed, python -m torch.distributed.run): the "
+            "script runs as written, its srun steps on the job's current nodes; workers per "
+            "node unknown, 1 assumed")
     return ScriptPlan(interpreter, launches[0] if launches else None, tuple(launches[1:]),
-                      warnings, srun_gpu_lines(text)), []
+                      tuple(warnings), srun_gpu_lines(text)), []

@@ -82,14 +82,15 @@ def _split(text: str) -> list[str] | None:
 
 
 def words(command: str) -> list[str] | None:
-    """A simple command as words, leading ``VAR=value`` and ``exec`` dropped (None: not a
-    command shlex can read, e.g. an unterminated quote)."""
+    """A simple command as words, leading ``VAR=value``, ``exec``, ``time [-p]``, ``nohup``
+    and ``command`` dropped (None: not a command shlex can read, e.g. an unterminated
+    quote)."""
     out = _split(command)
     if out is None:
         return None
     while out and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", out[0]):
         out.pop(0)
-    if out and out[0] == "exec":
+    while out and out[0] in ("exec", "time", "nohup", "command", "-p"):
         out.pop(0)
     return out
 
