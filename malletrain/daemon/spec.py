@@ -47,7 +47,8 @@ class SpecError(PermanentError):
 
 
 def parse_time_s(text: str, where: str = "--time") -> int:
-    """Slurm's ``--time`` formats -> seconds (``"30"`` = 30 minutes, like sbatch)."""
+    """Slurm's ``--time`` formats -> seconds (``"30"`` = 30 minutes, like sbatch; Slurm
+    keeps whole minutes, so ``00:19:59`` is 20 minutes)."""
     m = _TIME_RE.match(text.strip())
     if not m:
         raise SpecError(
@@ -65,7 +66,7 @@ def parse_time_s(text: str, where: str = "--time") -> int:
         seconds = int(m.group("a")) * 60
     if seconds <= 0:
         raise SpecError(f"{where}: {text!r} must be longer than zero")
-    return seconds
+    return -(-seconds // 60) * 60  # whole minutes, rounded up, as Slurm keeps a time limit
 
 
 def parse_nodes(text: str, where: str = "--nodes") -> tuple[int, int]:

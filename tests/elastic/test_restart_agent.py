@@ -228,8 +228,8 @@ def test_the_next_generation_starts_once_the_last_one_has_stopped(setup):
 
 STEPS_SCRIPT = """#!/bin/bash
 nodes=( $( scontrol show hostnames "$SLURM_JOB_NODELIST" ) )
-head_node_ip=$(srun --nodes=1 --ntasks=1 -w "${nodes[0]}" hostname --ip-address)
-echo "ip=$head_node_ip nodes=${nodes[*]} job=$SLURM_JOB_ID" > {out}/batch.txt
+head_node_ip=$(srun --nodes=1 --ntasks=1 -w "${{nodes[0]}}" hostname --ip-address)
+echo "ip=$head_node_ip nodes=${{nodes[*]}} job=$SLURM_JOB_ID" > {out}/batch.txt
 srun -l --ntasks-per-node=1 bash -c \\
     'echo "$SLURM_PROCID $SLURMD_NODENAME $SLURM_STEP_NUM_TASKS $SLURM_JOB_ID"' > {out}/step.txt
 srun -N1 -w n99 true 2> {out}/bad.txt; echo "rc=$?" >> {out}/bad.txt

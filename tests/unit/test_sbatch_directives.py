@@ -85,11 +85,12 @@ def test_refused_and_invalid_directives_name_file_line_and_option(line, needle):
 
 def test_time_formats_match_sbatch():
     assert parse_time_s("30") == 1800
-    assert parse_time_s("5:30") == 330
+    assert parse_time_s("5:30") == 360  # Slurm keeps whole minutes, rounded up
+    assert parse_time_s("00:19:59") == 1200
     assert parse_time_s("1:00:00") == 3600
     assert parse_time_s("2-0") == 172800
     assert parse_time_s("1-2:3") == 93780
-    assert parse_time_s("1-2:3:4") == 93784
+    assert parse_time_s("1-2:3:4") == 93840
     for bad in ("", "0", "1:2:3:4", "-5", "1h", "1-"):
         with pytest.raises(SpecError):
             parse_time_s(bad)
