@@ -256,3 +256,21 @@ def test_the_batch_shell_runs_once_and_its_srun_steps_reach_every_node(setup):
     assert bad.strip().endswith("rc=1")
     assert (out / "cyclic.txt").read_text().split("\n")[:3] == ["0 0", "1 1", "2 0"]
     assert coord.result("rj") is not None  # finished: the batch shell exited 0
+
+
+def test_a_member_placed_again_under_its_id_is_reached_in_its_new_slot(setup):
+    """A member id that registers again (a slot placed anew) is found where it is now:
+    the batch shell's steps go to its new slot, not the ended one."""
+    coord, out, launch, _ = setup
+    launch("a")
+    b = launch("b")
+    wait_for(lambda: {"a", "b"} <= set(coord.registered("rj")), 60, "registration")
+    e1 = coord.publish("rj", ["a", "b"])
+    wait_for(lambda: len(seen(out, e1)) == 4, 60, "4 tasks of generation 1")
+    coord.publish("rj", ["a"])
+    assert b.wait(60) == "COMPLETED"
+    launch("b")  # on another node, under the same member id
+    wait_for(lambda: "b" in coord.registered("rj"), 60, "b registered again")
+    e3 = coord.publish("rj", ["a", "b"])
+    wait_for(lambda: len(seen(out, e3)) == 4, 60, "4 tasks of generation 3")
+    assert sorted(r["SLURM_NODEID"] for r in seen(out, e3)) == ["0", "0", "1", "1"]

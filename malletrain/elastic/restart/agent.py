@@ -271,9 +271,8 @@ class NodeAgent:
             os.close(err)
 
     def _view(self, m: p.Membership) -> GenerationView:
-        if any(x not in self.members for x in m.members):
-            self.link.js.events()  # read the registrations written since
-            self.members.update(self.link.js.event_views()[0])
+        self.link.js.events()  # the registrations written since (only new events are read)
+        self.members = self.link.js.event_views()[0]  # a member's latest registration
         nodes = []
         for x in m.members:
             info = self.members.get(x)
