@@ -109,8 +109,9 @@ class NodeAgent:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         self.link.connect(first=True)
-        self.link.js.register(replace(
-            self.link.member_info(), slurm_job=int(os.environ.get("SLURM_JOB_ID", "0") or 0),
+        slot_job = os.environ.get("SLURM_JOB_ID", "")
+        self.link.js.register(replace(  # where this node's share of a step is run
+            self.link.member_info(), slurm_job=int(slot_job) if slot_job.isdigit() else 0,
             slurm_node=os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
             run_dir=str(self.run_dir)))
         log.info("member %s registered; waiting for a membership", self.config.member_id)
