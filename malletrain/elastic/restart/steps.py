@@ -301,8 +301,8 @@ def layout(req: StepRequest, view: GenerationView, env: Mapping[str, str]) -> St
         if want > len(avail):
             raise StepError(f"asks for {want} node(s); the job has {len(avail)} now "
                             f"({view.nodelist})")
-        count = min(max(want, min(req.nodes[1], len(avail)) if req.ntasks is None
-                        else want), len(avail))
+        # a range without a task count takes as many nodes as it may; with one, the fewest
+        count = want if req.ntasks is not None else max(want, min(req.nodes[1], len(avail)))
     elif req.nodelist:
         count = len(req.nodelist)
     elif req.ntasks is not None:
