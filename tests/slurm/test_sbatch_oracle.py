@@ -71,6 +71,8 @@ def oracle() -> Iterator[dict[str, str]]:
                         capture_output=True, text=True, timeout=600)
     assert up.returncode == 0, up.stderr
     env["SLURM_CONF"] = str(base / "cluster" / "etc" / "slurm.conf")
+    if SLURM_VERSION != "22.05":  # that release's own clients (slurm/slurm_roots.py)
+        env["PATH"] = f"{base / 'cluster' / 'bin'}:{env.get('PATH', os.defpath)}"
     env["WORK"] = str(base)
     try:
         yield env
