@@ -121,18 +121,23 @@ def script_mode(script_text: str, path: str) -> tuple[ScriptPlan | None, tuple[s
 
 def spec_warnings(opts: Options, spec: JobSpec, plan: ScriptPlan | None = None
                   ) -> tuple[str, ...]:
-    """Warnings that depend on the mode: ``--signal`` matters only in restart mode."""
+    """Warnings that depend on the whole spec: ``--signal`` matters only in restart mode;
+    GPUs asked only on srun lines; ``--cpus-per-gpu`` with no GPU."""
+    out: list[str] = []
     if spec.mode == "native" and "signal" in opts.values:
-        return (f"{opts.origin['signal']}: --signal ignored: an ElasticJob script leaves on "
-                "Slurm's SIGTERM at the next step boundary, with no checkpoint to write",)
-    if plan is None:
-        return ()
-    if plan.srun_gpu_lines and not spec.gpus_per_node:
-        lines = ",".join(map(str, plan.srun_gpu_lines))
-        return (*plan.warnings, f"{spec.script}:{plan.srun_gpu_lines[0]}: srun asks for GPUs "
-                f"(line(s) {lines}) but the script's #SBATCH lines ask for none: the node "
-                "slots will hold no GPUs; add --gpus-per-node (or --gres=gpu:N)")
-    return plan.warnings
+        out.append(f"{opts.origin['signal']}: --signal ignored: an ElasticJob script leaves "
+                   "on Slurm's SIGTERM at the next step boundary, with no checkpoint to write")
+    if any(o.startswith("--cpus-per-gpu=") for o in spec.slot_options) and not spec.gpus_per_node:
+        out.append(f"{spec.script}: --cpus-per-gpu without GPUs: Slurm 22.05 ignores it, "
+                   "24.11 and later refuse the node slots (Requested cpus_per_tres)")
+    if plan is not None:
+        out.extend(plan.warnings)
+        if plan.srun_gpu_lines and not spec.gpus_per_node:
+            lines = ",".join(map(str, plan.srun_gpu_lines))
+            out.append(f"{spec.script}:{plan.srun_gpu_lines[0]}: srun asks for GPUs (line(s) "
+                       f"{lines}) but the script's #SBATCH lines ask for none: the node "
+                       "slots will hold no GPUs; add --gpus-per-node (or --gres=gpu:N)")
+    return tuple(out)
 
 
 def _tokenize(body: str, where: str) -> list[str]:
