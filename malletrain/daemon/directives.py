@@ -130,6 +130,9 @@ def spec_warnings(opts: Options, spec: JobSpec, plan: ScriptPlan | None = None
     if any(o.startswith("--cpus-per-gpu=") for o in spec.slot_options) and not spec.gpus_per_node:
         out.append(f"{spec.script}: --cpus-per-gpu without GPUs: Slurm 22.05 ignores it, "
                    "24.11 and later refuse the node slots (Requested cpus_per_tres)")
+    if "gres" in opts.values and "gpus-per-node" in opts.values:
+        out.append(f"{opts.origin['gpus-per-node']}: --gpus-per-node beside --gres=gpu: Slurm "
+                   "26.05 refuses the node slots (mutually exclusive); give one of them")
     if plan is not None:
         out.extend(plan.warnings)
         if plan.srun_gpu_lines and not spec.gpus_per_node:
