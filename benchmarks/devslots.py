@@ -26,7 +26,8 @@ DEV_CLUSTER = REPO / "slurm" / "dev-cluster"
 _ENDED = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "")
 
 
-def _free_port_base(count: int = 16) -> int:
+def free_port_base(count: int = 16) -> int:
+    """A port base whose range is free now (the shared test cluster picks its own)."""
     for base in random.Random().sample(range(40000, 60000, 100), 50):
         try:
             for port in range(base, base + count):
@@ -44,7 +45,7 @@ def cluster(nodes: int) -> Iterator[dict[str, str]]:
     base = Path(tempfile.mkdtemp(prefix="mt-bench-cluster-", dir="/tmp"))
     base.chmod(0o755)
     env = dict(os.environ, MALLETRAIN_DEVCLUSTER_DIR=str(base / "c"),
-               MALLETRAIN_DEVCLUSTER_PORT=str(_free_port_base()))
+               MALLETRAIN_DEVCLUSTER_PORT=str(free_port_base()))
     subprocess.run([str(DEV_CLUSTER), "up", "--nodes", str(nodes), "--users", ""], env=env,
                    check=True, capture_output=True, timeout=600)
     env["SLURM_CONF"] = str(base / "c" / "etc" / "slurm.conf")

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import shutil
-import socket
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +32,9 @@ from malletrain.daemon.sbatch_options import SPANK_OPTIONS
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from devslots import free_port_base  # one way to find a dev cluster's ports  # noqa: E402
+
 DEV_CLUSTER = REPO / "slurm" / "dev-cluster"
 SLURM_VERSION = os.environ.get("MALLETRAIN_TEST_SLURM_VERSION", "22.05")  # as tests/conftest.py
 CORPUS = REPO / "tests" / "data" / "sbatch"
@@ -70,7 +72,7 @@ def oracle() -> Iterator[dict[str, str]]:
     base = Path(tempfile.mkdtemp(prefix="malletrain-oracle-", dir="/tmp"))
     base.chmod(0o755)  # munged (its own user) must reach the cluster's socket
     env = dict(os.environ, MALLETRAIN_DEVCLUSTER_DIR=str(base / "cluster"),
-               MALLETRAIN_DEVCLUSTER_PORT=str(_free_port_base(16)))
+               MALLETRAIN_DEVCLUSTER_PORT=str(free_port_base(16)))
     up = subprocess.run([str(DEV_CLUSTER), "up", "--nodes", "2", "--gpus", _gpu_types(),
                          "--users", "", "--slurm-version", SLURM_VERSION], env=env,
                         capture_output=True, text=True, timeout=600)
@@ -84,19 +86,6 @@ def oracle() -> Iterator[dict[str, str]]:
     finally:
         subprocess.run([str(DEV_CLUSTER), "down"], env=env, capture_output=True, timeout=120)
         shutil.rmtree(base, ignore_errors=True)
-
-
-def _free_port_base(count: int) -> int:
-    """A port base whose range is free now (the shared dev cluster picks its own)."""
-    for base in random.Random().sample(range(40000, 60000, 100), 50):
-        try:
-            for port in range(base, base + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free port range for the oracle's cluster")
 
 
 def _sbatch(env: dict[str, str], path: Path, name: str) -> tuple[dict[str, str] | None, str]:

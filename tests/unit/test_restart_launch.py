@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-from malletrain.elastic.restart.launch import task_gpus
 from malletrain.elastic.restart.launchers import Generation, LaunchError, plan_launch, split_srun
 from malletrain.elastic.restart.script import (
     analyse,
@@ -147,8 +146,6 @@ def test_deepspeed_s_hostfile_is_written_privately_before_it_runs(tmp_path):
     prints its argv and the hostfile it was given: DeepSpeed is not installed in CI)."""
     import json
     import os
-    import subprocess
-    import sys
 
     run_dir = tmp_path / "run"
     run_dir.mkdir(mode=0o700)
@@ -199,27 +196,3 @@ def test_srun_options_with_and_without_values():
                     "--mpi": "pmix"}
 
 
-@pytest.mark.parametrize(("visible", "bind", "expect"), [
-    ("0,1,2,3", True, ["0,1", "2,3"]), ("0,1,2,3", False, ["0,1,2,3"] * 2),
-    (None, True, [None, None]), ("5", True, ["5", "5"]),
-])
-def test_task_gpus_as_slurm_gives_them(visible, bind, expect):
-    assert [task_gpus(visible, 2, i, bind) for i in range(2)] == expect
-
-
-def test_srun_python_tasks_run_and_the_first_failure_ends_the_rest(tmp_path):
-    """The launcher itself, as a process: two tasks, one fails at once, the other (asleep)
-    is ended, and the launcher exits with the failure's code."""
-    script = tmp_path / "t.py"
-    script.write_text("import os, sys, time\n"
-                      "if os.environ['RANK'] == '0': sys.exit(3)\n"
-                      "time.sleep(60)\n")
-    env = {"MALLETRAIN_NNODES": "1", "MALLETRAIN_NODE_RANK": "0",
-           "MALLETRAIN_MASTER_ADDR": "localhost", "MALLETRAIN_MASTER_PORT": "1",
-           "MALLETRAIN_NODES": "localhost", "MALLETRAIN_WORKERS_PER_NODE": "2",
-           "PATH": "/usr/bin:/bin"}
-    res = subprocess.run([sys.executable, "-m", "malletrain.elastic.restart.launch", "--",
-                          "srun", "--ntasks-per-node=2", sys.executable, str(script)],
-                         env=env, timeout=30, capture_output=True, text=True)
-    # rc 3 within the timeout: the 60 s sleeper was ended, not waited for
-    assert res.returncode == 3, res.stderr

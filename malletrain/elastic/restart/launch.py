@@ -5,17 +5,15 @@ The generation it runs in comes from the node agent's environment (``MALLETRAIN_
 ``MALLETRAIN_NODE_RANK``, ``MALLETRAIN_MASTER_ADDR``, ``MALLETRAIN_MASTER_PORT``,
 ``MALLETRAIN_NODES``, ``MALLETRAIN_WORKERS_PER_NODE``, ``MALLETRAIN_RUN_DIR``). torchrun,
 accelerate and deepspeed replace this process (``exec``, after writing the launch's own
-files: deepspeed's hostfile); ``srun python`` becomes one process per task, supervised
-here like srun's ``--kill-on-bad-exit``: the first task that fails ends the others.
+files: deepspeed's hostfile). It runs only inside a task's ``bash -c "$LAUNCHER ..."``
+string (:mod:`.task`); ``srun python`` tasks are Slurm's own (:mod:`.srun`).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 
 from malletrain.elastic.restart.launchers import Generation, Launch, LaunchError, plan_launch
@@ -46,47 +44,6 @@ def write_files(launch: Launch) -> None:
             fh.write(text)
 
 
-def task_gpus(visible: str | None, k: int, index: int, bind: bool) -> str | None:
-    """CUDA_VISIBLE_DEVICES of task ``index`` of ``k``: its own share when the line binds
-    GPUs to tasks (``--gpus-per-task``, ``--gpu-bind``), else the node's, as Slurm does."""
-    if visible is None or not bind:
-        return visible
-    devices = [d for d in visible.split(",") if d]
-    per = len(devices) // k
-    if per == 0:
-        return visible
-    return ",".join(devices[index * per:(index + 1) * per])
-
-
-def run_tasks(launch: Launch, base_env: Mapping[str, str]) -> int:
-    """Start every task, pass signals on, end all when one fails; the first failure's rc."""
-    env = {**base_env, **launch.env}
-    procs = []
-    for i, task in enumerate(launch.tasks):
-        task_env = {**env, **task}
-        gpus = task_gpus(base_env.get("CUDA_VISIBLE_DEVICES"), len(launch.tasks), i,
-                         launch.bind_gpus)
-        if gpus is not None:
-            task_env["CUDA_VISIBLE_DEVICES"] = gpus
-        procs.append(subprocess.Popen(list(launch.argv), env=task_env))
-
-    def forward(signum: int, _frame: object) -> None:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signum)
-
-    for s in _FORWARD:
-        signal.signal(s, forward)
-    rc = 0
-    while any(p.poll() is None for p in procs):
-        bad = [p.returncode for p in procs if p.returncode not in (None, 0)]
-        if bad and rc == 0:
-            rc = bad[0]
-            forward(signal.SIGTERM, None)
-        time.sleep(0.1)
-    return rc or next((p.returncode for p in procs if p.returncode), 0)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "--":
@@ -101,9 +58,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"malletrain launch: cannot write {exc.filename}: {exc.strerror}",
               file=sys.stderr)
         return 2
-    if launch.tasks:
-        rc = run_tasks(launch, os.environ)
-        return 128 - rc if rc < 0 else rc
     sys.stdout.flush()
     sys.stderr.flush()
     try:
