@@ -30,7 +30,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from malletrain.core.allocator import malletrain_policy
+from malletrain.core.allocation.allocator import malletrain_policy
 from malletrain.core.baselines import freetrain_milp
 from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
 from malletrain.core.policies import CORE, REPLAY, make_policy

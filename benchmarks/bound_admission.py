@@ -1,6 +1,6 @@
 """How much of a slice's proven bound rests on jobs that only a finish admits.
 
-The LP bound (``malletrain.sim.bound``) lets a job run once finishes *could* have admitted
+The LP bound (``malletrain.sim.bounds.bound``) lets a job run once finishes *could* have admitted
 it (``Bound.earliest_s``), next to any other such job, whether or not those finishes
 happen. Beside it this prints the same LP over the first ``K`` jobs alone: what the bound
 would be if no job ever finished. That second figure is **not a bound** (a policy that
@@ -24,8 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import evaluate  # the slices and job sets of the evaluation
 
-from malletrain.sim.bound import upper_bound
-from malletrain.sim.bound_inputs import idle_segments, in_worker_seconds
+from malletrain.sim.bounds.bound import upper_bound
+from malletrain.sim.bounds.bound_inputs import idle_segments, in_worker_seconds
 
 K = 10
 DEFAULT = ("theta22-d150-sia", "theta23-d20-gavel", "theta23-d100-sia", "centre-theta-philly-mixed")

@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import evaluate  # the slices and job sets of the evaluation
 
 from malletrain.core.policies import POLICIES, REPLAY, make_policy
-from malletrain.sim.bound_inputs import idle_segments, in_worker_seconds, job_rates
-from malletrain.sim.bound_lp import best_allocations
+from malletrain.sim.bounds.bound_inputs import idle_segments, in_worker_seconds, job_rates
+from malletrain.sim.bounds.bound_lp import best_allocations
 from malletrain.sim.curves import provider_for
 from malletrain.sim.engine import Simulator
 from malletrain.sim.jobs import SimJob

@@ -7,7 +7,7 @@ with their source). For every model and local batch size measured at all of 1, 2
 
 * "measured" = what a job would have run first: 1 to 4 nodes (``--measured``);
 * predicted at the rest (6 to 16 nodes) by
-  - the communication-aware model (:mod:`malletrain.core.comm`: compute per step constant,
+  - the communication-aware model (:mod:`malletrain.core.profiling.comm`: compute per step constant,
     sync = a + b g(n), fitted to the measured sync times), and
   - the baseline in the same run: the Profiling Advisor's curve (:func:`fit_curve`: the
     concave fit of the measured rates, extended beyond the last size at the last slope
@@ -32,8 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from malletrain.core.comm import StepTimes, fit_comm  # noqa: E402
-from malletrain.core.profile import fit_curve  # noqa: E402
+from malletrain.core.profiling.comm import StepTimes, fit_comm  # noqa: E402
+from malletrain.core.profiling.profile import fit_curve  # noqa: E402
 
 DATA = REPO / "data" / "profiles" / "sia-pollux"
 MODELS = ("bert", "cifar10", "deepspeech2", "imagenet", "yolov3")

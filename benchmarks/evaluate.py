@@ -4,7 +4,7 @@ Each slice is a real trace cut (machine, time of year, load) and a job set of me
 profiles (``configs/sim/``; the ``centre`` slice uses the 1,000 jobs of
 ``benchmarks/simulate.py``). Every policy replays every slice through the same
 ``Simulator`` that ``malletrain simulate`` runs; the proven bound
-(``malletrain.sim.bound``) is computed per slice in one-worker-seconds.
+(``malletrain.sim.bounds.bound``) is computed per slice in one-worker-seconds.
 
 **The metric** is ``one_worker_seconds_total``: each job's samples divided by its
 samples/s on one node, summed: node-seconds of useful work, comparable across models
@@ -133,8 +133,8 @@ def bound(slice_name: str, time_s: float, milp_s: float = 0.0) -> tuple[float, s
 
     ``milp_s`` > 0 also runs the integer-finish MILP (``sim.bound``, as ``cli_bound
     --milp-s``) for at most that long: tighter where many jobs finish, minutes a slice."""
-    from malletrain.sim.bound import milp_block_s, upper_bound
-    from malletrain.sim.bound_inputs import idle_segments, in_worker_seconds
+    from malletrain.sim.bounds.bound import milp_block_s, upper_bound
+    from malletrain.sim.bounds.bound_inputs import idle_segments, in_worker_seconds
 
     sl = BY_NAME[slice_name]
     trace = sl.trace()

@@ -28,7 +28,7 @@ it was admitted (``on-target`` below, for replays 2 and 3 alike). ``predict_err_
 the communication-aware profile's median error at node counts never run
 (``benchmarks/comm_predict.py``, fitted at 1-4 nodes).
 
-The proven bound (``malletrain.sim.bound``, each job at its fastest type at every size:
+The proven bound (``malletrain.sim.bounds.bound``, each job at its fastest type at every size:
 ``bound_inputs.type_envelope``) bounds every policy here, typed or not, so the bound over
 replay 1 is the most that any type-aware plan can gain over the type-oblivious one on this
 trace and job set.
@@ -58,8 +58,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from comm_predict import cases  # noqa: E402
 
 from malletrain.core.policies import POLICIES, REPLAY, make_policy  # noqa: E402
-from malletrain.sim.bound import upper_bound  # noqa: E402
-from malletrain.sim.bound_inputs import idle_segments, in_worker_seconds  # noqa: E402
+from malletrain.sim.bounds.bound import upper_bound  # noqa: E402
+from malletrain.sim.bounds.bound_inputs import idle_segments, in_worker_seconds  # noqa: E402
 from malletrain.sim.counts import read_philly_minutes  # noqa: E402
 from malletrain.sim.curves import provider_for  # noqa: E402
 from malletrain.sim.engine import Simulator  # noqa: E402

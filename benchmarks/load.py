@@ -67,13 +67,13 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from replay_slurm import ReplaySlurm, Shape, serve, write_shims  # benchmarks/ is no package
 
-from malletrain.daemon.channel import call
-from malletrain.daemon.slots import parse_tag, render_slot
-from malletrain.daemon.spec import JobSpec
-from malletrain.elastic.authstore import AuthStore
-from malletrain.elastic.coordinator import parse_address
-from malletrain.elastic.jobstore import JobStore
-from malletrain.elastic.protocol import MemberInfo, ProgressReport
+from malletrain.daemon.jobs.slots import parse_tag, render_slot
+from malletrain.daemon.jobs.spec import JobSpec
+from malletrain.daemon.submit.channel import call
+from malletrain.elastic.protocol.authstore import AuthStore
+from malletrain.elastic.protocol.config import parse_address
+from malletrain.elastic.protocol.jobstore import JobStore
+from malletrain.elastic.protocol.keys import MemberInfo, ProgressReport
 from malletrain.errors import RetryableError
 from malletrain.slurm.backend import CliBackend
 

@@ -153,7 +153,7 @@ def elastic_driver(spec: dict[str, object]) -> None:
     """Inside switch 1: a coordinator on its address, four ElasticJob workers of
     examples/elastic_train.py with SlowLinkCompression (on the switches ``spec`` names), one
     membership of all four; writes every rank-0 step record to ``spec["out"]``."""
-    from malletrain.elastic.coordinator import Coordinator
+    from malletrain.elastic.coordinator.handle import Coordinator
 
     coord = Coordinator.start(SWITCHES[1][2], 0)
     job, tmp = "placement", Path(str(spec["tmp"]))

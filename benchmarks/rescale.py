@@ -54,8 +54,8 @@ import torch.distributed as dist
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from malletrain.elastic.coordinator import Coordinator  # noqa: E402
-from malletrain.elastic.keyfile import read_key  # noqa: E402
+from malletrain.elastic.coordinator.handle import Coordinator  # noqa: E402
+from malletrain.elastic.coordinator.keyfile import read_key  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "elastic_train.py"
 BASELINE = REPO / "benchmarks" / "rescale_baseline_worker.py"

@@ -73,7 +73,7 @@ class FullSnapshotView(SnapshotView):
     """Baseline: every node as a new Node object in every decision's snapshot."""
 
     def idle_nodes(self, now_s, idle, planned):  # type: ignore[no-untyped-def]
-        from malletrain.core import scavenger
+        from malletrain.core.scavenging import scavenger
 
         idle_set = set(idle.tolist())
         nodes = tuple(
@@ -117,8 +117,8 @@ def in_fresh_process(policy: str, jobs: int, days: float, full_view: bool) -> di
 
 
 def bound_of(jobs: int, days: float, time_s: float) -> tuple[float, float, float]:
-    from malletrain.sim.bound import upper_bound
-    from malletrain.sim.bound_inputs import idle_segments
+    from malletrain.sim.bounds.bound import upper_bound
+    from malletrain.sim.bounds.bound_inputs import idle_segments
 
     trace = centre_trace(days)
     t0 = time.perf_counter()

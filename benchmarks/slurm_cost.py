@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from malletrain.slurm.backend import CliBackend
-from malletrain.slurm.parse import build_snapshot
+from malletrain.slurm.parsers.parse import build_snapshot
 from malletrain.slurm.versions import FORMAT_ENV, JOBS_PLAIN, jobs_format
 
 REPO = Path(__file__).resolve().parents[1]

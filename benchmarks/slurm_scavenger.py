@@ -27,9 +27,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from malletrain.core.cluster import ClusterSnapshot, Job, JobState, Node, NodeState, Reservation
-from malletrain.core.scavenger import is_idle, node_windows
+from malletrain.core.scavenging.scavenger import is_idle, node_windows
 from malletrain.slurm.backend import CliBackend
-from malletrain.slurm.parse import SnapshotTexts, build_snapshot
+from malletrain.slurm.parsers.parse import SnapshotTexts, build_snapshot
 
 GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "golden" / "slurm" / "busy"
 NODES = 4000

@@ -27,14 +27,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from malletrain.daemon.channel import Peer  # noqa: E402
-from malletrain.daemon.requests import RequestHandler  # noqa: E402
-from malletrain.daemon.spec import JobSpec  # noqa: E402
-from malletrain.daemon.store import Store  # noqa: E402
-from malletrain.elastic.authstore import AuthStore  # noqa: E402
-from malletrain.elastic.coordinator import Coordinator  # noqa: E402
-from malletrain.elastic.jobstore import JobStore  # noqa: E402
-from malletrain.elastic.protocol import MemberInfo  # noqa: E402
+from malletrain.daemon.jobs.spec import JobSpec  # noqa: E402
+from malletrain.daemon.jobs.store import Store  # noqa: E402
+from malletrain.daemon.submit.channel import Peer  # noqa: E402
+from malletrain.daemon.submit.requests import RequestHandler  # noqa: E402
+from malletrain.elastic.coordinator.handle import Coordinator  # noqa: E402
+from malletrain.elastic.protocol.authstore import AuthStore  # noqa: E402
+from malletrain.elastic.protocol.jobstore import JobStore  # noqa: E402
+from malletrain.elastic.protocol.keys import MemberInfo  # noqa: E402
 from malletrain.ops.settings import Settings  # noqa: E402
 
 SPEC = JobSpec(script="/home/alice/train.py", args=("--epochs", "90"), name="resnet50",

@@ -1,7 +1,7 @@
 """A Hugging Face Accelerate training loop made elastic in process (native mode).
 
 The loop is Accelerate's (``Accelerator``, ``accelerator.autocast``, ``accelerator.backward``,
-``accelerator.gather``, ``is_main_process``); :class:`malletrain.elastic.accelerate.AcceleratedJob`
+``accelerator.gather``, ``is_main_process``); :class:`malletrain.elastic.AcceleratedJob`
 gives it its steps and re-forms the group when malletrain grows or shrinks the job, without
 restarting the surviving processes or writing a checkpoint. The model, data and log are
 those of ``examples/elastic_train.py``, so the two can be compared step for step.
@@ -23,8 +23,7 @@ from accelerate import Accelerator
 from elastic_train import JsonLog, checksum, make_dataset, parse_args
 from torch import nn
 
-from malletrain.elastic.accelerate import AcceleratedJob
-from malletrain.elastic.rules import LinearScaling
+from malletrain.elastic import AcceleratedJob, LinearScaling
 from malletrain.errors import UserError
 
 

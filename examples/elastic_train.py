@@ -10,8 +10,9 @@ Run by hand on one machine (CPU, gloo)::
       torchrun --standalone --nnodes=1 --nproc-per-node=1 examples/elastic_train.py \\
           --total-samples 20000 --results /tmp/demo-results.json &
     done
-    python -c "from malletrain.elastic.coordinator import Coordinator as C; \\
-               from malletrain.elastic.keyfile import read_key; from pathlib import Path; \\
+    python -c "from malletrain.elastic.coordinator.handle import Coordinator as C; \\
+               from malletrain.elastic.coordinator.keyfile import read_key; \\
+               from pathlib import Path; \\
                k = read_key(Path.home() / '.mt.key'); \\
                print(C.attach('127.0.0.1:29400', k).publish('demo', ['m0', 'm1']))"
 
@@ -38,9 +39,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from malletrain.elastic.compress import SlowLinkCompression
-from malletrain.elastic.rules import LinearScaling
-from malletrain.elastic.worker import ElasticJob, Step
+from malletrain.elastic import ElasticJob, LinearScaling, SlowLinkCompression, Step
 from malletrain.errors import UserError
 
 
@@ -69,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="also log the sample indices of every committed step")
     ap.add_argument("--compress-below-mbit", type=float, default=None,
                     help="PowerSGD on a group whose all-reduce measures below this many "
-                         "Mbit/s (malletrain.elastic.compress; default: never)")
+                         "Mbit/s (malletrain.elastic.training.compress; default: never)")
     ap.add_argument("--compress-rank", type=int, default=32,
                     help="PowerSGD's approximation rank")
     ap.add_argument("--results", type=Path, default=None,

@@ -26,11 +26,11 @@ log = logging.getLogger(__name__)
 SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("nodes", "malletrain.slurm.cli_nodes"),
     ("simulate", "malletrain.sim.cli_simulate"),
-    ("coordinator", "malletrain.elastic.cli_coordinator"),
-    ("daemon", "malletrain.daemon.cli_daemon"),
-    ("submit", "malletrain.daemon.cli_user"),
-    ("jobs", "malletrain.daemon.cli_user"),
-    ("cancel", "malletrain.daemon.cli_user"),
+    ("coordinator", "malletrain.elastic.coordinator.cli"),
+    ("daemon", "malletrain.daemon.service.cli_daemon"),
+    ("submit", "malletrain.daemon.submit.cli_user"),
+    ("jobs", "malletrain.daemon.submit.cli_user"),
+    ("cancel", "malletrain.daemon.submit.cli_user"),
     ("config", "malletrain.ops.cli_config"),
 )
 

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from malletrain.daemon.cli_user import format_rows
+from malletrain.daemon.submit.cli_user import format_rows
 from malletrain.devstack import (
     LocalCluster,
     LocalDaemon,

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import pytest
 
-from malletrain.slurm.parse_text import parse_key_values
+from malletrain.slurm.parsers.parse_text import parse_key_values
 
 REPO = Path(__file__).resolve().parents[1]
 DEV_CLUSTER = REPO / "slurm" / "dev-cluster"

@@ -8,7 +8,7 @@
 * :class:`NoLossBound`: not a policy to run on a cluster but a reference for the
   evaluation: the most throughput the admitted jobs can have at each event, rescale
   costs and windows ignored. Replayed with free rescales it estimates what any policy
-  can reach on a trace; the proven upper bound is :mod:`malletrain.sim.bound`.
+  can reach on a trace; the proven upper bound is :mod:`malletrain.sim.bounds.bound`.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from malletrain.core.knapsack import solve_counts
+from malletrain.core.allocation.knapsack import solve_counts
+from malletrain.core.allocation.placement import assign_nodes
+from malletrain.core.allocation.sparse_rows import SparseRows
+from malletrain.core.allocation.valuation import rates_upto
 from malletrain.core.model import AllocationInput, MalleableJob, Plan
-from malletrain.core.placement import assign_nodes
-from malletrain.core.sparse_rows import SparseRows
-from malletrain.core.valuation import rates_upto
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +286,7 @@ class NoLossBound:
     times the interval, and this policy takes that best at every event, so no policy
     makes more samples on the same admitted jobs. (Which jobs are admitted depends on
     which finish first, so with finishing jobs it is a reference, not a strict bound:
-    :mod:`malletrain.sim.bound` is the proven one.)
+    :mod:`malletrain.sim.bounds.bound` is the proven one.)
     It reads the true curves and ignores costs and windows: a simulator reference only,
     never for a real cluster (its registry entry has ``curves="true"``, which the
     daemon refuses).

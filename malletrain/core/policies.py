@@ -48,7 +48,7 @@ def _no_loss_bound(opts: PolicyOptions) -> Policy:
 
 def _malletrain(name: str) -> Callable[[PolicyOptions], Policy]:
     def factory(opts: PolicyOptions) -> Policy:
-        from malletrain.core.allocator import malletrain_policy
+        from malletrain.core.allocation.allocator import malletrain_policy
 
         return malletrain_policy(opts, name=name)
 

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Literal
 
 from malletrain.core.options import LIVE, PolicyOptions
-from malletrain.core.profile import AdvisorSettings
+from malletrain.core.profiling.profile import AdvisorSettings
 from malletrain.ops.settings_fields import (
     CPU_NODE_TYPE,
     check_address,
@@ -152,10 +152,10 @@ class SlurmSettings:
 
 
 #: A size seen live only during warm-up counts with at least this many seconds of it
-#: (:attr:`malletrain.core.profiler.AdvisorSettings.min_warmup_evidence_s`).
+#: (:attr:`malletrain.core.profiling.profiler.AdvisorSettings.min_warmup_evidence_s`).
 LIVE_MIN_WARMUP_EVIDENCE_S = 10.0
 #: The advisor's answers may be this old while evidence only grows at sizes already known
-#: (:mod:`malletrain.core.answers`): a job's model is refitted at most every 30 s, not at
+#: (:mod:`malletrain.core.profiling.answers`): a job's model is refitted at most every 30 s, not at
 #: every report of any job of its kind; a new size or a measured cost refreshes it at once.
 LIVE_PROFILE_REFRESH_S = 30.0
 
@@ -215,7 +215,8 @@ class AllocatorSettings:
         return {("" if t == CPU_NODE_TYPE else t): p for t, p in self.node_prices.items()}
 
     def advisor_settings(self) -> AdvisorSettings:
-        """The Profiling Advisor's settings (:class:`malletrain.core.profiler.AdvisorSettings`)."""
+        """The Profiling Advisor's settings
+        (:class:`malletrain.core.profiling.profiler.AdvisorSettings`)."""
         return AdvisorSettings(
             default_scale_up_s=self.default_scale_up_s,
             default_scale_down_s=self.default_scale_down_s,

@@ -20,7 +20,7 @@ from malletrain.core.policies import policy_names
 from malletrain.errors import UserError
 
 if TYPE_CHECKING:
-    from malletrain.sim.bound import Bound
+    from malletrain.sim.bounds.bound import Bound
     from malletrain.sim.jobs import SimJob
     from malletrain.sim.nodetypes import NodeTypes
     from malletrain.sim.trace import IdleTrace
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 def add_replay_arguments(p: argparse.ArgumentParser) -> None:
-    """The trace and job flags (shared with ``python -m malletrain.sim.cli_bound``)."""
+    """The trace and job flags (shared with ``python -m malletrain.sim.bounds.cli_bound``)."""
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--idle-trace", metavar="FILE", help="CSV time_s,node,state")
     src.add_argument("--swf", metavar="FILE", help="SWF job log (.swf or .swf.gz)")
@@ -104,7 +104,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--bound",
         action="store_true",
         help="also compute the proven upper bound on samples_total for this trace and job "
-        "set (malletrain.sim.bound) and print the result as a fraction of it",
+        "set (malletrain.sim.bounds.bound) and print the result as a fraction of it",
     )
     p.add_argument(
         "--bound-time-s",
@@ -136,10 +136,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _upper_bound(trace: IdleTrace, jobs: list[SimJob], args: argparse.Namespace) -> Bound | None:
-    """The LP bound of :mod:`malletrain.sim.bound` for this replay, so that the summary
+    """The LP bound of :mod:`malletrain.sim.bounds.bound` for this replay, so that the summary
     says how far its policy is from what any policy could reach."""
-    from malletrain.sim.bound import upper_bound
-    from malletrain.sim.bound_inputs import idle_segments
+    from malletrain.sim.bounds.bound import upper_bound
+    from malletrain.sim.bounds.bound_inputs import idle_segments
 
     segments = idle_segments(trace, args.until_s)
     if not segments:

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from typing import Protocol
 
-from malletrain.core.hetero import TypedProgress, TypeSpeeds, typed_models
+from malletrain.core.allocation.hetero import TypedProgress, TypeSpeeds, typed_models
 from malletrain.core.model import ThroughputModel
 from malletrain.sim.jobs import SimJob
 
@@ -98,7 +98,7 @@ class LearnedCurves:
     """
 
     def __init__(self, pool_kinds: bool = True) -> None:
-        from malletrain.core.profiler import ProfilingAdvisor
+        from malletrain.core.profiling.profiler import ProfilingAdvisor
 
         self.advisor = ProfilingAdvisor()
         self.pool_kinds = pool_kinds

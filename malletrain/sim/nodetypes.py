@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from malletrain.core.targets import target_now as core_target_now
+from malletrain.core.allocation.targets import target_now as core_target_now
 from malletrain.sim.result import JobRun, Result
 from malletrain.sim.trace import input_error
 

@@ -18,9 +18,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from malletrain.core import scavenger
 from malletrain.core.cluster import ClusterSnapshot, Job, JobState, Node, NodeState
 from malletrain.core.model import IdleNode
+from malletrain.core.scavenging import scavenger
 from malletrain.sim.trace import PlannedStart
 
 log = logging.getLogger(__name__)

@@ -46,11 +46,11 @@ from malletrain.slurm.errors import (
     SlurmParseError,
     SlurmUnavailableError,
 )
-from malletrain.slurm.parse import SnapshotTexts, build_snapshot, check_periodic
-from malletrain.slurm.parse_json import check_json_errors
-from malletrain.slurm.parse_plain_jobs import RecordMemo, parse_jobs_plain
-from malletrain.slurm.parse_states import UNRECORDED_NODE
-from malletrain.slurm.parse_text import parse_job_ids
+from malletrain.slurm.parsers.parse import SnapshotTexts, build_snapshot, check_periodic
+from malletrain.slurm.parsers.parse_json import check_json_errors
+from malletrain.slurm.parsers.parse_plain_jobs import RecordMemo, parse_jobs_plain
+from malletrain.slurm.parsers.parse_states import UNRECORDED_NODE
+from malletrain.slurm.parsers.parse_text import parse_job_ids
 from malletrain.slurm.privacy import Privacy, read_privacy
 from malletrain.slurm.refresh import BackgroundRefresh
 from malletrain.slurm.sbatch import SbatchSpec, parse_job_id
@@ -117,7 +117,8 @@ class SlurmBackend(Protocol):
 
     def pending_job_ids(self) -> frozenset[int]:
         """The ids of pending jobs: a query far cheaper than :meth:`snapshot`, for the
-        daemon's arrival probe between ticks (:class:`~malletrain.daemon.arrivals.ArrivalProbe`)."""
+        daemon's arrival probe between ticks
+        (:class:`~malletrain.daemon.observe.arrivals.ArrivalProbe`)."""
         ...
 
     def privacy(self) -> Privacy:

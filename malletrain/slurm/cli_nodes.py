@@ -22,7 +22,7 @@ import sys
 from typing import Any
 
 from malletrain.core.cluster import ClusterSnapshot
-from malletrain.core.scavenger import NodeWindow, node_windows
+from malletrain.core.scavenging.scavenger import NodeWindow, node_windows
 from malletrain.slurm.backend import DEFAULT_TIMEOUT_S
 from malletrain.slurm.select import select_backend
 

@@ -32,7 +32,7 @@ from malletrain.slurm.backend import CliBackend
 from malletrain.slurm.commands import render_update
 from malletrain.slurm.errors import SlurmCommandError, SlurmUnavailableError
 from malletrain.slurm.hostlist import expand_hostlist
-from malletrain.slurm.parse_json import job_state, node_state
+from malletrain.slurm.parsers.parse_json import job_state, node_state
 from malletrain.slurm.privacy import Privacy
 from malletrain.slurm.sbatch import SbatchSpec
 

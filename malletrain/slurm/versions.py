@@ -11,7 +11,7 @@ Slurm's JSON changes shape between releases (data_parser versions, docs/slurm-ba
 
 The release is read once per backend (``sinfo --version``: no RPC to slurmctld) and picks
 the node command; the parsers accept both shapes and refuse any other with an error that
-names the release and the field (:mod:`malletrain.slurm.shapes`). The daemon reads jobs from
+names the release and the field (:mod:`malletrain.slurm.parsers.shapes`). The daemon reads jobs from
 one text job list on every release (:data:`JOB_FIELDS`), never the JSON records: those are
 ~7.7 KB a job on 24.11, hundreds of MB for a centre's queue.
 """
@@ -55,7 +55,7 @@ NODES_FROM_SCONTROL = Release(23, 2)
 #: afresh for every call. Users may put newlines and separators in a name or a comment
 #: (measured: ``--comment=$'a\\n99999|RUNNING|...'`` prints as two lines), which in a plain
 #: text format would let one user forge the records of others; they cannot guess the
-#: token, and every record starts with it (:mod:`malletrain.slurm.parse_plain_jobs`).
+#: token, and every record starts with it (:mod:`malletrain.slurm.parsers.parse_plain_jobs`).
 JOB_FIELDS = ("%A", "%T", "%D", "%l", "%S", "%e", "%V", "%u", "%P", "%N", "%Y", "%r")
 JOBS_PLAIN = ("squeue", "--all", "--states=all", "--noheader")
 #: The format travels in squeue's environment, not its argv: another user on the login

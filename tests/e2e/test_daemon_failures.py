@@ -72,7 +72,7 @@ def test_a_user_cannot_attach_or_cancel_someone_elses_jobs(daemon, clean_cluster
     import json
     import subprocess
 
-    from malletrain.daemon.channel import call
+    from malletrain.daemon.submit.channel import call
 
     ask = subprocess.run(
         ["setpriv", "--reuid=mt-alice", "--regid=mt-alice", "--init-groups", "python3", "-c",

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from malletrain.elastic.coordinator import Coordinator
-from malletrain.elastic.keyfile import ensure_key
+from malletrain.elastic.coordinator.handle import Coordinator
+from malletrain.elastic.coordinator.keyfile import ensure_key
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "elastic_train.py"
@@ -103,7 +103,7 @@ class Cluster:
         log = self.tmp / f"{member_id}.{n}.{{local_rank}}.jsonl"
         err = self.tmp / f"{member_id}.{n}.stderr"
         e = self._env(member_id, env)
-        # as a native slot runs it (daemon/slots.py): the agent's rendezvous via the coordinator
+        # as a native slot runs it (daemon/jobs/slots.py): rendezvous via the coordinator
         cmd = [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend=malletrain",
                "--nnodes=1",
                f"--nproc-per-node={nproc}", str(self.script), "--jsonl", str(log), *args]

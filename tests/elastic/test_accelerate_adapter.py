@@ -1,5 +1,5 @@
 """Native mode for Hugging Face Accelerate: ``examples/elastic_accelerate.py`` (Accelerate's
-own loop on :class:`~malletrain.elastic.accelerate.AcceleratedJob`) grown and shrunk in
+own loop on :class:`~malletrain.elastic.worker.accelerate.AcceleratedJob`) grown and shrunk in
 process by real worker processes over gloo: Accelerate's rank, size and collectives follow
 every membership, the replicas stay identical, no step is lost or repeated.
 """
@@ -61,8 +61,8 @@ def test_what_native_mode_cannot_rescale_is_refused_with_the_reason():
     from accelerate.state import AcceleratorState
     from torch import nn, optim
 
-    from malletrain.elastic.accelerate import AcceleratedJob
-    from malletrain.elastic.rules import LinearScaling
+    from malletrain.elastic.training.rules import LinearScaling
+    from malletrain.elastic.worker.accelerate import AcceleratedJob
 
     AcceleratorState._reset_state(reset_partial_state=True)
     acc = Accelerator(cpu=True, gradient_accumulation_steps=4)

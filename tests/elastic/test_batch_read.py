@@ -10,14 +10,14 @@ import time
 
 import pytest
 
-from malletrain.elastic import kvserver
-from malletrain.elastic.authclient import AuthClient
-from malletrain.elastic.authclient import StoreRefused as ClientRefused
-from malletrain.elastic.authstore import AuthStore
-from malletrain.elastic.coordinator import Coordinator
-from malletrain.elastic.jobstore import JobStore
-from malletrain.elastic.protocol import MemberInfo, ProgressReport
-from malletrain.elastic.records import RecordError
+from malletrain.elastic.coordinator import kvserver
+from malletrain.elastic.coordinator.handle import Coordinator
+from malletrain.elastic.protocol.authclient import AuthClient
+from malletrain.elastic.protocol.authclient import StoreRefused as ClientRefused
+from malletrain.elastic.protocol.authstore import AuthStore
+from malletrain.elastic.protocol.jobstore import JobStore
+from malletrain.elastic.protocol.keys import MemberInfo, ProgressReport
+from malletrain.elastic.protocol.records import RecordError
 
 pytestmark = pytest.mark.torch
 

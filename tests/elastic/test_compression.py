@@ -1,4 +1,4 @@
-"""Compression only where it pays (malletrain/elastic/compress.py), with real workers.
+"""Compression only where it pays (malletrain/elastic/training/compress.py), with real workers.
 
 Two groups of real worker processes over gloo train the same job from the same seeds: one
 with a threshold no link reaches (every group measures "slow" and switches to PowerSGD),
@@ -14,8 +14,8 @@ import statistics
 import pytest
 from elastic_harness import Cluster, Worker, checksums_at, committed_steps, wait_for
 
-from malletrain.elastic.compress import CompressionSwitch, SlowLinkCompression, bus_mbit_s
-from malletrain.elastic.synctime import _traffic
+from malletrain.elastic.training.compress import CompressionSwitch, SlowLinkCompression, bus_mbit_s
+from malletrain.elastic.training.synctime import _traffic
 
 pytestmark = pytest.mark.torch
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from elastic_harness import EXAMPLE, REPO
 
-from malletrain.elastic.config import ElasticConfig
-from malletrain.elastic.faults import is_peer_failure
+from malletrain.elastic.protocol.config import ElasticConfig
+from malletrain.elastic.worker.faults import is_peer_failure
 from malletrain.errors import ConfigError, PermanentError
 
 pytestmark = pytest.mark.torch

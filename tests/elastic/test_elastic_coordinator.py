@@ -21,10 +21,10 @@ from elastic_harness import (
     wait_for,
 )
 
-from malletrain.elastic.authstore import AuthStore
-from malletrain.elastic.coordinator import Coordinator, MemberUnavailable
-from malletrain.elastic.jobstore import JobStore
-from malletrain.elastic.protocol import MemberInfo
+from malletrain.elastic.coordinator.handle import Coordinator, MemberUnavailable
+from malletrain.elastic.protocol.authstore import AuthStore
+from malletrain.elastic.protocol.jobstore import JobStore
+from malletrain.elastic.protocol.keys import MemberInfo
 from malletrain.errors import PermanentError, RetryableError
 
 pytestmark = pytest.mark.torch

@@ -15,7 +15,7 @@ import time
 import pytest
 from elastic_harness import Cluster, Worker, checksums_at, committed_steps, wait_for
 
-from malletrain.elastic.sampler import DataStream
+from malletrain.elastic.training.sampler import DataStream
 
 pytestmark = pytest.mark.torch
 

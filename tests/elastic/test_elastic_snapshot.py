@@ -9,7 +9,7 @@ import stat
 import pytest
 import torch
 
-from malletrain.elastic import snapshot
+from malletrain.elastic.worker import snapshot
 
 pytestmark = pytest.mark.torch
 KEY = b"s" * 32

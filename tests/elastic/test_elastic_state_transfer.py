@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from malletrain.elastic.transfer import flatten_by_dtype, join_tensors, split_tensors
+from malletrain.elastic.worker.transfer import flatten_by_dtype, join_tensors, split_tensors
 
 pytestmark = pytest.mark.torch
 

@@ -20,19 +20,19 @@ import pytest
 from elastic_harness import attach, start_coordinator
 
 from malletrain.core.lifecycle import JobPhase
-from malletrain.core.profiler import ProfilingAdvisor
-from malletrain.daemon.monitor import JobMonitor
-from malletrain.daemon.spec import JobSpec
-from malletrain.daemon.store import Store
-from malletrain.elastic.authstore import AuthStore
-from malletrain.elastic.jobstore import JobStore
-from malletrain.elastic.protocol import MemberInfo, ProgressReport
+from malletrain.core.profiling.profiler import ProfilingAdvisor
+from malletrain.daemon.jobs.spec import JobSpec
+from malletrain.daemon.jobs.store import Store
+from malletrain.daemon.observe.monitor import JobMonitor
+from malletrain.elastic.protocol.authstore import AuthStore
+from malletrain.elastic.protocol.jobstore import JobStore
+from malletrain.elastic.protocol.keys import MemberInfo, ProgressReport
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
 ATTACK = """
 import sys
-from malletrain.elastic.authstore import AuthStore
+from malletrain.elastic.protocol.authstore import AuthStore
 host, port, job = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 store = AuthStore(host, port, job, bytes.fromhex(sys.stdin.read().strip()))
 pre = f"mt/{job}/"

@@ -9,15 +9,15 @@ import time
 import pytest
 
 from malletrain.core.lifecycle import JobPhase
-from malletrain.core.profiler import ProfilingAdvisor
-from malletrain.daemon.monitor import JobMonitor
-from malletrain.daemon.spec import JobSpec
-from malletrain.daemon.store import Store
-from malletrain.elastic import wire
-from malletrain.elastic.authstore import AuthStore
-from malletrain.elastic.coordinator import Coordinator
-from malletrain.elastic.jobstore import JobStore
-from malletrain.elastic.protocol import MemberInfo, ProgressReport
+from malletrain.core.profiling.profiler import ProfilingAdvisor
+from malletrain.daemon.jobs.spec import JobSpec
+from malletrain.daemon.jobs.store import Store
+from malletrain.daemon.observe.monitor import JobMonitor
+from malletrain.elastic.coordinator.handle import Coordinator
+from malletrain.elastic.protocol import wire
+from malletrain.elastic.protocol.authstore import AuthStore
+from malletrain.elastic.protocol.jobstore import JobStore
+from malletrain.elastic.protocol.keys import MemberInfo, ProgressReport
 
 NODE_TYPES = {"g1": "v100", "g2": "v100", "p1": "p100"}
 
@@ -76,7 +76,7 @@ def test_step_times_of_a_group_across_two_switches_set_the_jobs_spread_factor(co
                                                                               tmp_path):
     """Reports of the job on two nodes of one switch, then on two switches (issue 19 §2):
     the steps across switches are kept apart and their slowdown is the job's spread
-    factor, which the models hand to the tick (core/spread.py)."""
+    factor, which the models hand to the tick (core/allocation/spread.py)."""
     store, job, js, now = _queued_job(coord, tmp_path, ("a1", "a2", "b1"))
     switches = {"a1": "swA", "a2": "swA", "b1": "swB"}
     monitor = JobMonitor(ProfilingAdvisor(), store)

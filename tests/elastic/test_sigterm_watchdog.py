@@ -16,7 +16,7 @@ from elastic_harness import REPO
 
 STUCK = """
 import ctypes, os, sys
-from malletrain.elastic.signals import SigtermWatch
+from malletrain.elastic.worker.signals import SigtermWatch
 w = SigtermWatch(2.0, last_word=lambda: print("last word", flush=True))
 w.install()
 print("ready", *[c.pid for c in __import__("psutil").Process().children()], flush=True)

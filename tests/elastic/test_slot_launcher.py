@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from malletrain.daemon.slots import render_slot
-from malletrain.daemon.spec import JobSpec
-from malletrain.elastic.coordinator import Coordinator
+from malletrain.daemon.jobs.slots import render_slot
+from malletrain.daemon.jobs.spec import JobSpec
+from malletrain.elastic.coordinator.handle import Coordinator
 
 SECRET = "ab" * 32
 

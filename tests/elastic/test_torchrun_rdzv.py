@@ -12,7 +12,7 @@ import sys
 import pytest
 from elastic_harness import REPO
 
-from malletrain.elastic.coordinator import Coordinator
+from malletrain.elastic.coordinator.handle import Coordinator
 
 pytestmark = [pytest.mark.torch, pytest.mark.slurm]
 

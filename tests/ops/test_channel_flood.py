@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from malletrain.daemon.channel import MAX_CONNECTIONS_PER_UID, ChannelServer
+from malletrain.daemon.submit.channel import MAX_CONNECTIONS_PER_UID, ChannelServer
 
 pytestmark = pytest.mark.slurm  # needs the dev cluster's test users
 
@@ -36,7 +36,7 @@ time.sleep(float(sys.argv[3]))
 
 ASK = """
 import sys, time
-from malletrain.daemon.channel import call
+from malletrain.daemon.submit.channel import call
 t0 = time.monotonic()
 answer = call(sys.argv[1], {"op": "jobs"}, timeout_s=30)
 print(f"{time.monotonic() - t0:.2f} {answer['jobs']}", flush=True)
@@ -47,7 +47,7 @@ print(f"{time.monotonic() - t0:.2f} {answer['jobs']}", flush=True)
 #: such answers retryable): one call can fail while the flood still holds every descriptor
 ASK_UNTIL_SERVED = """
 import sys, time
-from malletrain.daemon.channel import call
+from malletrain.daemon.submit.channel import call
 t0 = time.monotonic()
 while True:
     try:
@@ -102,7 +102,7 @@ def test_running_out_of_file_descriptors_does_not_end_the_channel(dev_cluster, s
     code = f"""
 import resource, sys, time
 from pathlib import Path
-from malletrain.daemon.channel import MAX_CONNECTIONS_PER_UID, ChannelServer
+from malletrain.daemon.submit.channel import MAX_CONNECTIONS_PER_UID, ChannelServer
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (16, hard))  # fewer than one uid may hold
 server = ChannelServer(Path({str(path)!r}), lambda peer, req: {{"jobs": [peer.user]}}).start()

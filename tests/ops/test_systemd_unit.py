@@ -150,7 +150,7 @@ def test_exec_lines_are_real_command_lines(unit, key, index):
 def test_coordinator_unit_is_where_the_daemon_looks():
     """The daemon attaches to the coordinator unit's address file / the configured port."""
     from malletrain.cli import build_parser
-    from malletrain.daemon.coordinator_proc import coordinator_files as _coordinator_files
+    from malletrain.daemon.service.coordinator_proc import coordinator_files as _coordinator_files
 
     args = build_parser().parse_args(shlex.split(unit_lines(COORDINATOR_UNIT)["ExecStart"][0])[1:])
     defaults = Settings()

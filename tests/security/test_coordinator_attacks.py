@@ -18,7 +18,7 @@ import time
 import pytest
 from elastic_harness import Cluster, attach, committed_steps, start_coordinator, wait_for
 
-from malletrain.elastic.authstore import AuthStore
+from malletrain.elastic.protocol.authstore import AuthStore
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
@@ -27,7 +27,7 @@ import json, socket, sys
 from datetime import timedelta
 import torch.distributed as dist
 # the raw client: every request the wire has, admin ones included
-from malletrain.elastic.authclient import AuthClient
+from malletrain.elastic.protocol.authclient import AuthClient
 host, port, victim, own = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 own_secret = bytes.fromhex(sys.stdin.read().strip())
 out = {}

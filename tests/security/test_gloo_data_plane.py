@@ -39,7 +39,7 @@ def _rank(rank: int, port: int, secret: bytes, q, run_s: float) -> None:
     import torch
     import torch.distributed as dist
 
-    from malletrain.elastic.authstore import AuthStore
+    from malletrain.elastic.protocol.authstore import AuthStore
 
     store = AuthStore("127.0.0.1", port, "m1", secret)
     dist.init_process_group("gloo", store=dist.PrefixStore("mt/m1/pg/1/", store), rank=rank,
@@ -64,7 +64,7 @@ def _rank(rank: int, port: int, secret: bytes, q, run_s: float) -> None:
 
 
 def test_junk_on_gloos_ports_does_not_disturb_a_formed_group(dev_cluster):
-    from malletrain.elastic.coordinator import Coordinator
+    from malletrain.elastic.coordinator.handle import Coordinator
 
     coord = Coordinator.start("127.0.0.1", 0)
     port = int(coord.address.rsplit(":", 1)[1])

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 SAVE = r"""
 import sys, torch
 from pathlib import Path
-from malletrain.elastic import snapshot
+from malletrain.elastic.worker import snapshot
 secret = bytes.fromhex(sys.stdin.read().strip())
 p = snapshot.save(Path(sys.argv[1]), "m1", 40, {"model": {"w": torch.full((3,), 7.0)}}, secret)
 print(p)
@@ -27,7 +27,7 @@ print(p)
 LOAD = r"""
 import sys
 from pathlib import Path
-from malletrain.elastic import snapshot
+from malletrain.elastic.worker import snapshot
 secret = bytes.fromhex(sys.stdin.read().strip())
 ref = snapshot.find_latest(Path(sys.argv[1]), "m1")
 got = snapshot.load(ref, "m1", secret) if ref else None

@@ -1,4 +1,4 @@
-"""The proven upper bound (malletrain.sim.bound): hand-computed cases, and no policy beats it.
+"""The proven upper bound (sim/bounds/bound.py): hand-computed cases, and no policy beats it.
 
 The property test replays small random traces and job sets through the real engine
 with every registered policy and checks ``samples_total <= bound``; jobs are small
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from malletrain.core.policies import CORE, POLICIES, REPLAY, make_policy
-from malletrain.sim.bound import upper_bound
-from malletrain.sim.bound_inputs import (
+from malletrain.sim.bounds.bound import upper_bound
+from malletrain.sim.bounds.bound_inputs import (
     FinishCost,
     IdleSegment,
     earliest_starts,
@@ -24,8 +24,8 @@ from malletrain.sim.bound_inputs import (
     job_rates,
     type_envelope,
 )
-from malletrain.sim.bound_lp import best_allocations
-from malletrain.sim.cli_bound import main
+from malletrain.sim.bounds.bound_lp import best_allocations
+from malletrain.sim.bounds.cli_bound import main
 from malletrain.sim.curves import provider_for
 from malletrain.sim.engine import Simulator
 from malletrain.sim.jobs import SimJob

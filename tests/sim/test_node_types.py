@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from malletrain.core.allocator import MalleTrainPolicy
-from malletrain.core.hetero import TypeSpeeds
+from malletrain.core.allocation.allocator import MalleTrainPolicy
+from malletrain.core.allocation.hetero import TypeSpeeds
 from malletrain.core.model import ThroughputModel
 from malletrain.errors import PermanentError
 from malletrain.sim.curves import LearnedCurves, TrueCurves

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from malletrain.core.cluster import JobState, NodeState
-from malletrain.core.scavenger import idle_nodes
-from malletrain.daemon.slots import is_held
+from malletrain.core.scavenging.scavenger import idle_nodes
+from malletrain.daemon.jobs.slots import is_held
 from malletrain.slurm.backend import SlurmBackend
 from malletrain.slurm.errors import SlurmCommandError
 from malletrain.slurm.sbatch import SbatchSpec

@@ -15,11 +15,11 @@ import pytest
 
 from malletrain.core.cluster import ClusterSnapshot
 from malletrain.core.lifecycle import JobPhase
-from malletrain.daemon.channel import Peer
-from malletrain.daemon.daemon import Daemon
-from malletrain.daemon.slots import slot_tag
+from malletrain.daemon.jobs.slots import slot_tag
+from malletrain.daemon.service.daemon import Daemon
+from malletrain.daemon.submit.channel import Peer
 from malletrain.daemon.tick.actions import Transit
-from malletrain.elastic.coordinator import Coordinator
+from malletrain.elastic.coordinator.handle import Coordinator
 from malletrain.ops.settings import Settings, StateSettings
 from malletrain.slurm.backend import CliBackend
 from malletrain.slurm.sbatch import SbatchSpec

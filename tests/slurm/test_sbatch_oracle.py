@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from malletrain import cli
-from malletrain.daemon.sbatch_options import SPANK_OPTIONS
+from malletrain.daemon.jobs.sbatch_options import SPANK_OPTIONS
 
 pytestmark = pytest.mark.slurm
 

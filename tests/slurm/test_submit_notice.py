@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from malletrain.daemon.arrivals import ArrivalProbe, SubmitNotice
+from malletrain.daemon.observe.arrivals import ArrivalProbe, SubmitNotice
 from malletrain.slurm.select import select_backend
 
 pytestmark = pytest.mark.slurm

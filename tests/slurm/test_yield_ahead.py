@@ -18,10 +18,10 @@ import pytest
 
 from malletrain.core.lifecycle import JobPhase, Lifecycle, advance
 from malletrain.core.policies import make_policy
-from malletrain.core.scavenger import earliest_claims
-from malletrain.daemon.slots import slot_tag
-from malletrain.daemon.spec import JobSpec
-from malletrain.daemon.store import JobRecord, SlotRecord
+from malletrain.core.scavenging.scavenger import earliest_claims
+from malletrain.daemon.jobs.slots import slot_tag
+from malletrain.daemon.jobs.spec import JobSpec
+from malletrain.daemon.jobs.store import JobRecord, SlotRecord
 from malletrain.daemon.tick import CoordView, DecideSettings, Registration, World, decide
 from malletrain.daemon.tick.actions import Leave
 from malletrain.slurm.hostlist import expand_hostlist

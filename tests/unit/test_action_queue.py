@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from malletrain.daemon.action_queue import ActionQueue
+from malletrain.daemon.act.action_queue import ActionQueue
 
 
 @dataclass

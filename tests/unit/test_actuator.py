@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import threading
 
-from malletrain.daemon.actuator import Actuator
-from malletrain.daemon.spec import JobSpec
-from malletrain.daemon.store import Store
+from malletrain.daemon.act.actuator import Actuator
+from malletrain.daemon.jobs.spec import JobSpec
+from malletrain.daemon.jobs.store import Store
 from malletrain.daemon.tick.actions import Park, Place
 
 

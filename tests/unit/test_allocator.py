@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from malletrain.core.allocator import MalleTrainPolicy
-from malletrain.core.knapsack import solve_counts
+from malletrain.core.allocation.allocator import MalleTrainPolicy
+from malletrain.core.allocation.knapsack import solve_counts
+from malletrain.core.allocation.valuation import job_value_table, rates_upto
 from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
-from malletrain.core.valuation import job_value_table, rates_upto
 
 
 def reference_value(
@@ -472,8 +472,8 @@ def test_one_noisy_preemption_cost_does_not_make_nodes_worthless():
     of the whole job, so with that cost no node whose hole may end was worth growing onto.
     The advisor now clips such measurements and shrinks them towards the default.
     """
-    from malletrain.core.profile import AdvisorSettings
-    from malletrain.core.profiler import ProfilingAdvisor
+    from malletrain.core.profiling.profile import AdvisorSettings
+    from malletrain.core.profiling.profiler import ProfilingAdvisor
 
     def advisor(settings: AdvisorSettings) -> ProfilingAdvisor:
         adv = ProfilingAdvisor(settings)
@@ -512,7 +512,7 @@ def test_history_of_short_holes_does_not_make_a_long_idle_node_worthless():
     idle (unplanned) for hours is valued by its age and used, by a running job and by a
     job that must pay its start-up. ``prior_floor`` (off by default) is the knob for a
     cluster whose few holes are not representative: it keeps young nodes usable too."""
-    from malletrain.core.holes import HoleLengthModel, HoleTracker
+    from malletrain.core.scavenging.holes import HoleLengthModel, HoleTracker
 
     def policy(floor: float) -> MalleTrainPolicy:
         model = HoleLengthModel(prior_floor=floor)

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from malletrain.core.allocator import MalleTrainPolicy, malletrain_policy
-from malletrain.core.knapsack import solve_counts
+from malletrain.core.allocation.allocator import MalleTrainPolicy, malletrain_policy
+from malletrain.core.allocation.knapsack import solve_counts
 from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
 from malletrain.core.options import LIVE
 

@@ -15,8 +15,8 @@ import math
 import numpy as np
 import pytest
 
-from malletrain.core.allocator import MalleTrainPolicy, malletrain_policy
-from malletrain.core.finish import SlotOutlook, slot_rate
+from malletrain.core.allocation.allocator import MalleTrainPolicy, malletrain_policy
+from malletrain.core.allocation.finish import SlotOutlook, slot_rate
 from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
 from malletrain.core.options import CORE
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from malletrain.core.allocator import MalleTrainPolicy
+from malletrain.core.allocation.allocator import MalleTrainPolicy
 from malletrain.core.baselines import (
     EqualShare,
     FreeTrain,

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from malletrain.core.comm import SHAPES, StepTimes, fit_comm
+from malletrain.core.profiling.comm import SHAPES, StepTimes, fit_comm
 
 
 def times(sync: dict[int, float], compute_s: float = 0.4, per_node: float = 32.0
@@ -54,8 +54,8 @@ def test_weights_favour_the_better_measured_sizes_and_residuals_are_reported() -
 
 
 def test_temper_lowers_the_optimistic_extension_where_sync_says_so() -> None:
-    from malletrain.core.comm import temper
     from malletrain.core.model import ThroughputModel
+    from malletrain.core.profiling.comm import temper
 
     curve = ThroughputModel(((1, 100.0), (2, 190.0)), optimistic_slope=90.0,
                             measured_max_nodes=2)
@@ -72,7 +72,7 @@ def test_temper_lowers_the_optimistic_extension_where_sync_says_so() -> None:
 
 
 def test_the_advisor_keeps_step_splits_per_kind_and_through_storage() -> None:
-    from malletrain.core.profiler import ProfilingAdvisor
+    from malletrain.core.profiling.profiler import ProfilingAdvisor
 
     adv = ProfilingAdvisor()
     adv.register("j1", "bert")
@@ -95,7 +95,7 @@ def test_the_advisor_keeps_step_splits_per_kind_and_through_storage() -> None:
 @pytest.mark.parametrize("bad", [{"2": [1.0, 2.0]}, {"2": [1.0, -1.0, 1.0, 1.0]},
                                  {"x": [1.0, 1.0, 1.0, 1.0]}, [1, 2]])
 def test_a_malformed_stored_step_split_is_refused_by_name(bad: object) -> None:
-    from malletrain.core.profile import PROFILE_VERSION, Profile
+    from malletrain.core.profiling.profile import PROFILE_VERSION, Profile
 
     with pytest.raises(ValueError, match="steps"):
         Profile.from_dict({"version": PROFILE_VERSION, "steps": bad})

@@ -9,9 +9,9 @@ from __future__ import annotations
 import threading
 import time
 
-from malletrain.daemon.arrivals import ArrivalProbe, SubmitNotice
+from malletrain.daemon.observe.arrivals import ArrivalProbe, SubmitNotice
 from malletrain.slurm.errors import SlurmUnavailableError
-from malletrain.slurm.parse_text import parse_job_ids
+from malletrain.slurm.parsers.parse_text import parse_job_ids
 
 
 class Slurm:
@@ -169,7 +169,7 @@ def test_forged_notices_cannot_make_the_probe_ask_faster_than_its_pace(tmp_path)
 def test_an_unusable_notice_falls_back_to_polling_and_says_why_once(tmp_path, caplog):
     p, slurm, _wakes, path = notice_probe(tmp_path)
     path.chmod(0o666)  # anyone could write it
-    with caplog.at_level("WARNING", logger="malletrain.daemon.arrivals"):
+    with caplog.at_level("WARNING", logger="malletrain.daemon.observe.arrivals"):
         for _ in range(3):
             turn(p)
     assert slurm.calls == 3  # polls, as without a notice

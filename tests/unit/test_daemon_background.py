@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from malletrain.daemon.background import Background
+from malletrain.daemon.act.background import Background
 
 
 def test_the_result_or_the_error_comes_back_to_the_caller():
@@ -34,7 +34,7 @@ def test_the_result_or_the_error_comes_back_to_the_caller():
 def test_a_read_in_flight_does_not_hold_the_process_at_exit():
     """A slurmctld that does not answer must not delay the daemon's stop by the backend's
     timeout: the process exits while the read still waits."""
-    code = ("import time\nfrom malletrain.daemon.background import Background\n"
+    code = ("import time\nfrom malletrain.daemon.act.background import Background\n"
             "Background(lambda: time.sleep(60), 'slurm-read')\nprint('leaving')\n")
     t0 = time.monotonic()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -8,7 +8,12 @@ import socket
 
 import pytest
 
-from malletrain.daemon.channel import MAX_REQUEST_BYTES, ChannelServer, DaemonUnavailable, call
+from malletrain.daemon.submit.channel import (
+    MAX_REQUEST_BYTES,
+    ChannelServer,
+    DaemonUnavailable,
+    call,
+)
 from malletrain.errors import PermanentError, RetryableError
 
 
@@ -129,7 +134,7 @@ class _Scripted:
 
 
 def test_busy_is_sent_again_and_a_lost_answer_only_for_idempotent_requests(tmp_path):
-    from malletrain.daemon.channel import _BUSY
+    from malletrain.daemon.submit.channel import _BUSY
     ok = b'{"ok": true, "job_id": "7"}\n'
     srv = _Scripted(tmp_path / "a.sock", [_BUSY, _BUSY, ok])
     assert call(srv.sock.getsockname(), {"op": "submit"}, retry_s=10)["job_id"] == "7"
@@ -161,7 +166,7 @@ def test_busy_sent_before_the_request_is_read_is_still_seen(tmp_path):
     read, so the caller is told "busy" and may try again, not "did not answer"."""
     import threading
 
-    from malletrain.daemon.channel import _BUSY
+    from malletrain.daemon.submit.channel import _BUSY
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(str(tmp_path / "busy.sock"))
     sock.listen()

@@ -9,9 +9,9 @@ from tick_scenes import NOW, kinds, node, record, slot_job, world
 from malletrain.core.cluster import Job, JobState, NodeState
 from malletrain.core.lifecycle import JobPhase, advance
 from malletrain.core.policies import make_policy
-from malletrain.core.scavenger import Claim
-from malletrain.daemon.slots import slot_tag
-from malletrain.daemon.store import JobRecord, SlotRecord
+from malletrain.core.scavenging.scavenger import Claim
+from malletrain.daemon.jobs.slots import slot_tag
+from malletrain.daemon.jobs.store import JobRecord, SlotRecord
 from malletrain.daemon.tick import CoordView, Registration, decide
 from malletrain.daemon.tick.actions import Cancel, Hold, Leave, Park, Place, Publish, Transit
 from malletrain.daemon.tick.yielding import yield_ahead

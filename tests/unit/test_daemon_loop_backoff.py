@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from malletrain.daemon.loop import (
+from malletrain.daemon.service.loop import (
     BACKOFF_FACTOR,
     FOLLOW_UP_TICK_S,
     SLOW_OBSERVE_S,

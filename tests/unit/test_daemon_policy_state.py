@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from malletrain.core.allocator import MalleTrainPolicy
+from malletrain.core.allocation.allocator import MalleTrainPolicy
 from malletrain.core.model import AllocationInput, IdleNode
-from malletrain.daemon.daemon import Daemon
-from malletrain.daemon.store import Store
+from malletrain.daemon.jobs.store import Store
+from malletrain.daemon.service.daemon import Daemon
 from malletrain.ops.settings import AllocatorSettings, Settings, StateSettings
 from malletrain.slurm.backend import CliBackend
 

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from malletrain.core.cluster import Job, JobState
-from malletrain.daemon.slots import (
+from malletrain.daemon.jobs.slots import (
     SlotStatus,
     classify,
     member_id,
@@ -14,7 +14,7 @@ from malletrain.daemon.slots import (
     render_slot,
     slot_tag,
 )
-from malletrain.daemon.spec import JobSpec
+from malletrain.daemon.jobs.spec import JobSpec
 
 GOLDEN = Path(__file__).parent / "golden" / "slot_m7_s2.txt"
 SECRET = "ab" * 32
@@ -50,7 +50,7 @@ def test_a_users_environment_cannot_replace_the_job_secret():
 
     import pytest
 
-    from malletrain.daemon.spec import SpecError
+    from malletrain.daemon.jobs.spec import SpecError
 
     with pytest.raises(SpecError, match="MALLETRAIN_"):
         dataclasses.replace(SPEC, environment={"MALLETRAIN_JOB_SECRET": "cd" * 32})
@@ -89,7 +89,7 @@ def test_tags_and_members_round_trip():
 def test_the_longest_tag_is_read_and_no_other_users_long_comment_is_kept():
     longest = slot_tag("j" * 128, 999999)
     assert parse_tag(f"  {longest} ") == ("j" * 128, 999999)
-    from malletrain.daemon.slots import _parse_short_tag
+    from malletrain.daemon.jobs.slots import _parse_short_tag
     before = _parse_short_tag.cache_info()
     for k in range(50):  # any user's --comment, of any length
         assert parse_tag(f"{longest}{k}" + " x" * 500_000) is None

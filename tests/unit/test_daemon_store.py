@@ -7,8 +7,8 @@ import weakref
 import pytest
 
 from malletrain.core.lifecycle import IllegalTransition, JobPhase
-from malletrain.daemon.spec import JobSpec
-from malletrain.daemon.store import Store
+from malletrain.daemon.jobs.spec import JobSpec
+from malletrain.daemon.jobs.store import Store
 
 SPEC = JobSpec(script="/home/a/train.py", min_nodes=1, max_nodes=3, kind="train.py")
 

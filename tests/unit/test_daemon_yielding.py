@@ -11,7 +11,7 @@ appeared.
 from __future__ import annotations
 
 from malletrain.core.cluster import ClusterSnapshot, Job, JobState, Node, NodeState
-from malletrain.daemon.slots import slot_tag
+from malletrain.daemon.jobs.slots import slot_tag
 from malletrain.daemon.tick.yielding import serve_unplanned, stale_plans
 
 NOW = 10_000.0

@@ -2,8 +2,8 @@
 
 import pytest
 
-from malletrain.elastic import protocol as p
-from malletrain.elastic import records as rec
+from malletrain.elastic.protocol import keys as p
+from malletrain.elastic.protocol import records as rec
 from malletrain.errors import PermanentError
 
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from malletrain.elastic import records as r
-from malletrain.elastic.protocol import FinishRecord, Membership, ProgressReport
+from malletrain.elastic.protocol import records as r
+from malletrain.elastic.protocol.keys import FinishRecord, Membership, ProgressReport
 
 PROGRESS = ProgressReport(epoch=3, step=120, samples_total=7680, samples_per_s=512.5,
                           world_size=4, step_time_s=0.25, time_s=1.7e9, members=("s0-r0", "s1-r2"))

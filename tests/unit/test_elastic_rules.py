@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from malletrain.elastic.rules import FixedGlobalBatch, LinearScaling, SqrtScaling
+from malletrain.elastic.training.rules import FixedGlobalBatch, LinearScaling, SqrtScaling
 
 
 def test_linear_scaling():

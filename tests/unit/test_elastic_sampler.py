@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from malletrain.elastic.sampler import DataStream, Slice, split_step, step_count
+from malletrain.elastic.training.sampler import DataStream, Slice, split_step, step_count
 
 
 def test_split_is_contiguous_even_and_in_rank_order():

@@ -77,7 +77,7 @@ def test_a_failed_ticks_cycles_are_freed_at_once_not_frozen_for_ten_minutes():
     """A tick that raised leaves its frames in a cycle with the exception (a frame that
     kept the error), and with them all they held (a whole snapshot): collected before the
     freeze, not kept until the next full collection."""
-    from malletrain.daemon.loop import _tick
+    from malletrain.daemon.service.loop import _tick
 
     held = []
 
@@ -92,7 +92,7 @@ def test_a_failed_ticks_cycles_are_freed_at_once_not_frozen_for_ten_minutes():
                 raise RuntimeError("tick failed") from error
 
     # (pytest's log capture keeps each record, and with it the error: not a daemon's)
-    loop_log = logging.getLogger("malletrain.daemon.loop")
+    loop_log = logging.getLogger("malletrain.daemon.service.loop")
     h = BetweenTicks()
     try:
         loop_log.disabled = True

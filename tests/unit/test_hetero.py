@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from malletrain.core.allocator import MalleTrainPolicy
-from malletrain.core.hetero import is_typed
+from malletrain.core.allocation.allocator import MalleTrainPolicy
+from malletrain.core.allocation.hetero import is_typed
+from malletrain.core.allocation.targets import capped
 from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
-from malletrain.core.scavenger import node_type
-from malletrain.core.targets import capped
+from malletrain.core.scavenging.scavenger import node_type
 
 
 def linear(per_node: float, up_to: int = 8) -> ThroughputModel:

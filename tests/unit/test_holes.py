@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from malletrain.core.holes import HoleLengthModel, HoleTracker
 from malletrain.core.model import IdleNode
+from malletrain.core.scavenging.holes import HoleLengthModel, HoleTracker
 
 
 def test_learns_exponential_holes():

@@ -16,13 +16,13 @@ import time
 import pytest
 import torch.distributed as dist
 
-from malletrain.elastic import records as r
-from malletrain.elastic import wire
-from malletrain.elastic.authclient import AuthClient
-from malletrain.elastic.authclient import StoreRefused as ClientRefused
-from malletrain.elastic.authstore import AuthStore, StoreRefused
-from malletrain.elastic.kvserver import KVServer, ServerLimits
-from malletrain.elastic.protocol import build_membership
+from malletrain.elastic.coordinator.kvserver import KVServer, ServerLimits
+from malletrain.elastic.protocol import records as r
+from malletrain.elastic.protocol import wire
+from malletrain.elastic.protocol.authclient import AuthClient
+from malletrain.elastic.protocol.authclient import StoreRefused as ClientRefused
+from malletrain.elastic.protocol.authstore import AuthStore, StoreRefused
+from malletrain.elastic.protocol.keys import build_membership
 
 MASTER = b"m" * 32
 
@@ -260,7 +260,7 @@ def test_a_job_over_its_connection_limit_is_refused_and_the_count_stays_right():
 
 
 def test_attaching_with_another_master_key_is_a_clear_error(server):
-    from malletrain.elastic.coordinator import Coordinator, CoordinatorKeyMismatch
+    from malletrain.elastic.coordinator.handle import Coordinator, CoordinatorKeyMismatch
 
     with pytest.raises(CoordinatorKeyMismatch, match="has another key"):
         Coordinator.attach(f"127.0.0.1:{server.port}", b"x" * 32, timeout_s=2)

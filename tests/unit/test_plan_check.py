@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from malletrain.core.allocator import MalleTrainPolicy
+from malletrain.core.allocation.allocator import MalleTrainPolicy
+from malletrain.core.allocation.plan_check import realised_value
 from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
-from malletrain.core.plan_check import realised_value
 
 VIT = ThroughputModel(((1, 200.0), (2, 303.0), (3, 386.0), (4, 460.0)))
 RESNET = ThroughputModel(((1, 120.0), (2, 224.0), (4, 418.0)))

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from malletrain.core.profile import AdvisorSettings, fit_curve
-from malletrain.core.profiler import ProfilingAdvisor
+from malletrain.core.profiling.profile import AdvisorSettings, fit_curve
+from malletrain.core.profiling.profiler import ProfilingAdvisor
 
 TRUE = {1: 100.0, 2: 190.0, 4: 340.0, 8: 500.0}
 #: costs exactly as measured (no shrinkage towards the default), for exact expectations

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from malletrain.core.profile import AdvisorSettings
-from malletrain.core.profiler import ProfilingAdvisor
+from malletrain.core.profiling.profile import AdvisorSettings
+from malletrain.core.profiling.profiler import ProfilingAdvisor
 
 RATE = {1: 100.0, 2: 190.0, 3: 270.0, 4: 340.0, 6: 430.0, 8: 500.0}
 JOBS = ("a-000", "a-001", "b-000", "solo")

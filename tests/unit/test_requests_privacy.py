@@ -1,9 +1,9 @@
 """`malletrain jobs` follows Slurm's PrivateData: with jobs private a user sees only their own,
 operators see all (the reading of PrivateData itself is tested on the dev cluster)."""
 
-from malletrain.daemon.channel import Peer
-from malletrain.daemon.requests import JobRow, RequestHandler
-from malletrain.daemon.store import Store
+from malletrain.daemon.jobs.store import Store
+from malletrain.daemon.submit.channel import Peer
+from malletrain.daemon.submit.requests import JobRow, RequestHandler
 from malletrain.ops.settings import Settings
 from malletrain.slurm.privacy import Privacy
 

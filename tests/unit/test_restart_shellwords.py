@@ -126,3 +126,80 @@ def test_bash_c_runs_through_bash_and_reaches_torchrun_at_the_generation_size(tm
     got = json.loads(out.read_text())
     assert got == {"argv": [str(out), "--tag", "rank0"], "world": "1", "rank": "0",
                    "procid": "0"}
+
+
+# -- the shapes of real scripts the corpus holds (awsome-distributed-training's arrays,
+# HALOs' and LUMI's ``bash -c`` strings, swiss-ai's numactl/nsys prefix, Megatron-DeepSpeed's
+# ``eval "$run_cmd"``); each written for this test in the shape its script has
+
+ARRAY_SCRIPT = """#!/bin/bash
+GPUS_PER_NODE=8 # 4 for G5.12x
+declare -a TORCHRUN_ARGS=(
+    # the launcher's own options
+    --nproc_per_node=$GPUS_PER_NODE
+    --nnodes=$SLURM_JOB_NUM_NODES
+    --rdzv_endpoint=$(hostname)
+)
+TORCHRUN_ARGS+=(--rdzv_backend=c10d)
+srun -l "${TORCHRUN_ARGS[@]}" train.py
+"""
+
+
+def test_a_bash_array_expands_to_its_elements_word_for_word():
+    variables: dict[str, str] = {}
+    lines = logical_lines(ARRAY_SCRIPT)
+    for _, line in lines:
+        sh.assign(line, variables)
+    assert variables["GPUS_PER_NODE"] == "8"  # the comment after the value is no part of it
+    srun = sh.words(sh.expand(lines[-2][1], variables))
+    assert srun == ["srun", "-l", "--nproc_per_node=8", "--nnodes=$SLURM_JOB_NUM_NODES",
+                    "--rdzv_endpoint=$(hostname)", "--rdzv_backend=c10d", "train.py"]
+
+
+def test_a_torchrun_built_from_an_array_is_read_with_its_workers():
+    script = ARRAY_SCRIPT.replace('srun -l "${TORCHRUN_ARGS[@]}"',
+                                  'srun -l torchrun "${TORCHRUN_ARGS[@]}"')
+    plan, problems = analyse(script, "job.sh")
+    assert not problems and plan is not None and plan.launch is not None
+    assert plan.launch.kind == "torchrun" and declared_workers(plan.launch) == 8
+
+
+def test_a_comment_that_ends_in_a_backslash_continues_nothing():
+    text = "#!/bin/bash\n    # srun --gpus 4 \\\nrun_cmd=x\necho $run_cmd\n"
+    assert [line for _, line in logical_lines(text)][1:] == [
+        "    # srun --gpus 4 \\", "run_cmd=x", "echo $run_cmd", ""]
+
+
+def test_a_command_substitution_is_one_word_and_its_pipe_is_its_own():
+    line = "srun --gpus $(( N * 4 )) --gpus-per-node $(nvidia-smi -L | wc -l) python3 t.py"
+    assert len(sh.segments(line)) == 1
+    assert sh.words(line) == ["srun", "--gpus", "$(( N * 4 ))", "--gpus-per-node",
+                              "$(nvidia-smi -L | wc -l)", "python3", "t.py"]
+
+
+def test_each_command_of_a_bash_c_string_is_seen_after_the_srun_before_it():
+    line = ("srun --ntasks-per-node=1 bash -c 'source env.sh; cd run && "
+            "accelerate launch --num_processes 2 train.py'")
+    found = [w[2:4] for w in sh.resolved_commands(line, {})]
+    assert found == [["source", "env.sh"], ["cd", "run"], ["accelerate", "launch"]]
+
+
+def test_eval_of_a_command_kept_in_a_variable_is_read_as_that_command():
+    variables = {"SRUN_EXEC": "srun -N 2 -n 8 -l", "run_cmd": "${SRUN_EXEC} python3 t.py"}
+    variables["run_cmd"] = sh.expand(variables["run_cmd"], variables)
+    assert sh.resolved_commands('eval "${run_cmd}"', variables) == [
+        ["srun", "-N", "2", "-n", "8", "-l", "python3", "t.py"]]
+
+
+def test_a_launcher_behind_numactl_and_nsys_is_found_and_rewritten_behind_them():
+    script = ("#!/bin/bash\nsrun -l bash -c \"RANK=\\$SLURM_PROCID numactl --membind=0-3 "
+              "nsys profile -s none torchrun --nnodes 4 --nproc_per_node 4 t.py\"\n")
+    plan, problems = analyse(script, "job.sh")
+    assert not problems and plan is not None and plan.launch is not None
+    assert plan.launch.kind == "torchrun" and declared_workers(plan.launch) == 4
+    g = Generation(nnodes=2, node_rank=1, master_addr="n1", master_port=29500,
+                   nodes=("n1", "n2"), workers_per_node=4, run_dir="/tmp/r")
+    launch = plan_launch(["numactl", "--membind=0-3", "torchrun", "--nnodes", "4",
+                          "--nproc_per_node", "4", "t.py"], g)
+    assert launch.argv[:3] == ("numactl", "--membind=0-3", "torchrun")
+    assert "--nnodes=2" in launch.argv and "4" not in launch.argv[3:5]

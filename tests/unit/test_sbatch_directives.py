@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from malletrain.daemon.directives import (
+from malletrain.daemon.jobs.directives import (
     ScriptErrors,
     build_spec,
     merge,
@@ -15,7 +15,7 @@ from malletrain.daemon.directives import (
     script_mode,
     spec_warnings,
 )
-from malletrain.daemon.spec import JobSpec, SpecError, parse_export, parse_nodes, parse_time_s
+from malletrain.daemon.jobs.spec import JobSpec, SpecError, parse_export, parse_nodes, parse_time_s
 
 SCRIPT = """#!/usr/bin/env python3
 #SBATCH --job-name=resnet
@@ -184,7 +184,7 @@ def test_gpus_in_each_of_sbatchs_forms():
 
 
 def test_gpus_and_per_node_options_reach_every_node_slot():
-    from malletrain.daemon.slots import render_slot
+    from malletrain.daemon.jobs.slots import render_slot
 
     text = "#!/bin/bash\n#SBATCH --gpus-per-node=a100:4\n#SBATCH --mem=64G -C ib\nsrun x\n"
     spec, _ = spec_from(text)

@@ -14,8 +14,8 @@ from malletrain.core.cluster import (
     Reservation,
 )
 from malletrain.core.model import IdleNode
-from malletrain.core.scavenger import Claim, earliest_claims, idle_nodes, node_windows
-from malletrain.slurm.parse import SnapshotTexts, build_snapshot
+from malletrain.core.scavenging.scavenger import Claim, earliest_claims, idle_nodes, node_windows
+from malletrain.slurm.parsers.parse import SnapshotTexts, build_snapshot
 
 NOW = 1000.0
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "slurm" / "busy"

@@ -193,7 +193,7 @@ def test_policy_options_follow_the_settings(tmp_path):
 
 
 def test_slot_settings_reach_the_decision(tmp_path):
-    from malletrain.daemon.daemon import decide_settings
+    from malletrain.daemon.service.daemon import decide_settings
 
     s = load_settings(write(tmp_path, (
         "slurm:\n  yield_ahead_s: 3\n  min_slot_time_s: 120\n  max_slot_time_s: 900\n"
@@ -216,7 +216,7 @@ def test_node_prices_reach_the_decision_in_slurms_type_names(tmp_path):
     """``allocator.node_prices`` (issue 19 §1): keyed by the type ``malletrain nodes`` shows,
     ``cpu`` for nodes without GPUs (whose type is ""); with prices the plan counts work in
     each job's one-node units, the units a price is given in."""
-    from malletrain.daemon.daemon import decide_settings
+    from malletrain.daemon.service.daemon import decide_settings
 
     s = load_settings(write(tmp_path, "allocator:\n  node_prices: {a100: 0.5, cpu: 0.1}\n"))
     assert decide_settings(s).node_prices == {"a100": 0.5, "": 0.1}

@@ -27,7 +27,7 @@ from malletrain.slurm.errors import (
     SlurmParseError,
     SlurmUnavailableError,
 )
-from malletrain.slurm.parse import GOLDEN_FILES, SnapshotTexts, build_snapshot
+from malletrain.slurm.parsers.parse import GOLDEN_FILES, SnapshotTexts, build_snapshot
 from malletrain.slurm.sbatch import SbatchSpec
 from malletrain.slurm.select import choose_backend_kind, select_backend
 from malletrain.slurm.versions import Release, snapshot_commands
@@ -417,7 +417,7 @@ def test_an_odd_periodic_answer_is_asked_again_not_kept_for_its_period():
 
 
 def test_a_scontrol_line_without_any_key_is_a_parse_error_not_a_crash():
-    from malletrain.slurm.parse_text import parse_key_values, parse_partitions
+    from malletrain.slurm.parsers.parse_text import parse_key_values, parse_partitions
 
     assert parse_key_values('{"jobs": [{"job_id": "x"}], "meta":') == {}
     assert parse_key_values("A=1 B=two words") == {"A": "1", "B": "two words"}

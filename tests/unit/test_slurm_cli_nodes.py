@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from malletrain.slurm.cli_nodes import format_table, rows
-from malletrain.slurm.parse import SnapshotTexts, build_snapshot
+from malletrain.slurm.parsers.parse import SnapshotTexts, build_snapshot
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "slurm"
 

@@ -10,8 +10,8 @@ import pytest
 from malletrain.core.cluster import NodeState
 from malletrain.slurm.backend import CliBackend
 from malletrain.slurm.errors import SlurmParseError
-from malletrain.slurm.parse import SnapshotTexts, build_snapshot
-from malletrain.slurm.parse_states import (
+from malletrain.slurm.parsers.parse import SnapshotTexts, build_snapshot
+from malletrain.slurm.parsers.parse_states import (
     MAX_ODD_LINES,
     UNRECORDED_NODE,
     merge_node_states,

@@ -14,9 +14,9 @@ import pytest
 from malletrain.core.cluster import JobState, NodeState
 from malletrain.errors import PermanentError, RetryableError
 from malletrain.slurm.errors import SlurmParseError, SlurmUnavailableError
-from malletrain.slurm.parse import SnapshotTexts, build_snapshot, slurm_version
-from malletrain.slurm.parse_json import node_state, parse_nodes_json, parse_squeue_json
-from malletrain.slurm.parse_text import (
+from malletrain.slurm.parsers.parse import SnapshotTexts, build_snapshot, slurm_version
+from malletrain.slurm.parsers.parse_json import node_state, parse_nodes_json, parse_squeue_json
+from malletrain.slurm.parsers.parse_text import (
     duration_s,
     parse_key_values,
     parse_partitions,

@@ -14,8 +14,8 @@ import pytest
 
 from malletrain.core.cluster import JobState, NodeState
 from malletrain.slurm.errors import SlurmParseError
-from malletrain.slurm.parse_json import job_state_of, parse_nodes_json, parse_squeue_json
-from malletrain.slurm.shapes import INFINITE_32, Source, number, source_of, states
+from malletrain.slurm.parsers.parse_json import job_state_of, parse_nodes_json, parse_squeue_json
+from malletrain.slurm.parsers.shapes import INFINITE_32, Source, number, source_of, states
 from malletrain.slurm.versions import (
     PERIODIC,
     PERIODIC_S,
@@ -197,7 +197,7 @@ def test_down_controller_on_new_releases_is_retryable(release):
 
 
 def test_the_job_list_keeps_a_job_of_an_unknown_state_with_its_plan():
-    from malletrain.slurm.parse_plain_jobs import parse_jobs_plain
+    from malletrain.slurm.parsers.parse_plain_jobs import parse_jobs_plain
 
     t = "t" * 24
     text = (f"{t}7|TELEPORTING|2|10:00|2026-11-25T18:00:00|N/A|2026-11-25T17:00:00|bob|batch"
@@ -210,7 +210,7 @@ def test_the_job_list_keeps_a_job_of_an_unknown_state_with_its_plan():
 
 @pytest.mark.parametrize("text", ["7|RUNNING|...\n", "tttttttttttttttttttttttt7|x\n"])
 def test_a_job_list_without_this_calls_token_is_refused(text):
-    from malletrain.slurm.parse_plain_jobs import parse_jobs_plain
+    from malletrain.slurm.parsers.parse_plain_jobs import parse_jobs_plain
 
     with pytest.raises(SlurmParseError, match=r"token|multiple of 3"):
         parse_jobs_plain(text, "u" * 24)
@@ -220,7 +220,7 @@ def test_records_seen_on_the_last_list_are_not_parsed_again():
     """The tick's memo (RecordMemo): the same jobs as a parse without it, unchanged records
     as the very objects of the last list, warned records parsed (and warned) every time,
     and only the last list kept."""
-    from malletrain.slurm.parse_plain_jobs import RecordMemo, parse_jobs_plain
+    from malletrain.slurm.parsers.parse_plain_jobs import RecordMemo, parse_jobs_plain
 
     busy = GOLDEN / "slurm" / "busy"  # recorded on the dev cluster
     token = (busy / "jobs.token").read_text().strip()

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from malletrain.core.allocator import MalleTrainPolicy
-from malletrain.core.comm import MIN_SPREAD_FACTOR, StepTimes, spread_factor
+from malletrain.core.allocation.allocator import MalleTrainPolicy
+from malletrain.core.allocation.spread import switch_capacity, with_spread_penalty
 from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
-from malletrain.core.profile import Profile
-from malletrain.core.profiler import ProfilingAdvisor
-from malletrain.core.spread import switch_capacity, with_spread_penalty
+from malletrain.core.profiling.comm import MIN_SPREAD_FACTOR, StepTimes, spread_factor
+from malletrain.core.profiling.profile import Profile
+from malletrain.core.profiling.profiler import ProfilingAdvisor
 
 LINEAR = ThroughputModel(((1, 10.0), (8, 80.0)))
 

@@ -15,12 +15,12 @@ import pytest
 
 from malletrain.core.cluster import ClusterSnapshot, Job, JobState
 from malletrain.core.lifecycle import JobPhase
-from malletrain.daemon.channel import Peer
-from malletrain.daemon.requests import RequestHandler
-from malletrain.daemon.slots import slot_tag
-from malletrain.daemon.spec import JobSpec
-from malletrain.daemon.store import Store
-from malletrain.daemon.submissions import admit_attached, attach_problem
+from malletrain.daemon.jobs.slots import slot_tag
+from malletrain.daemon.jobs.spec import JobSpec
+from malletrain.daemon.jobs.store import Store
+from malletrain.daemon.submit.channel import Peer
+from malletrain.daemon.submit.requests import RequestHandler
+from malletrain.daemon.submit.submissions import admit_attached, attach_problem
 from malletrain.errors import PermanentError, RetryableError
 from malletrain.ops.settings import Settings
 from malletrain.slurm.privacy import Privacy

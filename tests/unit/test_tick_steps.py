@@ -11,8 +11,8 @@ from malletrain.core.cluster import Job, JobState, NodeState
 from malletrain.core.lifecycle import JobPhase
 from malletrain.core.model import IdleNode, MalleableJob, ThroughputModel
 from malletrain.core.policies import make_policy
-from malletrain.daemon.slots import SlotStatus, member_id, slot_tag
-from malletrain.daemon.store import SlotRecord
+from malletrain.daemon.jobs.slots import SlotStatus, member_id, slot_tag
+from malletrain.daemon.jobs.store import SlotRecord
 from malletrain.daemon.tick import CoordView, Registration, decide
 from malletrain.daemon.tick.actions import Cancel, ClearMarks, Hold, Leave, Park, Place, Transit
 from malletrain.daemon.tick.allocate import allocate, policy_jobs
@@ -141,7 +141,7 @@ def test_allocate_caps_jobs_at_their_usable_slots_and_targets_only_offered_nodes
 def test_allocate_gives_a_gpu_job_only_nodes_of_its_gpu_model():
     """Node types from Slurm's GRES (issue 19 §1): a job that asks for a100 GPUs is offered
     only a100 nodes, a job that asks for any GPU only GPU nodes, a CPU job every node."""
-    from malletrain.daemon.spec import JobSpec
+    from malletrain.daemon.jobs.spec import JobSpec
     from malletrain.daemon.tick.allocate import allowed_types
 
     def gpu_node(name, gres):
@@ -329,7 +329,7 @@ def test_allocate_meets_a_rate_target_on_the_cheapest_node_type():
     """Issue 19 §1, in the daemon: node prices from ``allocator.node_prices`` and a job's
     ``--rate-target`` reach the plan, which meets the target on the cheaper type and takes
     no node beyond it; without a target the same job takes every node of that type."""
-    from malletrain.daemon.spec import JobSpec
+    from malletrain.daemon.jobs.spec import JobSpec
 
     def gpu_node(name, gres):
         return dataclasses.replace(node(name), gres=gres)
@@ -353,7 +353,7 @@ def test_allocate_meets_a_rate_target_on_the_cheapest_node_type():
 def test_a_rate_target_is_raised_while_the_job_is_behind_it():
     """A target is met on average since the job first started: a job that trained for
     900 s at half its target asks for more until it is back on schedule (30 minutes)."""
-    from malletrain.daemon.spec import JobSpec
+    from malletrain.daemon.jobs.spec import JobSpec
     from malletrain.daemon.tick.allocate import rate_target
 
     spec = JobSpec(script="/x/t.py", rate_target=2.0)
@@ -372,7 +372,7 @@ def test_a_rate_target_is_raised_while_the_job_is_behind_it():
 def test_a_job_that_excludes_nodes_is_planned_only_onto_the_others():
     """``--exclude`` in the daemon (issue 16): the excluded nodes are never a target, and
     the job is capped at the nodes it may use, so the plan does not count on the others."""
-    from malletrain.daemon.spec import JobSpec
+    from malletrain.daemon.jobs.spec import JobSpec
 
     job = dataclasses.replace(record("m1", JobPhase.QUEUED, max_nodes=4), spec=JobSpec(
         script="/x/t.py", min_nodes=1, max_nodes=4, exclude=("n1", "n3")))

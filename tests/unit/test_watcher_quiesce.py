@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from types import SimpleNamespace
 
-from malletrain.elastic.watcher import Watcher
+from malletrain.elastic.worker.watcher import Watcher
 
 
 class SlowStore:

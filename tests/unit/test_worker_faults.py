@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from malletrain.elastic import protocol as p
-from malletrain.elastic.faults import gpu_problem, is_peer_failure
+from malletrain.elastic.protocol import keys as p
+from malletrain.elastic.worker.faults import gpu_problem, is_peer_failure
 
 
 @pytest.mark.parametrize("text", [
@@ -52,7 +52,7 @@ def test_a_failed_step_keeps_its_error_without_the_frames_that_hold_the_group():
     """The traceback of a failed collective holds c10d's frames and with them the broken
     process group: kept through the heal, its sockets stay open and another survivor
     waits out its whole timeout (benchmarks/gloo_dead_peer.py --teardown inside: 10 s)."""
-    from malletrain.elastic.worker import Step
+    from malletrain.elastic.worker.job import Step
 
     held = object()
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from malletrain.core.cluster import ClusterSnapshot, Job, Node, NodeState
 from malletrain.core.lifecycle import JobPhase, Lifecycle, advance
-from malletrain.daemon.slots import slot_tag
-from malletrain.daemon.spec import JobSpec
-from malletrain.daemon.store import JobRecord
+from malletrain.daemon.jobs.slots import slot_tag
+from malletrain.daemon.jobs.spec import JobSpec
+from malletrain.daemon.jobs.store import JobRecord
 from malletrain.daemon.tick import DecideSettings, World
 
 NOW = 10_000.0

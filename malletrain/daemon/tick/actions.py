@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from malletrain.core.lifecycle import JobPhase
 from malletrain.core.model import IdleNode, Plan
-from malletrain.daemon.slots import SlotView
+from malletrain.daemon.jobs.slots import SlotView
 
 
 @dataclass(frozen=True)

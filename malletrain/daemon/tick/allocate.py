@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from malletrain.core.allocation.targets import target_now
 from malletrain.core.lifecycle import JobPhase
 from malletrain.core.model import AllocationInput, MalleableJob, Plan, Policy, ThroughputModel
-from malletrain.core.targets import target_now
-from malletrain.daemon.slots import SlotStatus
-from malletrain.daemon.spec import JobSpec
-from malletrain.daemon.store import JobRecord
+from malletrain.daemon.jobs.slots import SlotStatus
+from malletrain.daemon.jobs.spec import JobSpec
+from malletrain.daemon.jobs.store import JobRecord
 from malletrain.daemon.tick.pool import Pool
 from malletrain.daemon.tick.views import JobSlots
 from malletrain.daemon.tick.world import JobModel

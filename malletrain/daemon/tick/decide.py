@@ -13,7 +13,7 @@ Jobs whose earlier actions are still being applied (``World.busy``) are pinned: 
 policy does not see them or their nodes, their target is what they hold, and they get no
 actions this tick.
 
-The caller (:mod:`malletrain.daemon.daemon`) applies the actions through the actuator.
+The caller (:mod:`malletrain.daemon.service.daemon`) applies the actions through the actuator.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Step 3 of a tick: the nodes on offer, each with its predicted window (the scavenger).
 
 The pool is the idle nodes of the scavenger partition with a window of at least
-``min_slot_time_s`` (:mod:`malletrain.core.scavenger`), plus the nodes the jobs already
+``min_slot_time_s`` (:mod:`malletrain.core.scavenging.scavenger`), plus the nodes the jobs already
 hold, less the held nodes a regular job is due to take (:mod:`.yielding`), plus our own
 leftovers at a zero window (so that the policy's hole-length model never mistakes our own
 use of a node for the end of its hole).
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from malletrain.core.cluster import ClusterSnapshot, Job, JobState, NodeState
 from malletrain.core.model import IdleNode
-from malletrain.core.scavenger import (
+from malletrain.core.scavenging.scavenger import (
     UNUSABLE_FLAGS,
     Claim,
     earliest_claims,
@@ -22,8 +22,8 @@ from malletrain.core.scavenger import (
     is_idle,
     node_type,
 )
-from malletrain.daemon.slots import SlotStatus, parse_tag
-from malletrain.daemon.store import JobRecord
+from malletrain.daemon.jobs.slots import SlotStatus, parse_tag
+from malletrain.daemon.jobs.store import JobRecord
 from malletrain.daemon.tick.views import JobSlots, sigtermed
 from malletrain.daemon.tick.world import World
 from malletrain.daemon.tick.yielding import (

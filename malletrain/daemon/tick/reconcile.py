@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from malletrain.core.cluster import ClusterSnapshot
-from malletrain.daemon.slots import SlotStatus, SlotView, parse_member
-from malletrain.daemon.store import JobRecord, SlotRecord
+from malletrain.daemon.jobs.slots import SlotStatus, SlotView, parse_member
+from malletrain.daemon.jobs.store import JobRecord, SlotRecord
 from malletrain.daemon.tick.actions import Action, ClearMarks, Extend, Hold, Leave, Park, Place
 from malletrain.daemon.tick.timing import extension_min, time_limit_min, yield_s
 from malletrain.daemon.tick.views import JobSlots, sigtermed, slot_member

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from malletrain.core.lifecycle import JobPhase
-from malletrain.daemon.slots import SlotStatus
-from malletrain.daemon.store import JobRecord
+from malletrain.daemon.jobs.slots import SlotStatus
+from malletrain.daemon.jobs.store import JobRecord
 from malletrain.daemon.tick.actions import Action, Cancel, Transit
 from malletrain.daemon.tick.views import JobSlots
 from malletrain.daemon.tick.world import CoordView, DecideSettings, World

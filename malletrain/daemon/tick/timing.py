@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 from malletrain.core.cluster import ClusterSnapshot, JobState
-from malletrain.daemon.slots import SlotView, parse_tag
-from malletrain.daemon.store import JobRecord
+from malletrain.daemon.jobs.slots import SlotView, parse_tag
+from malletrain.daemon.jobs.store import JobRecord
 from malletrain.daemon.tick.world import DecideSettings
 
 _WANTS_NODE = (JobState.RUNNING, JobState.PENDING, JobState.COMPLETING, JobState.COMPLETED)

@@ -1,7 +1,7 @@
 """Step 1 of a tick: every slot job as the daemon sees it, and who lives in it.
 
 A slot is a pending, placed or running single-node Slurm job of the user
-(:mod:`malletrain.daemon.slots`); its member is the worker process that registered from it
+(:mod:`malletrain.daemon.jobs.slots`); its member is the worker process that registered from it
 with the coordinator. Both are read here once per tick, for every later step.
 """
 
@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from malletrain.core.cluster import ClusterSnapshot, Job
-from malletrain.daemon.slots import SlotStatus, SlotView, classify, parse_member, parse_tag
-from malletrain.daemon.store import SlotRecord
+from malletrain.daemon.jobs.slots import SlotStatus, SlotView, classify, parse_member, parse_tag
+from malletrain.daemon.jobs.store import SlotRecord
 from malletrain.daemon.tick.world import CoordView, Registration, World
 
 _MARKED = frozenset({SlotStatus.PARKED, SlotStatus.PLACING, SlotStatus.CANCELLED,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from malletrain.core.cluster import ClusterSnapshot
 from malletrain.core.model import ThroughputModel
-from malletrain.daemon.store import JobRecord, SlotRecord
+from malletrain.daemon.jobs.store import JobRecord, SlotRecord
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ class World:
     #: kept by the caller from the previous tick's :attr:`TickPlan.hole_start_s`.
     hole_start_s: Mapping[str, float] = field(default_factory=dict)
     #: jobs whose actions of an earlier tick are still being applied (the service applies
-    #: them off the tick: daemon/action_queue.py). Pinned: they keep the nodes they hold
+    #: them off the tick: daemon/act/action_queue.py). Pinned: they keep the nodes they hold
     #: and get no actions, so no other job is planned onto a node such a job may still take
     #: or leave (the daemon saw ten times the placements and parks without this).
     busy: frozenset[str] = frozenset()

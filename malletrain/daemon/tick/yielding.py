@@ -27,8 +27,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from malletrain.core.cluster import ClusterSnapshot, Job, JobState
-from malletrain.core.scavenger import Claim
-from malletrain.daemon.slots import parse_tag
+from malletrain.core.scavenging.scavenger import Claim
+from malletrain.daemon.jobs.slots import parse_tag
 
 #: Reasons of a pending job that waits only for nodes (or for its turn): the jobs Slurm
 #: would start as soon as nodes are free. Held jobs, dependencies, limits... are not.
@@ -81,7 +81,7 @@ def yield_ahead(held: Collection[str], claims: Mapping[str, Claim], now_s: float
     """The held nodes to give back to Slurm now, each with the claim that wants it.
 
     A node is given back when the earliest claim on it (a foreign pending job's backfill
-    plan or a reservation; :func:`~malletrain.core.scavenger.earliest_claims` without our
+    plan or a reservation; :func:`~malletrain.core.scavenging.scavenger.earliest_claims` without our
     own slot jobs) starts within ``ahead_s`` or is overdue. Why: the slot's time limit was
     set inside the node's window, but the plan moves: a pending job due now but blocked on
     another node (still running or completing a regular job) takes ours by preemption the

@@ -38,9 +38,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from malletrain.elastic import protocol as p
-from malletrain.elastic.config import ElasticConfig
-from malletrain.elastic.link import STORE_ERRORS, CoordinatorLink
+from malletrain.elastic.protocol import keys as p
+from malletrain.elastic.protocol.config import ElasticConfig
+from malletrain.elastic.protocol.link import STORE_ERRORS, CoordinatorLink
 from malletrain.elastic.restart import batchio, handover, registry, tree
 from malletrain.elastic.restart.batchio import BatchIO
 from malletrain.elastic.restart.generation import (

@@ -19,8 +19,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from malletrain.elastic import protocol as p
-from malletrain.elastic.jobstore import JobStore
+from malletrain.elastic.protocol import keys as p
+from malletrain.elastic.protocol.jobstore import JobStore
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from malletrain.elastic.restart.shellwords import prefix_command, shell_string
 from malletrain.errors import PermanentError
@@ -129,8 +129,32 @@ def _head_len(cmd: Sequence[str]) -> int:
     return 1
 
 
+#: programs that run a command given after their own words: the launcher is behind them
+WRAPPERS = frozenset({
+    "numactl", "taskset", "nice", "ionice", "chrt", "env", "stdbuf", "nsys", "ncu",
+    "singularity", "apptainer", "shifter", "podman-hpc", "enroot", "ch-run", "conda",
+    "micromamba", "uv", "pixi", "with-proxy", "time", "nohup", "xargs",
+})
+
+
+def behind_wrappers(cmd: Sequence[str]) -> int:
+    """Where the program starts in ``cmd``: after wrappers (``numactl --membind=0-3 nsys
+    profile -s none python3 ...``: at ``python3``) when a launcher or Python follows them;
+    0 when ``cmd`` starts with no wrapper or none follows."""
+    if not cmd or program_name(cmd[0]) not in WRAPPERS:
+        return 0
+    for at in range(1, len(cmd)):
+        name = program_name(cmd[at])
+        if name in ("torchrun", "deepspeed") or _is_python(cmd[at]) or (
+                name == "accelerate" and cmd[at + 1:at + 2] == ["launch"]):
+            return at
+    return 0
+
+
 def launcher_kind(cmd: Sequence[str], under_srun: bool) -> str | None:
-    """Which launcher a command (srun already split off) is, or None if it is none."""
+    """Which launcher a command (srun already split off) is, or None if it is none; a
+    launcher behind wrappers (:func:`behind_wrappers`) counts."""
+    cmd = list(cmd[behind_wrappers(cmd):])
     if not cmd:
         return None
     first = program_name(cmd[0])
@@ -303,10 +327,12 @@ def plan_launch(argv: Sequence[str], g: Generation) -> Launch:
     if kind == "srun-python":
         return _srun_python(cmd, srun, g)
     env = slurm_env(g, 1)
+    head, cmd = cmd[:behind_wrappers(cmd)], cmd[behind_wrappers(cmd):]  # numactl ... torchrun
     if kind == "torchrun":
-        return Launch(kind, _torchrun(cmd, g), env)
+        return Launch(kind, (*head, *_torchrun(cmd, g)), env)
     if kind == "accelerate":
-        return Launch(kind, _accelerate(cmd, g), env)
+        return Launch(kind, (*head, *_accelerate(cmd, g)), env)
     if kind == "deepspeed":
-        return _deepspeed(cmd, g, env)
+        launch = _deepspeed(cmd, g, env)
+        return replace(launch, argv=(*head, *launch.argv))
     raise LaunchError(f"not a launch line malletrain can run: {' '.join(argv)[:200]!r}")

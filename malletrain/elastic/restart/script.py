@@ -60,8 +60,9 @@ def is_shell_script(text: str) -> bool:
 
 
 def logical_lines(text: str) -> list[tuple[int, str]]:
-    """(first line number, text) of each command line: backslash continuations and quoted
-    strings over several lines joined, here-document bodies skipped (data, not commands)."""
+    """(first line number, text) of each command line: backslash continuations, quoted
+    strings and bash arrays over several lines joined, here-document bodies skipped (data,
+    not commands)."""
     out: list[tuple[int, str]] = []
     lines = text.split("\n")
     i = 0
@@ -73,7 +74,9 @@ def logical_lines(text: str) -> list[tuple[int, str]]:
                 heredoc = None
             i += 1
             continue
-        while i + 1 < len(lines) and (buf.endswith("\\") or sh.open_quote(buf)):
+        # a comment's backslash continues nothing (``# srun ... \`` is one line)
+        while i + 1 < len(lines) and (sh.without_comment(buf).endswith("\\")
+                                       or sh.open_quote(buf) or sh.open_array(buf)):
             i += 1
             buf = buf[:-1] + " " + lines[i] if buf.endswith("\\") else buf + "\n" + lines[i]
         # a here-document (not a here-string ``<<<``, not in a comment)
@@ -95,8 +98,7 @@ def commands(text: str) -> Iterator[tuple[int, int, list[str]]]:
             continue
         for offset, command in sh.segments(line):
             command = _after_keyword(command)
-            words = sh.resolved_command(command, variables) if command.strip() else None
-            if words:
+            for words in sh.resolved_commands(command, variables) if command.strip() else ():
                 yield lineno, offset, words
         sh.assign(line, variables)
 

@@ -20,6 +20,15 @@ import re
 import shlex
 
 _ASSIGN = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
+#: ``NAME=( ... )``, ``NAME+=( ... )``, ``declare -a NAME=( ... )``: a bash array
+_ARRAY = re.compile(
+    r"^\s*(?:(?:declare|local|typeset)\s+-[aA-Za-z]*\s+)?([A-Za-z_][A-Za-z0-9_]*)(\+?)=\((.*)\)\s*$",
+    re.DOTALL)
+_ARRAY_START = re.compile(
+    r"^\s*(?:(?:declare|local|typeset)\s+-[aA-Za-z]*\s+)?[A-Za-z_][A-Za-z0-9_]*\+?=\(")
+#: ``"${NAME[@]}"`` (quoted or not; ``[*]`` too): every element of an array
+_ARRAY_USE = re.compile(
+    r'"\$\{([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]\}"|\$\{([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]\}')
 _VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
 _SEPARATORS = (";", "&&", "||", "|", "&")
 #: where a command starts: after indentation, ``VAR=value`` words and ``exec``
@@ -35,16 +44,18 @@ def open_quote(line: str) -> bool:
     return _scan(line)[1]
 
 
-def segments(line: str) -> list[tuple[int, str]]:
-    """(offset, text) of each simple command of a line: split at ``;``, ``&&``, ``||``,
-    ``|`` and ``&`` outside quotes (``2>&1`` and ``>&2`` are redirections, not separators)."""
-    return _scan(line)[0]
+def open_array(line: str) -> bool:
+    """Whether ``line`` starts a bash array its own line does not close (``ARGS=(`` alone)."""
+    if not _ARRAY_START.match(line):
+        return False
+    code = "\n".join(without_comment(part) for part in line.split("\n"))
+    unquoted = re.sub(r"'[^']*'|\"(?:\\.|[^\"\\])*\"", "", code)
+    return unquoted.count("(") > unquoted.count(")")
 
 
-def _scan(line: str) -> tuple[list[tuple[int, str]], bool]:
-    """The simple commands of ``line`` and whether it ends inside quotes."""
-    out: list[tuple[int, str]] = []
-    start, i, quote = 0, 0, ""
+def without_comment(line: str) -> str:
+    """``line`` up to an unquoted ``#`` that starts a word (a comment runs to the line's end)."""
+    quote, i = "", 0
     while i < len(line):
         c = line[i]
         if quote:
@@ -57,8 +68,41 @@ def _scan(line: str) -> tuple[list[tuple[int, str]], bool]:
         elif c in "'\"":
             quote = c
         elif c == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i]
+        i += 1
+    return line
+
+
+def segments(line: str) -> list[tuple[int, str]]:
+    """(offset, text) of each simple command of a line: split at ``;``, ``&&``, ``||``,
+    ``|`` and ``&`` outside quotes (``2>&1`` and ``>&2`` are redirections, not separators)."""
+    return _scan(line)[0]
+
+
+def _scan(line: str) -> tuple[list[tuple[int, str]], bool]:
+    """The simple commands of ``line`` and whether it ends inside quotes."""
+    out: list[tuple[int, str]] = []
+    start, i, quote, depth = 0, 0, "", 0  # depth: inside $( ... ), whose | is its own
+    while i < len(line):
+        c = line[i]
+        if not quote and line.startswith("$(", i):
+            depth += 1
+            i += 2
+            continue
+        if depth and not quote and c in "()":
+            depth += 1 if c == "(" else -1
+        elif quote:
+            if c == "\\" and quote == '"':
+                i += 1
+            elif c == quote:
+                quote = ""
+        elif c == "\\":
+            i += 1
+        elif c in "'\"":
+            quote = c
+        elif c == "#" and (i == 0 or line[i - 1].isspace()):
             break  # a comment runs to the end of the line
-        else:
+        elif not depth:
             sep = next((s for s in _SEPARATORS if line.startswith(s, i)), None)
             redirect = c == "&" and (line[i - 1:i] in (">", "<") or line[i + 1:i + 2] == ">")
             if sep and not redirect:
@@ -72,13 +116,39 @@ def _scan(line: str) -> tuple[list[tuple[int, str]], bool]:
 
 
 def _split(text: str) -> list[str] | None:
-    lex = shlex.shlex(text, posix=True)
+    """Words as the shell splits them; a ``$( ... )`` or ``$(( ... ))`` stays one word."""
+    lex = shlex.shlex(_glue_substitutions(text), posix=True)
     lex.whitespace_split = True
     lex.commenters = ""
     try:
-        return list(lex)
+        return [word.replace(_GLUE, " ") for word in lex]
     except ValueError:
         return None
+
+
+_GLUE = "\x00"  # stands for a space inside $( ... ) while shlex splits the words
+
+
+def _glue_substitutions(text: str) -> str:
+    """``text`` with the whitespace inside each unquoted ``$( ... )`` replaced by
+    :data:`_GLUE`, so that ``--gpus $(( N * 4 ))`` is two words, not six."""
+    out, depth, quote, i = [], 0, "", 0
+    while i < len(text):
+        c = text[i]
+        if not depth and quote:
+            quote = "" if c == quote else quote
+        elif not depth and c in "'\"":
+            quote = c
+        elif not quote and text.startswith("$(", i):
+            depth += 1
+            out.append("$(")
+            i += 2
+            continue
+        elif depth and c in "()":
+            depth += 1 if c == "(" else -1
+        out.append(_GLUE if depth and c in " \t\n" else c)
+        i += 1
+    return "".join(out)
 
 
 def words(command: str) -> list[str] | None:
@@ -105,7 +175,11 @@ def expand(text: str, variables: dict[str, str]) -> str:
             return variables[name]
         return m.group(2) if m.group(2) is not None else m.group(0)
 
-    parts = text.split("\\$")
+    def elements(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(2)
+        return variables.get(f"{name}[@]", m.group(0))
+
+    parts = _ARRAY_USE.sub(elements, text).split("\\$")
     return "$".join(_VAR.sub(one, p) for p in parts)
 
 
@@ -114,6 +188,11 @@ def assign(line: str, variables: dict[str, str]) -> None:
     ``export NAME=value``): its value unquoted and expanded with the variables before it, as
     the shell does. A value that is a command substitution (``$(hostname)``) is not known
     statically: the name is left out. One inside a longer value is kept as written."""
+    line = "\n".join(without_comment(part) for part in line.split("\n"))
+    array = _ARRAY.match(line)
+    if array:
+        _assign_array(array, variables)
+        return
     m = _ASSIGN.match(line)
     if not m or _SUBSTITUTION.search(m.group(2)):
         return
@@ -122,18 +201,50 @@ def assign(line: str, variables: dict[str, str]) -> None:
         variables[m.group(1)] = expand(value[0] if value else "", variables)
 
 
-def resolved_command(command: str, variables: dict[str, str]) -> list[str] | None:
-    """The words a command runs as the static reading sees them: variables expanded, and the
-    string of a ``bash -c STRING`` read as the command it runs (after ``srun`` options)."""
+def _assign_array(m: re.Match[str], variables: dict[str, str]) -> None:
+    """A bash array's elements, kept as one shell-quoted string under ``NAME[@]`` so that
+    ``"${NAME[@]}"`` expands to them word for word (``NAME+=(...)`` appends). Comments inside
+    the parentheses are dropped, as bash drops them."""
+    body = "\n".join(without_comment(line) for line in m.group(3).split("\n"))
+    elements = _split(expand(body, variables))
+    if elements is None:
+        return
+    key = f"{m.group(1)}[@]"
+    before = variables.get(key, "") if m.group(2) else ""
+    variables[key] = " ".join(filter(None, [before, shlex.join(elements)]))
+
+
+def resolved_commands(command: str, variables: dict[str, str]) -> list[list[str]]:
+    """The words of each command a simple command runs, as the static reading sees them:
+    variables expanded; the string of ``bash -c STRING`` (after ``srun`` options) or of
+    ``eval STRING`` read as the commands it runs, each with the words before the string
+    (``srun ... bash -c "source env.sh; torchrun ..."`` gives ``srun ... source env.sh``
+    and ``srun ... torchrun ...``)."""
     first = words(expand(command, variables))
     if first is None:
-        return None
+        return []
+    if first and first[0] == "eval":
+        return _inner_commands(" ".join(first[1:]), [], variables)
     for i in range(len(first)):
         at = shell_string(first[i:])
         if at is not None:
-            inner = words(expand(first[i + at], variables))
-            return None if inner is None else first[:i] + inner
-    return first
+            return _inner_commands(first[i + at], first[:i], variables)
+    return [first] if first else []
+
+
+def _inner_commands(text: str, before: list[str], variables: dict[str, str]
+                    ) -> list[list[str]]:
+    """The commands of a shell string, one per line and separator, each after ``before``;
+    the string's own assignments apply to the commands after them."""
+    scope = dict(variables)
+    out = []
+    for line in text.replace("\\\n", " ").split("\n"):
+        for _, segment in segments(line):
+            inner = words(expand(segment, scope))
+            if inner:
+                out.append(before + inner)
+            assign(segment, scope)
+    return out
 
 
 def prefix_command(command: str, prefix: str) -> str:

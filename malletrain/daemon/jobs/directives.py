@@ -1,0 +1,385 @@
+"""``#SBATCH`` directives and `malletrain submit` flags -> a :class:`~.spec.JobSpec`.
+
+Why it reads like sbatch: an existing batch script becomes malleable by changing one word
+(``sbatch`` -> ``malletrain submit``). So the script's ``#SBATCH`` lines are read the way
+sbatch reads them (after the ``#!`` line, up to the first line that is neither blank nor a
+comment), and command-line flags win over them.
+
+What happens to each sbatch option is one table (:mod:`.sbatch_options`): read here, passed
+to every node slot, accepted with a warning, or refused with the reason. Every problem of a
+script is reported at once, each as ``FILE:LINE: message`` (:class:`ScriptErrors`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import signal
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from malletrain.daemon.jobs.sbatch_options import Options, parse_option_tokens
+from malletrain.daemon.jobs.spec import (
+    MAX_EXCLUDED_NODES,
+    MAX_NODES_LIMIT,
+    MAX_RATE_TARGET,
+    MAX_STOP_GRACE_S,
+    STOP_SIGNALS,
+    JobSpec,
+    SpecError,
+    parse_export,
+    parse_nodes,
+    parse_time_s,
+    positive_int,
+)
+from malletrain.elastic.restart.script import (
+    ScriptPlan,
+    analyse,
+    declared_workers,
+    is_shell_script,
+)
+from malletrain.slurm.errors import SlurmParseError
+from malletrain.slurm.hostlist import expand_hostlist
+
+T = TypeVar("T")
+
+__all__ = ["Options", "ScriptErrors", "build_spec", "merge", "parse_option_tokens",
+           "read_directives", "script_mode", "spec_warnings"]
+
+#: a restart-mode script travels in its slots' environment (one variable, under Linux's
+#: 128 KiB limit for one)
+MAX_RESTART_SCRIPT_BYTES = 100_000
+
+
+class ScriptErrors(SpecError):
+    """Every problem of a script and its command line, one ``FILE:LINE: message`` each."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = tuple(sorted(problems, key=_position))  # in file order, flags last
+        super().__init__("\n".join(self.problems))
+
+
+def _position(problem: str) -> tuple[int, int]:
+    head = problem.split(": ", 1)[0]
+    _path, _, line = head.rpartition(":")
+    return (0, int(line)) if line.isdigit() else (1, 0)
+
+
+def read_directives(script_text: str, path: str) -> Options:
+    """The ``#SBATCH`` options of a script, read like sbatch does.
+
+    sbatch stops at the first line that is not blank and not a comment; so does this.
+    Later directives win over earlier ones, like later command-line options.
+    """
+    parts: list[Options] = []
+    for lineno, raw in enumerate(script_text.splitlines(), start=1):
+        line = raw.strip()
+        if lineno == 1 and line.startswith("#!"):
+            continue
+        if not line:
+            continue
+        if not line.startswith("#"):
+            break
+        if not line.startswith("#SBATCH"):
+            continue
+        rest = line[len("#SBATCH"):]
+        if rest and not rest[0].isspace():
+            continue  # e.g. "#SBATCHX": not a directive, like sbatch
+        body = rest.strip()
+        if not body:
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            parts.append(parse_option_tokens(_tokenize(body, where), where))
+        except SpecError as exc:
+            parts.append(Options({}, {}, problems=(str(exc),)))
+    merged = Options({}, {})
+    for part in parts:
+        merged = merge(merged, part)
+    return merged
+
+
+def script_mode(script_text: str, path: str) -> tuple[ScriptPlan | None, tuple[str, ...]]:
+    """A shell batch script's plan (restart mode, with the problems of its launch line);
+    None for a Python script (native mode); any other interpreter is refused."""
+    first = script_text.split("\n", 1)[0].strip()
+    if not first.startswith("#!") and not path.endswith(".py"):
+        return None, (f"{path}:1: the first line must start with #! followed by the path to "
+                      "an interpreter (sbatch's rule; a Python script may leave it out)",)
+    if is_shell_script(script_text):
+        plan, problems = analyse(script_text, path)
+        if len(script_text.encode()) > MAX_RESTART_SCRIPT_BYTES:
+            problems.append(f"{path}:1: a batch script of more than "
+                            f"{MAX_RESTART_SCRIPT_BYTES} bytes")
+        return plan, tuple(problems)
+    if first.startswith("#!") and "python" not in first:
+        return None, (f"{path}:1: a {first[2:].strip()!r} script: malletrain runs shell "
+                      "batch scripts (restart mode) and Python scripts written with "
+                      "ElasticJob (native mode)",)
+    return None, ()
+
+
+def spec_warnings(opts: Options, spec: JobSpec, plan: ScriptPlan | None = None
+                  ) -> tuple[str, ...]:
+    """Warnings that depend on the whole spec: ``--signal`` matters only in restart mode;
+    GPUs asked only on srun lines; ``--cpus-per-gpu`` with no GPU."""
+    out: list[str] = []
+    if spec.mode == "native" and "signal" in opts.values:
+        out.append(f"{opts.origin['signal']}: --signal ignored: an ElasticJob script leaves "
+                   "on Slurm's SIGTERM at the next step boundary, with no checkpoint to write")
+    if any(o.startswith("--cpus-per-gpu=") for o in spec.slot_options) and not spec.gpus_per_node:
+        out.append(f"{spec.script}: --cpus-per-gpu without GPUs: Slurm 22.05 ignores it, "
+                   "24.11 and later refuse the node slots (Requested cpus_per_tres)")
+    if "gres" in opts.values and "gpus-per-node" in opts.values:
+        out.append(f"{opts.origin['gpus-per-node']}: --gpus-per-node beside --gres=gpu: Slurm "
+                   "26.05 refuses the node slots (mutually exclusive); give one of them")
+    if plan is not None:
+        out.extend(plan.warnings)
+        if plan.srun_gpu_lines and not spec.gpus_per_node:
+            lines = ",".join(map(str, plan.srun_gpu_lines))
+            out.append(f"{spec.script}:{plan.srun_gpu_lines[0]}: srun asks for GPUs (line(s) "
+                       f"{lines}) but the script's #SBATCH lines ask for none: the node "
+                       "slots will hold no GPUs; add --gpus-per-node (or --gres=gpu:N)")
+    return tuple(out)
+
+
+def _tokenize(body: str, where: str) -> list[str]:
+    """Split a directive as sbatch does: words, quotes, and an unquoted ``#`` that starts a
+    comment (``#SBATCH --nodes=128   # total nodes``)."""
+    tokens: list[str] = []
+    cur: list[str] = []
+    quote: str | None = None
+    started = False
+    for ch in body:
+        if ch == "#" and not quote:
+            break
+        if quote:
+            if ch == quote:
+                quote = None
+            else:
+                cur.append(ch)
+        elif ch in "\"'":
+            quote = ch
+            started = True
+        elif ch.isspace():
+            if started or cur:
+                tokens.append("".join(cur))
+                cur = []
+                started = False
+        else:
+            cur.append(ch)
+    if quote:
+        raise SpecError(f"{where}: unterminated quote")
+    if started or cur:
+        tokens.append("".join(cur))
+    return tokens
+
+
+def merge(directives: Options, command_line: Options) -> Options:
+    """Command-line flags win over ``#SBATCH`` lines (sbatch's rule); problems add up."""
+    values = dict(directives.values)
+    origin = dict(directives.origin)
+    values.update(command_line.values)
+    origin.update(command_line.origin)
+    return Options(values, origin, directives.warnings + command_line.warnings,
+                   directives.problems + command_line.problems,
+                   directives.slot + command_line.slot)
+
+
+class _Collect:
+    """Runs the checks of :func:`build_spec`, keeping every problem instead of the first."""
+
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self.problems: list[str] = list(opts.problems)
+
+    def where(self, key: str) -> str:
+        return f"{self.opts.origin.get(key, 'command line')}: --{key}"
+
+    def get(self, key: str, parse: Callable[[str, str], T]) -> T | None:
+        """``parse(value, where)`` of option ``key``; None if absent or wrong (recorded)."""
+        if key not in self.opts.values:
+            return None
+        try:
+            return parse(self.opts.values[key], self.where(key))
+        except SpecError as exc:
+            self.problems.append(str(exc))
+            return None
+
+    def problem(self, key: str, message: str) -> None:
+        self.problems.append(f"{self.where(key)}: {message}")
+
+
+def _gpu_count(text: str, where: str) -> tuple[str | None, int]:
+    """``[type:]N`` -> (type, N), as --gpus-per-node/--gpus/--gpus-per-task take it."""
+    kind, sep, count = text.strip().rpartition(":")
+    return (kind or None) if sep else None, positive_int(count, where, 64 * 1024)
+
+
+def _gres_gpus(text: str, where: str) -> tuple[str | None, int]:
+    """``--gres=gpu[:type]:N[,other...]`` -> the GPU part (None, 0 without one)."""
+    for item in text.split(","):
+        name, _, rest = item.strip().partition(":")
+        if name != "gpu":
+            continue
+        if not rest:
+            return None, 1  # "gpu" alone is one GPU, as Slurm reads it
+        kind, sep, count = rest.rpartition(":")
+        if not sep and not rest.isdigit():
+            return rest, 1  # "gpu:a100"
+        return (kind or None), positive_int(count if sep else rest, where, 64)
+    return None, 0
+
+
+def _time(text: str, where: str) -> int | None:
+    return None if text.strip().upper() in ("UNLIMITED", "INFINITE") else parse_time_s(text, where)
+
+
+def _rate(text: str, where: str) -> float:
+    """``--rate-target=N``: samples per second, a positive finite number."""
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = math.nan
+    if not 0 < rate <= MAX_RATE_TARGET:
+        raise SpecError(f"{where}: {text!r} is not a rate in samples/s (a number above 0 "
+                        f"and at most {MAX_RATE_TARGET:g})")
+    return rate
+
+
+def _exclude(text: str, where: str) -> tuple[str, ...]:
+    """``--exclude=n[1-4],gpu7``: sbatch's hostlist, expanded (a file of names: refused)."""
+    if "/" in text:
+        raise SpecError(f"{where}: {text!r}: a file of node names is not read; list the "
+                        "nodes instead (--exclude=n[1-4],n9)")
+    try:
+        names = expand_hostlist(text.strip())
+    except SlurmParseError as exc:
+        raise SpecError(f"{where}: {exc}") from None
+    if len(names) > MAX_EXCLUDED_NODES:
+        raise SpecError(f"{where}: more than {MAX_EXCLUDED_NODES} nodes")
+    return tuple(dict.fromkeys(names))
+
+
+def _stop_signal(text: str, where: str) -> tuple[str, int, bool]:
+    """``[{R|B}:]SIG[@seconds]`` -> (signal name, grace, to the batch shell only), as sbatch
+    reads it (60 s by default)."""
+    body = text.strip()
+    shell_only = body.startswith("B:")
+    if len(body) > 2 and body[1] == ":" and body[0] in "RB":
+        body = body[2:]
+    sig, at, grace = body.partition("@")
+    name = sig.upper().removeprefix("SIG")
+    if name.isdigit():
+        try:
+            name = signal.Signals(int(name)).name.removeprefix("SIG")
+        except ValueError:
+            name = sig
+    if name not in STOP_SIGNALS:
+        raise SpecError(f"{where}: {sig!r} is not a signal a job may ask for "
+                        f"({', '.join(STOP_SIGNALS)})")
+    seconds = positive_int(grace, where, MAX_STOP_GRACE_S) if at else 60
+    return name, seconds, shell_only
+
+
+def _nodes(c: _Collect) -> tuple[int, int]:
+    lo, hi = c.get("nodes", parse_nodes) or _nodes_from_tasks(c)
+    lo = c.get("min-nodes", lambda t, w: positive_int(t, w, MAX_NODES_LIMIT)) or lo
+    hi = c.get("max-nodes", lambda t, w: positive_int(t, w, MAX_NODES_LIMIT)) or hi
+    if hi < lo:
+        c.problem("max-nodes", f"{hi} is smaller than the minimum of {lo} nodes")
+    return lo, hi
+
+
+def _nodes_from_tasks(c: _Collect) -> tuple[int, int]:
+    """No node count: sbatch's ``--ntasks`` at ``--ntasks-per-node`` fills that many nodes
+    (``-n 4 --ntasks-per-node=2``: 2), else one."""
+    v = c.opts.values
+    total, per = v.get("ntasks", ""), v.get("ntasks-per-node", "")
+    if total.isdigit() and per.isdigit() and int(per) > 0:
+        n = max(1, math.ceil(int(total) / int(per)))
+        return n, n
+    return 1, 1
+
+
+def _per_node(c: _Collect, total: int, key: str, nodes: tuple[int, int], what: str) -> int:
+    """A whole-job count (``--ntasks``, ``--gpus``) per node: only for a fixed node count."""
+    lo, hi = nodes
+    if lo != hi or total % lo:
+        c.problem(key, f"{total} {what} in all cannot be split over a changing number of "
+                       f"nodes ({lo}-{hi}): give {what} per node instead")
+        return 0
+    return total // lo
+
+
+def _gpus(c: _Collect, nodes: tuple[int, int], tasks: int | None) -> tuple[str | None, int]:
+    """GPUs per node and their type, from whichever of sbatch's four ways the script used."""
+    for key, parse in (("gres", _gres_gpus), ("gpus-per-node", _gpu_count)):
+        got = c.get(key, parse)
+        if got is not None and got[1]:
+            return got
+    got = c.get("gpus-per-task", _gpu_count)
+    if got is not None:
+        return got[0], got[1] * (tasks or 1)
+    got = c.get("gpus", _gpu_count)
+    if got is not None:
+        return got[0], _per_node(c, got[1], "gpus", nodes, "GPUs")
+    return None, 0
+
+
+def build_spec(opts: Options, *, script: str, args: Sequence[str], cwd: str, python: str,
+               default_name: str, plan: ScriptPlan | None = None) -> JobSpec:
+    """Merged options -> a validated spec, or :class:`ScriptErrors` with every problem.
+
+    ``plan``: a shell batch script's (restart mode). Its launch line then says how many
+    workers a node runs when it states a number; ``--ntasks-per-node`` counts srun tasks."""
+    c = _Collect(opts)
+    v = opts.values
+    nodes = _nodes(c)
+    time_s = c.get("time", _time)
+    tasks = c.get("ntasks-per-node", lambda t, w: positive_int(t, w, 256))
+    tasks = tasks or c.get("nproc-per-node", lambda t, w: positive_int(t, w, 256))
+    if tasks is None and "ntasks" in v:
+        total = c.get("ntasks", lambda t, w: positive_int(t, w, 1 << 20))
+        tasks = _per_node(c, total, "ntasks", nodes, "tasks") if total else None
+    gpu_type, gpus = _gpus(c, nodes, tasks)
+    export, env = c.get("export", parse_export) or ("ALL", {})
+    chdir = v.get("chdir", cwd)
+    if not chdir.startswith("/"):
+        chdir = cwd.rstrip("/") + "/" + chdir
+    slot = tuple(opts.slot) + ((f"--gres={v['gres']}",) if "gres" in v and gpus else ())
+    stop_signal, grace, shell_only = ((c.get("signal", _stop_signal) or ("TERM", 0, False))
+                                      if plan else ("TERM", 0, False))
+    target = c.get("rate-target", _rate)
+    exclude = c.get("exclude", _exclude) or ()
+    workers = tasks or gpus or 1
+    if plan is not None:
+        launch = plan.launch
+        workers = (declared_workers(launch) if launch else None) or gpus or (
+            tasks if (launch is None or launch.kind == "srun-python") and tasks else 1)
+    spec = None
+    if not c.problems:
+        try:
+            spec = JobSpec(
+                script=script, args=tuple(args), name=v.get("job-name", default_name),
+                min_nodes=nodes[0], max_nodes=nodes[1], time_limit_s=time_s,
+                gpus_per_node=gpus, gpu_type=gpu_type, nproc_per_node=workers,
+                output=v.get("output"), error=v.get("error"), chdir=chdir, export=export,
+                environment=env, account=v.get("account"),
+                kind=v.get("kind", _kind_of(script)), python=python,
+                launcher=v.get("launcher", "srun"), slot_options=slot,
+                mode="restart" if plan else "native",
+                stop_signal=stop_signal, stop_grace_s=grace, stop_shell_only=shell_only,
+                rate_target=target, exclude=exclude,
+                tasks_per_node=tasks if plan is not None else None)
+        except SpecError as exc:
+            c.problems.append(str(exc))
+    if spec is None:
+        raise ScriptErrors(c.problems)
+    return spec
+
+
+def _kind_of(script: str) -> str:
+    base = script.rsplit("/", 1)[-1]
+    cleaned = re.sub(r"[^A-Za-z0-9_.+-]", "_", base)[:64]
+    return cleaned or "default"

@@ -1,0 +1,181 @@
+"""Users' requests on the submit channel: submit, attach, abort, cancel, jobs.
+
+Each request comes with its sender's identity from ``SO_PEERCRED``
+(:mod:`malletrain.daemon.submit.channel`); a user acts on their own jobs only (root on any).
+Requests run on the channel's threads: they touch the store (SQLite, thread-safe), never
+Slurm or the tick's own objects. An attach only records the slot job ids; the next tick
+checks them against its snapshot (:mod:`malletrain.daemon.submit.submissions`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from malletrain.core.lifecycle import JobPhase
+from malletrain.daemon.jobs.spec import JobSpec, SpecError
+from malletrain.daemon.jobs.store import JobRecord, Store
+from malletrain.daemon.submit.channel import Peer
+from malletrain.errors import PermanentError, RetryableError
+from malletrain.ops.settings import Settings
+from malletrain.slurm.privacy import Privacy
+
+log = logging.getLogger(__name__)
+
+#: Slurm job ids are 32-bit; a larger one would fail the whole batched lookup it joins
+#: before each caller's retry alone isolates it.
+MAX_SLURM_JOB_ID = 2**32
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One line of ``malletrain jobs``."""
+
+    job_id: str
+    user: str
+    name: str
+    state: str
+    nodes: tuple[str, ...]
+    #: members of the current membership (nodes actually training; <= len(nodes))
+    members: int
+    min_nodes: int
+    max_nodes: int
+    samples_total: int
+    samples_per_s: float
+    profile_points: int
+    rescales_up: int
+    rescales_down: int
+    preemptions: int
+    message: str
+    #: the job's ``--rate-target`` in samples/s (None: none)
+    rate_target: float | None = None
+
+
+class RequestHandler:
+    def __init__(self, settings: Settings, store: Store, *, coordinator: Any, state_dir: Path,
+                 rows: Callable[[], list[JobRow]], wake: Callable[[], None],
+                 privacy: Callable[[], Privacy] = Privacy) -> None:
+        self.settings = settings  # replaced on reload
+        self.store = store
+        self.coordinator = coordinator
+        self.state_dir = state_dir
+        self.rows = rows
+        self.wake = wake
+        #: Slurm's PrivateData and operators (the daemon's cache; open by default in tests)
+        self.privacy = privacy
+
+    def handle(self, peer: Peer, req: Mapping[str, Any]) -> dict[str, Any]:
+        op = req.get("op")
+        if op == "submit":
+            return self._submit(peer, req)
+        if op == "attach":
+            return self._attach(peer, req)
+        if op == "abort":
+            return self._abort(peer, req)
+        if op == "jobs":
+            return {"jobs": [asdict(row) for row in self._visible_rows(peer)]}
+        if op == "cancel":
+            return self._cancel(peer, req)
+        raise PermanentError(f"unknown request {op!r}")
+
+    def _visible_rows(self, peer: Peer) -> list[JobRow]:
+        """Every job, or only the caller's own where Slurm keeps jobs private."""
+        rows = self.rows()
+        if self.privacy().sees_all(peer.user, peer.uid):
+            return rows
+        return [row for row in rows if row.user == peer.user]
+
+    def _submit(self, peer: Peer, req: Mapping[str, Any]) -> dict[str, Any]:
+        spec = JobSpec.from_dict(req.get("spec"))
+        self._check_limits(peer, spec)
+        rec = self.store.create_job(peer.uid, peer.user, spec)
+        log.info("job %s submitted by %s (uid %d): %s, %d-%d nodes", rec.job_id, peer.user,
+                 peer.uid, spec.name, spec.min_nodes, spec.max_nodes)
+        slurm = self.settings.slurm
+        return {
+            "job_id": rec.job_id,
+            "coordinator": self.coordinator.address,
+            # private to the submitting user: this answer goes to their socket only, then
+            # into their slots' batch scripts (readable by them and Slurm's operators)
+            "job_secret": self.coordinator.job_secret(rec.job_id),
+            "state_dir": str(self.state_dir),
+            "partition": slurm.scavenger_partition,
+            "qos": slurm.qos,
+            "account": slurm.account,
+        }
+
+    def _check_limits(self, peer: Peer, spec: JobSpec) -> None:
+        lim = self.settings.limits
+        if spec.max_nodes > lim.max_nodes_per_job:
+            raise SpecError(f"--max-nodes {spec.max_nodes} is above this site's limit of "
+                            f"{lim.max_nodes_per_job}")
+        if lim.max_time_s is not None and (spec.time_limit_s is None
+                                           or spec.time_limit_s > lim.max_time_s):
+            raise SpecError(f"--time must be at most {lim.max_time_s:.0f} s at this site")
+        if self.store.count_jobs(peer.uid) >= lim.max_jobs_per_user:
+            raise RetryableError(f"you already have {lim.max_jobs_per_user} malleable jobs "
+                                 "(limits.max_jobs_per_user); wait for one to finish")
+        if self.store.count_jobs() >= lim.max_jobs_total:
+            raise RetryableError("the daemon is full (limits.max_jobs_total); try later")
+
+    def _own(self, peer: Peer, req: Mapping[str, Any]) -> JobRecord:
+        job_id = req.get("job_id")
+        if not isinstance(job_id, str) or len(job_id) > 64:
+            raise PermanentError("job_id: expected a job id like m12")
+        rec = self.store.job(job_id)
+        if rec is None:
+            raise PermanentError(f"no job {job_id}")
+        if rec.uid != peer.uid and peer.uid != 0:
+            raise PermanentError(f"job {job_id} belongs to {rec.user}, not to you")
+        return rec
+
+    def _attach(self, peer: Peer, req: Mapping[str, Any]) -> dict[str, Any]:
+        """Record the slot job ids the user's ``malletrain submit`` made; the next tick checks
+        them (module doc) and queues or fails the job. Sent again (its answer was lost),
+        the same ids get the same answer."""
+        rec = self._own(peer, req)
+        if rec.uid != peer.uid:
+            raise PermanentError("only the job's owner attaches its slot jobs")
+        ids = req.get("slots")
+        attached = [s.slurm_job_id for s in self.store.slots(rec.job_id)]
+        if attached:
+            if isinstance(ids, list) and ids == attached:
+                return {"job_id": rec.job_id}
+            raise PermanentError(f"job {rec.job_id} has its slot jobs attached already")
+        if rec.state is not JobPhase.SUBMITTING:
+            raise PermanentError(f"job {rec.job_id} is {rec.state.value}, not submitting")
+        if (not isinstance(ids, list) or len(ids) != rec.spec.max_nodes
+                or not all(isinstance(i, int) and not isinstance(i, bool)
+                           and 0 < i < MAX_SLURM_JOB_ID for i in ids) or len(set(ids)) != len(ids)):
+            raise PermanentError(f"slots: expected {rec.spec.max_nodes} distinct Slurm job ids")
+        try:
+            self.store.add_slots(rec.job_id, list(ids))
+        except sqlite3.IntegrityError:
+            # An id another job holds: this attach sent twice at once, or another user's
+            # claim on the caller's slot job, which the tick's check lets go of (retried).
+            if [s.slurm_job_id for s in self.store.slots(rec.job_id)] == ids:
+                return {"job_id": rec.job_id}
+            raise RetryableError("slots: a slot job id is attached to another job") from None
+        log.info("job %s: %d slot jobs attached by %s, checked at the next tick", rec.job_id,
+                 len(ids), peer.user)
+        self.wake()
+        return {"job_id": rec.job_id}
+
+    def _abort(self, peer: Peer, req: Mapping[str, Any]) -> dict[str, Any]:
+        rec = self._own(peer, req)
+        if rec.state is JobPhase.SUBMITTING:
+            self.store.transition(rec.job_id, JobPhase.CANCELLED, "submission aborted")
+        return {"job_id": rec.job_id}
+
+    def _cancel(self, peer: Peer, req: Mapping[str, Any]) -> dict[str, Any]:
+        rec = self._own(peer, req)
+        if rec.state.terminal or rec.state in (JobPhase.CANCELLING, JobPhase.COMPLETING):
+            return {"job_id": rec.job_id, "state": rec.state.value}
+        to = JobPhase.CANCELLED if rec.state is JobPhase.SUBMITTING else JobPhase.CANCELLING
+        self.store.transition(rec.job_id, to, f"cancelled by {peer.user}")
+        self.wake()
+        return {"job_id": rec.job_id, "state": to.value}
