@@ -36,9 +36,11 @@ KNOWN_MISREADS: dict[str, dict[str, object]] = {
     # one Ray driver started with ``srun python3 -m verl...`` on the head node, read as an
     # srun-python launch; the default of one worker per GPU says 4
     "verl--ray_on_slurm.slurm": {"workers_per_node": 4, "launcher": "srun-python"},
+    # one Ray process per node; the default of one worker per GPU says 8
+    "NeMo-RL--ray.sub": {"workers_per_node": 8},
 }
 #: What sbatch takes and malletrain still refuses: file -> the refusal.
-KNOWN_REFUSALS = {"NeMo-RL--ray.sub": "--dependency cannot be used for a malleable job"}
+KNOWN_REFUSALS: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r["file"] for r in ROWS])

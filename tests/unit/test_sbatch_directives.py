@@ -57,10 +57,12 @@ def test_command_line_flags_win():
 
 @pytest.mark.parametrize("line,needle", [
     ("#SBATCH --nodelist=n1", "--nodelist cannot be used for a malleable job"),
-    ("#SBATCH --dependency=afterok:1", "--dependency cannot be used for a malleable job"),
+    ("#SBATCH --dependency=aftercorr:1", "array task to array task dependencies are not"),
+    ("#SBATCH --dependency=afterok:1?singleton,afterany:2", "cannot be mixed"),
     ("#SBATCH -w n1", "-w cannot be used"),
     ("#SBATCH --uid=0", "--uid cannot be used for a malleable job"),
-    ("#SBATCH --array=1-4", "--array cannot be used for a malleable job: a malleable job is one"),
+    ("#SBATCH --array=1-4000", "Slurm's default MaxArraySize allows 0-1000"),
+    ("#SBATCH --begin=now+1hour", "--begin cannot be used for a malleable job"),
     ("#SBATCH -G 8 -N 2-4", "cannot be split over a changing number of nodes"),
     ("#SBATCH --mem='64G; rm'", "not a plain value"),
     ("#SBATCH --frobnicate=1", "unknown option --frobnicate"),
@@ -156,7 +158,7 @@ def test_random_directive_lines_never_crash(lines):
 
 
 def test_every_problem_is_reported_at_once_like_a_compiler():
-    text = ("#!/bin/bash\n#SBATCH --array=1-4\n#SBATCH -N 2\n#SBATCH --frobnicate\n"
+    text = ("#!/bin/bash\n#SBATCH --begin=now+1hour\n#SBATCH -N 2\n#SBATCH --frobnicate\n"
             "#SBATCH --time=soon\n#SBATCH --mail-type=END\n#SBATCH --nodelist n1\nsrun x\n")
     with pytest.raises(ScriptErrors) as err:
         spec_from(text, ["--gpus-per-node=lots"])

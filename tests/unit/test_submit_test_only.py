@@ -19,7 +19,7 @@ import torch
 """
 
 BAD = """#!/usr/bin/env python3
-#SBATCH --array=1-3
+#SBATCH --begin=now+1hour
 #SBATCH -N 4-2
 #SBATCH --bogus
 print(1)

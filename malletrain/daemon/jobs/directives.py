@@ -18,11 +18,10 @@ import signal
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from malletrain.daemon.jobs import option_values
 from malletrain.daemon.jobs.sbatch_options import Options, parse_option_tokens
 from malletrain.daemon.jobs.spec import (
-    MAX_EXCLUDED_NODES,
     MAX_NODES_LIMIT,
-    MAX_RATE_TARGET,
     MAX_STOP_GRACE_S,
     STOP_SIGNALS,
     JobSpec,
@@ -32,14 +31,13 @@ from malletrain.daemon.jobs.spec import (
     parse_time_s,
     positive_int,
 )
+from malletrain.elastic.restart.arrays import parse_array
 from malletrain.elastic.restart.script import (
     ScriptPlan,
     analyse,
     declared_workers,
     is_shell_script,
 )
-from malletrain.slurm.errors import SlurmParseError
-from malletrain.slurm.hostlist import expand_hostlist
 
 T = TypeVar("T")
 
@@ -235,32 +233,6 @@ def _time(text: str, where: str) -> int | None:
     return None if text.strip().upper() in ("UNLIMITED", "INFINITE") else parse_time_s(text, where)
 
 
-def _rate(text: str, where: str) -> float:
-    """``--rate-target=N``: samples per second, a positive finite number."""
-    try:
-        rate = float(text)
-    except ValueError:
-        rate = math.nan
-    if not 0 < rate <= MAX_RATE_TARGET:
-        raise SpecError(f"{where}: {text!r} is not a rate in samples/s (a number above 0 "
-                        f"and at most {MAX_RATE_TARGET:g})")
-    return rate
-
-
-def _exclude(text: str, where: str) -> tuple[str, ...]:
-    """``--exclude=n[1-4],gpu7``: sbatch's hostlist, expanded (a file of names: refused)."""
-    if "/" in text:
-        raise SpecError(f"{where}: {text!r}: a file of node names is not read; list the "
-                        "nodes instead (--exclude=n[1-4],n9)")
-    try:
-        names = expand_hostlist(text.strip())
-    except SlurmParseError as exc:
-        raise SpecError(f"{where}: {exc}") from None
-    if len(names) > MAX_EXCLUDED_NODES:
-        raise SpecError(f"{where}: more than {MAX_EXCLUDED_NODES} nodes")
-    return tuple(dict.fromkeys(names))
-
-
 def _stop_signal(text: str, where: str) -> tuple[str, int, bool]:
     """``[{R|B}:]SIG[@seconds]`` -> (signal name, grace, to the batch shell only), as sbatch
     reads it (60 s by default)."""
@@ -350,8 +322,10 @@ def build_spec(opts: Options, *, script: str, args: Sequence[str], cwd: str, pyt
     slot = tuple(opts.slot) + ((f"--gres={v['gres']}",) if "gres" in v and gpus else ())
     stop_signal, grace, shell_only = ((c.get("signal", _stop_signal) or ("TERM", 0, False))
                                       if plan else ("TERM", 0, False))
-    target = c.get("rate-target", _rate)
-    exclude = c.get("exclude", _exclude) or ()
+    target = c.get("rate-target", option_values.rate)
+    exclude = c.get("exclude", option_values.exclude) or ()
+    dependency = c.get("dependency", option_values.dependency)
+    array = c.get("array", option_values.array)
     workers = tasks or gpus or 1
     if plan is not None:
         launch = plan.launch
@@ -371,7 +345,9 @@ def build_spec(opts: Options, *, script: str, args: Sequence[str], cwd: str, pyt
                 mode="restart" if plan else "native",
                 stop_signal=stop_signal, stop_grace_s=grace, stop_shell_only=shell_only,
                 rate_target=target, exclude=exclude,
-                tasks_per_node=tasks if plan is not None else None)
+                tasks_per_node=tasks if plan is not None else None,
+                dependency=dependency, array=array,
+                array_task_id=parse_array(array).task_ids[0] if array else None)
         except SpecError as exc:
             c.problems.append(str(exc))
     if spec is None:

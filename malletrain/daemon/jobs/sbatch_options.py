@@ -8,7 +8,7 @@ its short form and whether it takes a value, and one of four fates:
   licences: Slurm honours them per node exactly as for the original job);
 * **ignore**: accepted with a warning that says why it does not matter to a malleable job
   (mail, partition, priority hints, ...);
-* **refuse**: it cannot be honoured (arrays, dependencies, a fixed node list, ...); the
+* **refuse**: it cannot be honoured (a fixed node list, a begin time, ...); the
   message says why and what to do instead.
 
 An option not in the table is refused as unknown, like sbatch does. Problems are collected,
@@ -45,7 +45,8 @@ _TABLE: tuple[Rule, ...] = (
     Rule("--output", _USE, "-o"), Rule("--error", _USE, "-e"), Rule("--chdir", _USE, "-D"),
     Rule("--export", _USE), Rule("--account", _USE, "-A"), Rule("--kind", _USE),
     Rule("--launcher", _USE), Rule("--signal", _USE), Rule("--rate-target", _USE),
-    Rule("--exclude", _USE, "-x"),
+    Rule("--exclude", _USE, "-x"), Rule("--array", _USE, "-a"),
+    Rule("--dependency", _USE, "-d"),
     # -- honoured by Slurm on every node slot
     *(Rule(o, _SLOT, s) for o, s in (
         ("--cpus-per-task", "-c"), ("--mem", None), ("--mem-per-cpu", None),
@@ -99,7 +100,7 @@ _TABLE: tuple[Rule, ...] = (
         ("--oversubscribe", "-s", "node slots always hold a whole node"),
         ("--overcommit", "-O", "not applied to node slots"),
         ("--spread-job", None, "the daemon chooses the nodes"),
-        ("--kill-on-invalid-dep", None, "dependencies are not supported"),
+        ("--kill-on-invalid-dep", None, "a dependency never satisfied fails the job"),
         ("--share", None, "node slots always hold a whole node"),
         ("--contiguous", None, "the daemon chooses the nodes"),
         ("--use-min-nodes", None, "the daemon chooses the node count"),
@@ -109,9 +110,6 @@ _TABLE: tuple[Rule, ...] = (
          "places the job's node slots, and a preempted one's work goes on in the others"))),
     # -- cannot be honoured
     *(Rule(o, _REFUSE, s, why=w) for o, s, w in (
-        ("--array", "-a", "a malleable job is one job: submit one per configuration"),
-        ("--dependency", "-d", "a malleable job starts when nodes are idle; submit it "
-         "after the job it waits for has ended"),
         ("--nodelist", "-w", "the daemon chooses the nodes among the idle ones"),
         ("--begin", "-b", "a malleable job starts when nodes are idle"),
         ("--deadline", None, "not supported for malleable jobs"),

@@ -32,6 +32,8 @@ from enum import StrEnum
 
 from malletrain.core.cluster import Job, JobState
 from malletrain.daemon.jobs.spec import JobSpec
+from malletrain.elastic.restart.arrays import parse_array
+from malletrain.elastic.restart.generation import job_number
 from malletrain.elastic.restart.script import SCRIPT_ENV
 from malletrain.slurm.sbatch import SbatchSpec
 
@@ -171,6 +173,9 @@ def render_launcher(spec: JobSpec, job_id: str, slot: int, coordinator: str,
         "MALLETRAIN_STATE_DIR": state_dir,
     }
     env.update(spec.environment)
+    if spec.array is not None and spec.array_task_id is not None:  # a task of a job array
+        array_job = spec.array_job_id or job_number(job_id)
+        env.update(parse_array(spec.array).env(spec.array_task_id, array_job))
     if spec.mode == "restart":
         if script_text is None:
             raise ValueError("a restart-mode slot needs the batch script's text")

@@ -13,7 +13,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from malletrain.daemon.jobs.dependency import DependencyError, parse_dependency
 from malletrain.daemon.jobs.sbatch_options import SLOT_OPTIONS, SLOT_VALUE_RE, SPANK_FLAGS
+from malletrain.elastic.restart.arrays import ArrayError, parse_array
 from malletrain.errors import PermanentError
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
@@ -184,10 +186,18 @@ class JobSpec:
     #: restart mode: sbatch's ``--ntasks-per-node`` (or ``-n`` over a fixed size), which a
     #: batch shell's ``srun`` without counts starts per node; None: one task per node
     tasks_per_node: int | None = None
+    #: ``--dependency``: the jobs this one waits for, as sbatch writes it (judged each tick)
+    dependency: str | None = None
+    #: ``--array``: this job is task ``array_task_id`` of the array ``array`` names; the
+    #: array is named after its first task's job number (``array_job_id``; None: this job)
+    array: str | None = None
+    array_task_id: int | None = None
+    array_job_id: int | None = None
 
     def __post_init__(self) -> None:
         _check_spec(self)
         _check_slot_fields(self)
+        _check_relations(self)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -219,8 +229,10 @@ class JobSpec:
                     raise SpecError("spec.environment: expected an object of strings")
                 kw[key] = dict(value)
             elif key in ("min_nodes", "max_nodes", "gpus_per_node", "nproc_per_node",
-                         "time_limit_s", "stop_grace_s", "tasks_per_node"):
-                if value is None and key in ("time_limit_s", "tasks_per_node"):
+                         "time_limit_s", "stop_grace_s", "tasks_per_node", "array_task_id",
+                         "array_job_id"):
+                if value is None and key in ("time_limit_s", "tasks_per_node",
+                                             "array_task_id", "array_job_id"):
                     kw[key] = None
                 elif isinstance(value, bool) or not isinstance(value, int):
                     raise SpecError(f"spec.{key}: expected an integer, got {type(value).__name__}")
@@ -235,7 +247,7 @@ class JobSpec:
                                           or not isinstance(value, (int, float))):
                     raise SpecError("spec.rate_target: expected a number or null")
                 kw[key] = None if value is None else float(value)
-            elif key in ("output", "error", "account", "gpu_type"):
+            elif key in ("output", "error", "account", "gpu_type", "dependency", "array"):
                 if value is not None and not isinstance(value, str):
                     raise SpecError(f"spec.{key}: expected a string or null")
                 kw[key] = value
@@ -246,6 +258,28 @@ class JobSpec:
         if "script" not in kw:
             raise SpecError("spec.script: missing")
         return cls(**kw)
+
+
+def _check_relations(s: JobSpec) -> None:
+    """``--dependency`` and ``--array``: Slurm's grammar, and a task id of its own array."""
+    if s.dependency is not None:
+        try:
+            parse_dependency(s.dependency)
+        except DependencyError as exc:
+            raise SpecError(str(exc)) from None
+    if s.array is None:
+        if s.array_task_id is not None or s.array_job_id is not None:
+            raise SpecError("array_task_id: given without an --array")
+        return
+    try:
+        tasks = parse_array(s.array).task_ids
+    except ArrayError as exc:
+        raise SpecError(str(exc)) from None
+    if s.array_task_id not in tasks:
+        raise SpecError(f"array_task_id: {s.array_task_id!r} is not a task of {s.array}")
+    if s.array_job_id is not None and (isinstance(s.array_job_id, bool) or not isinstance(
+            s.array_job_id, int) or not 0 < s.array_job_id < 1 << 40):
+        raise SpecError(f"array_job_id: {s.array_job_id!r} is not a job number")
 
 
 def _check_spec(s: JobSpec) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from malletrain.daemon.jobs.array_tasks import task_count, task_spec
 from malletrain.daemon.jobs.directives import (
     ScriptErrors,
     build_spec,
@@ -103,6 +104,10 @@ def _add_job_options(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--rate-target", metavar="SAMPLES_PER_S",
                      help="throughput beyond which more nodes are worth nothing to the job "
                           "(with node prices: met on the cheapest nodes)")
+    sub.add_argument("-a", "--array", metavar="INDEXES",
+                     help="a job array: one malleable job per task, e.g. 0-15%%4")
+    sub.add_argument("-d", "--dependency", metavar="LIST",
+                     help="start after other malleable jobs, e.g. afterok:m12")
     sub.add_argument("--launcher", choices=("torchrun", "srun"),
                      help="start the K workers of a node with srun (default) or torchrun")
 
@@ -151,7 +156,8 @@ _FLAG_OPTS = (
     ("chdir", "--chdir"), ("export", "--export"), ("account", "--account"), ("kind", "--kind"),
     ("launcher", "--launcher"), ("gres", "--gres"), ("gpus", "--gpus"), ("ntasks", "--ntasks"),
     ("cpus_per_task", "--cpus-per-task"), ("mem", "--mem"), ("constraint", "--constraint"),
-    ("rate_target", "--rate-target"), ("exclude", "--exclude"),
+    ("rate_target", "--rate-target"), ("exclude", "--exclude"), ("array", "--array"),
+    ("dependency", "--dependency"),
 )
 
 
@@ -219,6 +225,7 @@ def cmd_test_only(args: argparse.Namespace) -> int:
         "gpus_per_node": spec.gpus_per_node, "gpu_type": spec.gpu_type,
         "workers_per_node": spec.nproc_per_node, "launcher": spec.launcher,
         "rate_target": spec.rate_target, "exclude": list(spec.exclude),
+        "dependency": spec.dependency, "array": spec.array, "jobs": task_count(spec),
         "slot_options": list(slot_extra_args(spec)), "warnings": list(read.warnings),
         "per_node_command": node_command(spec),
     }
@@ -250,6 +257,11 @@ def _describe(read: ReadScript) -> str:
                                           "(no options beyond the pool's)")]
     if spec.exclude:
         lines.append(f"never on: {compress_hostlist(spec.exclude)}")
+    if spec.array:
+        lines.append(f"job array --array={spec.array}: {task_count(spec)} malleable jobs, "
+                     "one per task")
+    if spec.dependency:
+        lines.append(f"starts after: {spec.dependency}")
     if spec.rate_target is not None:
         lines.append(f"throughput target: {spec.rate_target:g} samples/s (more is worth "
                      "nothing to the job)")
@@ -269,8 +281,6 @@ def _describe(read: ReadScript) -> str:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from malletrain.slurm.backend import CliBackend
-
     if args.test_only:
         return cmd_test_only(args)
     read = _read_spec(args)
@@ -281,6 +291,35 @@ def cmd_submit(args: argparse.Namespace) -> int:
     for w in read.warnings:
         print(f"malletrain submit: warning: {w}", file=sys.stderr)
     sock = socket_path(args)
+    job_ids: list[str] = []
+    slurm_ids: list[int] = []
+    try:
+        for index in range(task_count(spec)):
+            job_id, slots = _submit_one(sock, task_spec(spec, index, job_ids), read)
+            job_ids.append(job_id)
+            slurm_ids += slots
+    except (UserError, KeyboardInterrupt):
+        for job_id in job_ids:  # an array is submitted whole or not at all, as sbatch does
+            with contextlib.suppress(UserError):
+                _call(sock, {"op": "cancel", "job_id": job_id})
+        raise
+    if args.parsable:
+        print(job_ids[0])
+    elif spec.array:
+        print(f"Submitted malleable job array {job_ids[0]} (--array={spec.array}: "
+              f"{len(job_ids)} jobs {job_ids[0]}..{job_ids[-1]}, {spec.min_nodes}-"
+              f"{spec.max_nodes} nodes each, slot jobs {slurm_ids[0]}..{slurm_ids[-1]})")
+    else:
+        print(f"Submitted malleable job {job_ids[0]} ({spec.min_nodes}-{spec.max_nodes} "
+              f"nodes, slot jobs {slurm_ids[0]}..{slurm_ids[-1]})")
+    return 0
+
+
+def _submit_one(sock: Path, spec: JobSpec, read: ReadScript) -> tuple[str, list[int]]:
+    """One malleable job: the daemon's id for it, then its node slots as the user's own
+    held Slurm jobs, attached; everything undone if a step fails."""
+    from malletrain.slurm.backend import CliBackend
+
     answer = _call(sock, {"op": "submit", "spec": spec.to_dict()}, idempotent=False)
     job_id = str(answer["job_id"])
     backend = CliBackend()
@@ -304,12 +343,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if isinstance(exc, KeyboardInterrupt):
             raise
         raise type(exc)(f"job {job_id} not submitted: {exc}") from None
-    if args.parsable:
-        print(job_id)
-    else:
-        print(f"Submitted malleable job {job_id} ({spec.min_nodes}-{spec.max_nodes} nodes, "
-              f"slot jobs {slurm_ids[0]}..{slurm_ids[-1]})")
-    return 0
+    return job_id, slurm_ids
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:

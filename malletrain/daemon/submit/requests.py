@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from malletrain.core.lifecycle import JobPhase
+from malletrain.daemon.jobs.dependency import parse_dependency
 from malletrain.daemon.jobs.spec import JobSpec, SpecError
 from malletrain.daemon.jobs.store import JobRecord, Store
 from malletrain.daemon.submit.channel import Peer
@@ -92,6 +93,7 @@ class RequestHandler:
     def _submit(self, peer: Peer, req: Mapping[str, Any]) -> dict[str, Any]:
         spec = JobSpec.from_dict(req.get("spec"))
         self._check_limits(peer, spec)
+        self._check_dependency(peer, spec)
         rec = self.store.create_job(peer.uid, peer.user, spec)
         log.info("job %s submitted by %s (uid %d): %s, %d-%d nodes", rec.job_id, peer.user,
                  peer.uid, spec.name, spec.min_nodes, spec.max_nodes)
@@ -121,6 +123,17 @@ class RequestHandler:
                                  "(limits.max_jobs_per_user); wait for one to finish")
         if self.store.count_jobs() >= lim.max_jobs_total:
             raise RetryableError("the daemon is full (limits.max_jobs_total); try later")
+
+    def _check_dependency(self, peer: Peer, spec: JobSpec) -> None:
+        """A dependency names the user's own malleable jobs: another user's job is as
+        unknown as one that never was (``PrivateData=jobs``: no probing others' ids)."""
+        if spec.dependency is None:
+            return
+        for job_id in parse_dependency(spec.dependency).job_ids:
+            rec = self.store.job(job_id)
+            if rec is None or (rec.uid != peer.uid and peer.uid != 0):
+                raise SpecError(f"--dependency: no malleable job {job_id} of yours (as "
+                                "sbatch, a job waits only for jobs the daemon knows)")
 
     def _own(self, peer: Peer, req: Mapping[str, Any]) -> JobRecord:
         job_id = req.get("job_id")

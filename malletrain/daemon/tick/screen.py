@@ -12,10 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from malletrain.core.lifecycle import JobPhase
+from malletrain.daemon.jobs.dependency import parse_dependency
 from malletrain.daemon.jobs.slots import SlotStatus
 from malletrain.daemon.jobs.store import JobRecord
 from malletrain.daemon.tick.actions import Action, Cancel, Transit
 from malletrain.daemon.tick.views import JobSlots
+from malletrain.daemon.tick.waiting import Verdict, judge
 from malletrain.daemon.tick.world import CoordView, DecideSettings, World
 
 P = JobPhase
@@ -36,9 +38,12 @@ class Screened:
 def screen(world: World, slots: Mapping[str, JobSlots]) -> Screened:
     managed: list[JobRecord] = []
     actions: list[Action] = []
+    by_id = {job.job_id: job for job in world.jobs}
     for job in world.jobs:
         if job.state in (P.COMPLETING, P.CANCELLING) or job.state.terminal:
             actions += wind_down(job, slots[job.job_id], world.now_s, world.settings)
+        elif (held := _held_by_dependency(job, by_id, world.now_s)) is not None:
+            actions += held  # [] while it waits; its FAILED transition when it never can
         elif job.state in MANAGED:
             stop = stop_condition(job, slots[job.job_id], world.coord_of(job.job_id),
                                   world.now_s, world.settings)
@@ -48,6 +53,19 @@ def screen(world: World, slots: Mapping[str, JobSlots]) -> Screened:
                 actions.append(stop)
         # else submitting: the user is still submitting the slots
     return Screened(tuple(managed), tuple(actions))
+
+
+def _held_by_dependency(job: JobRecord, by_id: Mapping[str, JobRecord], now_s: float
+                        ) -> list[Action] | None:
+    """None: the job takes part as usual. Else it is a queued job that never started and
+    waits for its ``--dependency`` ([]), or that never can start ([its FAILED transition])."""
+    if (job.spec.dependency is None or job.state is not P.QUEUED
+            or job.lifecycle.first_s(P.STARTING) is not None):
+        return None
+    verdict, why = judge(parse_dependency(job.spec.dependency), job, by_id, now_s)
+    if verdict is Verdict.MET:
+        return None
+    return [] if verdict is Verdict.WAIT else [Transit(job.job_id, P.FAILED, why)]
 
 
 def wind_down(job: JobRecord, js: JobSlots, now_s: float, s: DecideSettings) -> list[Action]:

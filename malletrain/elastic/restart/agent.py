@@ -365,7 +365,10 @@ def main(argv: list[str] | None = None) -> int:
     if not tree.become_subreaper():
         log.warning("not a child subreaper: processes that leave the launch's tree may "
                     "outlive a stopped generation")
-    io = BatchIO(args.job_name, args.submit_dir, args.batch_output, args.batch_error)
+    array_job, task = (os.environ.get(k, "") for k in ("SLURM_ARRAY_JOB_ID",
+                                                        "SLURM_ARRAY_TASK_ID"))
+    array = (int(array_job), int(task)) if array_job.isdigit() and task.isdigit() else None
+    io = BatchIO(args.job_name, args.submit_dir, args.batch_output, args.batch_error, array)
     agent = NodeAgent(config, text, args.workers, stop, io, args.tasks_per_node)
     try:
         rc = agent.run()

@@ -20,18 +20,24 @@ class BatchIO:
     submit_dir: str
     output: str | None = None  # sbatch's --output pattern; None: slurm-%j.out
     error: str | None = None  # --error; None: with the output
+    #: a task of a job array: (SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_ID), for %A and %a
+    array: tuple[int, int] | None = None
 
 
-def expand(pattern: str, job_number: int, name: str, first_node: str, user: str) -> str:
-    """sbatch's filename pattern: %j %A (job id), %x (name), %u (user), %N (first node),
-    %a (array task: none), %n %t (node and task 0), %s (the batch step), %% (a %); a
-    number after % zero-pads (``%8j``)."""
+def expand(pattern: str, job_number: int, name: str, first_node: str, user: str,
+           array: tuple[int, int] | None = None) -> str:
+    """sbatch's filename pattern: %j (job id), %A and %a (the array's job id and the task's
+    id; outside an array the job id and 4294967294, as sbatch), %x (name), %u (user), %N
+    (first node), %n %t (node and task 0), %s (the batch step), %% (a %); a number after %
+    zero-pads (``%8j``)."""
+    array_job, task = array or (job_number, 4294967294)
+
     def one(m: re.Match[str]) -> str:
         token = m.group(1)
         if token == "%":
             return "%"
         width, code = token[:-1], token[-1]
-        value = {"j": str(job_number), "A": str(job_number), "a": "4294967294",
+        value = {"j": str(job_number), "A": str(array_job), "a": str(task),
                  "x": name, "u": user, "N": first_node, "n": "0", "t": "0",
                  "s": "batch"}[code]
         return value.zfill(int(width)) if width and code in "jAant" else value
@@ -45,7 +51,7 @@ def open_streams(io: BatchIO, job_number: int, first_node: str) -> tuple[int, in
     user = pwd.getpwuid(os.getuid()).pw_name
     fds: list[tuple[int, str]] = []
     for pattern in (io.output or "slurm-%j.out", io.error or io.output or "slurm-%j.out"):
-        path = expand(pattern, job_number, io.job_name, first_node, user)
+        path = expand(pattern, job_number, io.job_name, first_node, user, io.array)
         if not path.startswith("/"):
             path = os.path.join(io.submit_dir, path)
         if fds and path == fds[0][1]:

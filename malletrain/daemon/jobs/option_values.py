@@ -1,0 +1,56 @@
+"""The values of the sbatch options whose checks are more than a number or a time: each
+``(text, where) -> value`` raises :class:`~.spec.SpecError` naming ``where`` (pure)."""
+
+from __future__ import annotations
+
+import math
+
+from malletrain.daemon.jobs.dependency import DependencyError, parse_dependency
+from malletrain.daemon.jobs.spec import MAX_EXCLUDED_NODES, MAX_RATE_TARGET, SpecError
+from malletrain.elastic.restart.arrays import ArrayError, parse_array
+from malletrain.slurm.errors import SlurmParseError
+from malletrain.slurm.hostlist import expand_hostlist
+
+
+def rate(text: str, where: str) -> float:
+    """``--rate-target=N``: samples per second, a positive finite number."""
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = math.nan
+    if not 0 < rate <= MAX_RATE_TARGET:
+        raise SpecError(f"{where}: {text!r} is not a rate in samples/s (a number above 0 "
+                        f"and at most {MAX_RATE_TARGET:g})")
+    return rate
+
+
+def exclude(text: str, where: str) -> tuple[str, ...]:
+    """``--exclude=n[1-4],gpu7``: sbatch's hostlist, expanded (a file of names: refused)."""
+    if "/" in text:
+        raise SpecError(f"{where}: {text!r}: a file of node names is not read; list the "
+                        "nodes instead (--exclude=n[1-4],n9)")
+    try:
+        names = expand_hostlist(text.strip())
+    except SlurmParseError as exc:
+        raise SpecError(f"{where}: {exc}") from None
+    if len(names) > MAX_EXCLUDED_NODES:
+        raise SpecError(f"{where}: more than {MAX_EXCLUDED_NODES} nodes")
+    return tuple(dict.fromkeys(names))
+
+
+def dependency(text: str, where: str) -> str:
+    """``--dependency=afterok:m12``: checked here, kept as written (the daemon judges it)."""
+    try:
+        parse_dependency(text.strip())
+    except DependencyError as exc:
+        raise SpecError(f"{where}: {exc}") from None
+    return text.strip()
+
+
+def array(text: str, where: str) -> str:
+    """``--array=0-15%4``: checked here; `malletrain submit` makes one job per task."""
+    try:
+        parse_array(text)
+    except ArrayError as exc:
+        raise SpecError(f"{where}: {exc}") from None
+    return text.strip()
