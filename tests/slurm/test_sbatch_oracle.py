@@ -48,8 +48,7 @@ _SITE_NAMES = {"Invalid partition name": "--partition=batch", "Invalid qos": "--
 
 
 #: what sbatch takes and malletrain refuses still, each with its reason (docs/user-guide.md)
-KNOWN_GAPS = ("--array cannot be used for a malleable job",
-              "--dependency cannot be used for a malleable job")
+KNOWN_GAPS: tuple[str, ...] = ()
 
 
 #: (what a newer sbatch says, what malletrain's warning says) where releases differ
