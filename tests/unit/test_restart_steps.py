@@ -90,8 +90,9 @@ def test_each_node_runs_slurms_srun_in_its_slot_next_to_the_agent():
     lay = layout(parse(["-N2", "--ntasks-per-node=2", "-K", "--gpus-per-task=1", "python",
                         "t.py"]), VIEW, {})
     argv = node_argv(lay, lay.shares[1], VIEW, "SPEC")
-    assert argv == ["/usr/bin/srun", "--jobid=105", "--overlap", "--nodes=1", "--ntasks=2",
-                    "--kill-on-bad-exit=1", "--gpus-per-task=1", "/py", "-m",
+    assert argv == ["/usr/bin/srun", "--jobid=105", "--overlap", "--immediate=30",
+                    "--nodes=1", "--ntasks=2", "--kill-on-bad-exit=1", "--gpus-per-task=1",
+                    "/py", "-m",
                     "malletrain.elastic.restart.task", "SPEC", "--", "python", "t.py"]
 
 

@@ -354,11 +354,18 @@ def _spread(nodes: list[GenNode], ntasks: int, req: StepRequest) -> tuple[NodeSh
                  if ids[i])
 
 
+#: a step's share that Slurm cannot start in its node slot within this time fails with
+#: Slurm's own reason (``srun: error: Unable to create step for job N: ...``) in the job's
+#: output, instead of waiting without a word ("step creation temporarily disabled")
+STEP_START_S = 30
+
+
 def node_argv(lay: StepLayout, share: NodeShare, view: GenerationView,
               task_spec: str) -> list[str]:
     """The real ``srun`` a node's share runs: into the node's slot, next to its agent."""
     req = lay.request
-    return [view.real_srun, f"--jobid={share.node.slot_job}", "--overlap", "--nodes=1",
+    return [view.real_srun, f"--jobid={share.node.slot_job}", "--overlap",
+            f"--immediate={STEP_START_S}", "--nodes=1",
             f"--ntasks={len(share.task_ids)}",
             *(["--kill-on-bad-exit=1"] if req.kill_on_bad_exit else []), *req.passthrough,
             view.python, "-m", "malletrain.elastic.restart.task", task_spec, "--",
