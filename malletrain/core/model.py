@@ -96,6 +96,9 @@ class MalleableJob:
     scale_down_s: float
     #: Submit order, for first-come-first-served tie breaks.
     submit_order: int = 0
+    #: Whose job it is: nodes are divided among users first (``core.allocation.fairness``);
+    #: jobs with the same (or no) user share one part.
+    user: str = ""
     #: Seconds of progress (at the new rate) lost when the job starts from zero nodes:
     #: rendezvous, process start-up, first slow steps. ``None``: same as ``scale_up_s``
     #: (a start is a scale-up from nothing; the newcomers' start-up dominates both).

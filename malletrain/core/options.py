@@ -47,6 +47,9 @@ class PolicyOptions:
     #: malletrain values throughput in each job's one-node rate, not in samples
     #: (MalleTrainPolicy.work_units; replays: on).
     work_units: bool = False
+    #: malletrain divides the nodes among users before jobs (MalleTrainPolicy.fair_share;
+    #: every preset: jobs without a user are one user's, so single-user replays are as before)
+    fair_share: bool = True
 
     def with_(self, **changes: float | bool | None) -> PolicyOptions:
         return replace(self, **changes)  # type: ignore[arg-type]

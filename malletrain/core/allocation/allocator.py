@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from malletrain.core.allocation.fairness import solve_fair
 from malletrain.core.allocation.finish import SlotOutlook, finish_weights, slot_rate
 from malletrain.core.allocation.hetero import decide_by_type, is_typed
 from malletrain.core.allocation.knapsack import solve_counts
@@ -214,6 +215,9 @@ class MalleTrainPolicy:
     #: model with a high rate per node would outbid every other (preset ``REPLAY``).
     work_units: bool = False
 
+    #: Divide the nodes among users before jobs (:mod:`.fairness`); off: user-blind.
+    fair_share: bool = True
+
     def decide(self, inp: AllocationInput) -> Plan:
         t0 = time.perf_counter()
         inp = with_spread_penalty(inp)
@@ -240,7 +244,7 @@ class MalleTrainPolicy:
         assignments = sol.place(inp, sol.counts)
         if not self.check_plans or not sol.shrinks(inp):
             return assignments, sol.objective
-        return better_plan(inp, sol, assignments)
+        return better_plan(inp, sol, assignments, fair=self.fair_share)
 
     def solve(self, inp: AllocationInput, price_per_node_s: float = 0.0
               ) -> tuple[dict[str, int], float, np.ndarray, list[str]]:
@@ -256,7 +260,7 @@ class MalleTrainPolicy:
         values, w, p, key, offer, table = self._tables(inp, price_per_node_s)
         if offer is None:
             return Solution({}, 0.0, w, p, key, values, None, table)
-        count_arr, objective = solve_counts(values, len(inp.nodes))
+        count_arr, objective = self._counts(inp, values)
         if (
             self.finish_weight > 0
             and inp.queued_jobs != 0
@@ -267,10 +271,16 @@ class MalleTrainPolicy:
             beta = self.finish_weights(inp, slot_rate(inp, count_arr))
             if beta.any():
                 values = values * (1.0 + beta)[:, None]
-                count_arr, objective = solve_counts(values, len(inp.nodes))
+                count_arr, objective = self._counts(inp, values)
                 table = weighted(table, 1.0 + beta)
         counts = {job.job_id: int(n) for job, n in zip(inp.jobs, count_arr, strict=True)}
         return Solution(counts, objective, w, p, key, values, offer, table)
+
+    def _counts(self, inp: AllocationInput, values: np.ndarray) -> tuple[np.ndarray, float]:
+        if not self.fair_share:
+            return solve_counts(values, len(inp.nodes))
+        return solve_fair(values, [j.user for j in inp.jobs], [len(j.nodes) for j in inp.jobs],
+                          len(inp.nodes))
 
     def value_table(self, inp: AllocationInput, price_per_node_s: float = 0.0
                     ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
@@ -350,4 +360,5 @@ def malletrain_policy(options: PolicyOptions, name: str = "malletrain",
         finish_horizon_s=options.finish_horizon_s,
         finish_outlook_s=options.finish_outlook_s,
         work_units=options.work_units,
+        fair_share=options.fair_share,
     )

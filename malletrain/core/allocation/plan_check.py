@@ -120,14 +120,26 @@ def no_shrink_counts(inp: AllocationInput, sol: Solution) -> tuple[dict[str, int
     return {job.job_id: int(n) for job, n in zip(inp.jobs, arr, strict=True)}, objective
 
 
+def _moves_across_users(inp: AllocationInput, planned: Mapping[str, int],
+                        kept: Mapping[str, int]) -> bool:
+    """Whether the no-shrink plan gives one user more nodes and another fewer than the plan
+    (whose shares :mod:`.fairness` divided): keeping would undo a fair division."""
+    delta: dict[str, int] = {}
+    for job in inp.jobs:
+        delta[job.user] = delta.get(job.user, 0) + kept[job.job_id] - planned[job.job_id]
+    return any(d > 0 for d in delta.values()) and any(d < 0 for d in delta.values())
+
+
 def better_plan(inp: AllocationInput, sol: Solution,
-                assignments: dict[str, tuple[str, ...]]
+                assignments: dict[str, tuple[str, ...]], fair: bool = False
                 ) -> tuple[dict[str, tuple[str, ...]], float]:
     """``assignments`` (which shrink a running job) or the best plan that shrinks nobody,
     whichever is worth more on the nodes really handed out: (assignments, objective)."""
     counts, objective = no_shrink_counts(inp, sol)
     if objective <= _FORBIDDEN / 2:  # cannot happen while keeping is feasible; be safe
         return assignments, sol.objective
+    if fair and _moves_across_users(inp, sol.counts, counts):
+        return assignments, sol.objective  # users' fair shares come first (.fairness)
     kept = sol.place(inp, counts)
     planned_value = realised_value(inp, sol, assignments)
     kept_value = realised_value(inp, sol, kept)

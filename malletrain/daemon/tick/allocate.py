@@ -78,7 +78,7 @@ def policy_jobs(now_s: float, managed: tuple[JobRecord, ...], slots: Mapping[str
             submit_order=job.seq, start_s=model.start_s, rate_noise=model.rate_noise,
             type_throughput=model.by_type, allowed_types=allowed_types(job.spec, gpu_types),
             rate_target=rate_target(job, now_s), excluded_nodes=excluded,
-            spread_factor=model.spread_factor))
+            spread_factor=model.spread_factor, user=job.user))
     return tuple(out)
 
 

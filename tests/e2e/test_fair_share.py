@@ -1,0 +1,43 @@
+"""Fair shares among users through the real daemon on the dev cluster (issue 47): mt-alice's
+jobs hold every node; mt-bob submits one job of the same kind; bob's job trains on its
+user's half within a minute while alice's jobs shrink to hers. User-blind, bob's job got 1
+node of 8 after 18 s and kept 1 for the next 3 minutes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .harness import wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slurm, pytest.mark.torch]
+
+SAMPLES = 10_000_000  # no job finishes: all are cancelled at the end
+
+
+def test_bobs_one_job_gets_bobs_half_while_alices_jobs_hold_every_node(daemon,
+                                                                         clean_cluster):
+    d = daemon
+    alice = [d.submit_example("mt-alice", f"a{k}", "1-8", SAMPLES) for k in range(3)]
+
+    def nodes_of(rows, jobs):
+        return sum(len(rows[j]["nodes"]) for j in jobs)
+
+    wait_until(lambda: nodes_of(d.jobs(), alice) == 8, 150,
+               what="alice's three jobs on all 8 nodes",
+               on_timeout=lambda: json.dumps(d.jobs(), indent=1) + d.log()[-3000:])
+    bob = d.submit_example("mt-bob", "b0", "1-8", SAMPLES)
+
+    def bob_has_his_half():
+        rows = d.jobs()
+        return (len(rows[bob]["nodes"]) >= 4 and rows[bob]["samples_total"] > 0
+                and nodes_of(rows, alice) <= 4)
+
+    wait_until(bob_has_his_half, 90, what="bob's job training on 4 of 8 nodes",
+               on_timeout=lambda: json.dumps(d.jobs(), indent=1) + d.log()[-3000:])
+    d.cli("mt-alice", "cancel", "--socket", str(d.socket), *alice)
+    d.cli("mt-bob", "cancel", "--socket", str(d.socket), bob)
+    wait_until(lambda: all(d.jobs()[j]["state"] == "cancelled" for j in [*alice, bob]), 60,
+               what="every job cancelled")
+    assert "Traceback" not in d.log()
