@@ -16,7 +16,9 @@ and the DP's time on that same instance is printed next to it.
 The scarce case (every job running, 8 free nodes, curves measured at 1 node) times
 the second, conservative value table of ``explore_free_only`` with the rule on and off.
 The typed case gives the same inputs three node types (each job's curve scaled 0.5-3x per
-type) and times the per-type plan (``core.hetero``) beside the untyped one.
+type) and times the per-type plan (``core.hetero``) beside the untyped one. The users case
+gives the jobs to 50 users in turn and times the fair-share division
+(``core.allocation.fairness``) beside the user-blind DP, interleaved.
 
 Last line: ``allocator nodes=5000 jobs=500 p50_ms=<x> max_ms=<y> milp_ms=<z>``.
 """
@@ -129,6 +131,31 @@ def time_types(inputs: list[AllocationInput], seed: int) -> None:
           f"without types: p50 {statistics.median(ms[0]):.1f} ms")
 
 
+def with_users(inp: AllocationInput, users: int) -> AllocationInput:
+    """``inp`` with its jobs owned by ``users`` users in turn."""
+    return replace(inp, jobs=tuple(replace(j, user=f"u{k % users}")
+                                   for k, j in enumerate(inp.jobs)))
+
+
+def time_users(inputs: list[AllocationInput], users: int) -> None:
+    """Decision time with the nodes divided among ``users`` users first (core.allocation.
+    fairness) against the user-blind DP on the same inputs, interleaved."""
+    owned = [with_users(inp, users) for inp in inputs]
+    pols = {fair: make_policy("malletrain", CORE.with_(fair_share=fair))
+            for fair in (False, True)}
+    for pol in pols.values():
+        pol.decide(owned[0])
+    ms: dict[bool, list[float]] = {False: [], True: []}
+    for inp in owned[1:]:
+        for fair, pol in pols.items():
+            t0 = time.perf_counter()
+            pol.decide(inp)
+            ms[fair].append((time.perf_counter() - t0) * 1000)
+    print(f"dp with {users} users' fair shares: p50 {statistics.median(ms[True]):.1f} ms, "
+          f"max {max(ms[True]):.1f} ms; the same inputs user-blind: p50 "
+          f"{statistics.median(ms[False]):.1f} ms")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--decisions", type=int, default=21)
@@ -155,6 +182,7 @@ def main() -> None:
         f"p50 {p50:.1f} ms, max {max(times_ms):.1f} ms"
     )
     time_types(inputs, args.seed)
+    time_users(inputs, 50)
     # the simulator's replay settings (preset REPLAY): same inputs
     replay = make_policy("malletrain", REPLAY)
     replay.decide(inputs[0])
