@@ -73,7 +73,10 @@ def test_a_dependency_never_satisfied_fails_and_anothers_job_is_unknown(daemon,
     probe = d.submit("mt-bob", f"--dependency=afterany:{target}", str(script), check=False)
     assert probe.returncode != 0
     assert f"no malleable job {target} of yours" in probe.stderr
+    wait_until(lambda: d.jobs()[waiting]["reason"].startswith("Dependency"), 30,
+               what="the waiting job saying why", on_timeout=lambda: json.dumps(d.jobs()))
     assert d.jobs()[waiting]["state"] == "queued"
+    assert f"afterok:{target}" in d.jobs()[waiting]["reason"]
     d.cli("mt-alice", "cancel", "--socket", str(d.socket), target)
     wait_until(lambda: d.jobs()[waiting]["state"] == "failed", 60,
                what="the dependent job failed", on_timeout=lambda: json.dumps(d.jobs()))

@@ -36,6 +36,10 @@ def test_bobs_one_job_gets_bobs_half_while_alices_jobs_hold_every_node(daemon,
 
     wait_until(bob_has_his_half, 90, what="bob's job training on 4 of 8 nodes",
                on_timeout=lambda: json.dumps(d.jobs(), indent=1) + d.log()[-3000:])
+    wait_until(lambda: d.jobs()[bob]["reason"] == "UserShare", 30,
+               what="bob's job saying it is at its user's share")
+    table = d.cli("mt-bob", "jobs", "--socket", str(d.socket)).stdout
+    assert "REASON" in table.splitlines()[0] and "UserShare" in table
     d.cli("mt-alice", "cancel", "--socket", str(d.socket), *alice)
     d.cli("mt-bob", "cancel", "--socket", str(d.socket), bob)
     wait_until(lambda: all(d.jobs()[j]["state"] == "cancelled" for j in [*alice, bob]), 60,

@@ -113,3 +113,20 @@ def test_b_gets_its_half_in_the_next_decision_while_a_holds_every_node(fair, b_n
     alice = sum(len(plan.targets.get(r.job_id, ())) for r in records[:4])
     assert len(plan.targets.get("m9", ())) == b_nodes
     assert alice == 16 - b_nodes
+
+
+def test_each_job_says_why_it_has_the_nodes_it_has():
+    from malletrain.daemon.tick.reasons import job_reasons
+
+    def rec(job_id, user, max_nodes):
+        r = record(job_id, JobPhase.RUNNING, max_nodes=max_nodes)
+        return dataclasses.replace(r, user=user)
+
+    a1, a2, b1 = rec("m1", "alice", 8), rec("m2", "alice", 2), rec("m3", "bob", 8)
+    targets = {"m1": ("n1", "n2"), "m2": ("n3", "n4"), "m3": ("n5", "n6", "n7", "n8")}
+    reasons = job_reasons([a1, a2, b1], targets, 8, {"m4": "waiting for afterok:m3"})
+    assert reasons == {"m1": "UserShare", "m2": "MaxNodes", "m3": "UserShare",
+                       "m4": "Dependency (waiting for afterok:m3)"}
+    alone = job_reasons([a1], {"m1": ("n1",)}, 1, {})
+    assert alone == {"m1": "Resources"}
+    assert job_reasons([a1], {"m1": ("n1",)}, 4, {}) == {"m1": "Value"}

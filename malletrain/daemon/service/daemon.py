@@ -108,6 +108,7 @@ class Daemon:
         self._job_nodes: dict[str, tuple[str, ...]] = {}
         self._job_members: dict[str, int] = {}
         self._profile_points: dict[str, int] = {}
+        self._reasons: dict[str, str] = {}
         #: for the arrival probe (daemon/observe/arrivals.py): the last snapshot's job ids, and
         #: whether any node is held (only then can a new job's start wait for the daemon)
         self.seen_job_ids: frozenset[int] = frozenset()
@@ -330,6 +331,8 @@ class Daemon:
         with self._rows_lock:
             self._job_nodes = {**{j: self._job_nodes.get(j, ()) for j in plan.slot_views
                                   if j in world.busy}, **nodes}
+            self._reasons = {**{j: self._reasons.get(j, "") for j in world.busy},
+                             **plan.reasons}
 
     def _job_done(self, job_id: str) -> None:
         rec = self.store.job(job_id)
@@ -369,7 +372,8 @@ class Daemon:
 
     def rows(self) -> list[JobRow]:
         with self._rows_lock:
-            views = (dict(self._job_nodes), dict(self._job_members), dict(self._profile_points))
+            views = (dict(self._job_nodes), dict(self._job_members), dict(self._profile_points),
+                     dict(self._reasons))
         return job_rows(self.store.jobs(), *views)
 
     def close(self, timeout_s: float | None = None) -> None:

@@ -47,9 +47,10 @@ def metrics_snapshot(plan: TickPlan, snap: ClusterSnapshot, jobs: Sequence[JobRe
 
 
 def job_rows(jobs: Sequence[JobRecord], job_nodes: Mapping[str, tuple[str, ...]],
-             job_members: Mapping[str, int], points: Mapping[str, int]) -> list[JobRow]:
-    """One row per job: its record, and the nodes, members and profile points the last
-    tick saw (an ended job shows none)."""
+             job_members: Mapping[str, int], points: Mapping[str, int],
+             reasons: Mapping[str, str]) -> list[JobRow]:
+    """One row per job: its record, and the nodes, members, profile points and reason the
+    last tick saw (an ended job shows none)."""
     return [JobRow(
         job_id=j.job_id, user=j.user, name=j.spec.name, state=j.state.value,
         nodes=job_nodes.get(j.job_id, ()) if not j.state.terminal else (),
@@ -61,4 +62,5 @@ def job_rows(jobs: Sequence[JobRecord], job_nodes: Mapping[str, tuple[str, ...]]
         rescales_up=j.rescales_up, rescales_down=j.rescales_down,
         preemptions=j.preemptions, message=j.lifecycle.history[-1].reason,
         rate_target=j.spec.rate_target,
+        reason=reasons.get(j.job_id, "") if j.state.active else "",
     ) for j in jobs]

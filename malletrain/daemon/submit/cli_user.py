@@ -348,7 +348,7 @@ def _submit_one(sock: Path, spec: JobSpec, read: ReadScript) -> tuple[str, list[
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
     head = ("JOBID", "USER", "NAME", "STATE", "NODES", "MIN-MAX", "SAMPLES", "SAMPLES/S",
-            "PROFILE", "UP/DOWN", "PREEMPT", "NODELIST")
+            "PROFILE", "UP/DOWN", "PREEMPT", "REASON", "NODELIST")
     lines = [head]
     for r in rows:
         nodes = r.get("nodes") or []
@@ -357,7 +357,7 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
             str(len(nodes)), f"{r['min_nodes']}-{r['max_nodes']}", str(r["samples_total"]),
             f"{float(r['samples_per_s']):.1f}", str(r["profile_points"]),
             f"{r['rescales_up']}/{r['rescales_down']}", str(r["preemptions"]),
-            ",".join(nodes) or "-",
+            str(r.get("reason") or "-"), ",".join(nodes) or "-",
         ))
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()

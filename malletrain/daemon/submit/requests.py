@@ -54,6 +54,8 @@ class JobRow:
     message: str
     #: the job's ``--rate-target`` in samples/s (None: none)
     rate_target: float | None = None
+    #: why it has the nodes it has, as the last tick saw it (``daemon.tick.reasons``)
+    reason: str = ""
 
 
 class RequestHandler:

@@ -105,6 +105,8 @@ class TickPlan:
     held_nodes: tuple[IdleNode, ...] = ()
     hole_start_s: Mapping[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    #: job id -> why it has the nodes it has (:mod:`.reasons`), for ``malletrain jobs``
+    reasons: Mapping[str, str] = field(default_factory=dict)
     #: Held nodes are being given back ahead of a foreign job (``yield_ahead``). Slurm's
     #: backfill plan moves every pass while that job waits, and may name more of our nodes
     #: next: the loop should look again soon instead of after a whole tick interval. Also

@@ -23,6 +23,7 @@ from malletrain.daemon.tick.actions import Action, TickPlan
 from malletrain.daemon.tick.allocate import allocate, policy_jobs
 from malletrain.daemon.tick.membership import membership_actions
 from malletrain.daemon.tick.pool import build_pool
+from malletrain.daemon.tick.reasons import job_reasons
 from malletrain.daemon.tick.reconcile import JobContext, reconcile
 from malletrain.daemon.tick.screen import screen
 from malletrain.daemon.tick.views import job_slots
@@ -55,4 +56,6 @@ def decide(world: World, policy: Policy) -> TickPlan:
         targets=allocation.targets, actions=tuple(actions),
         slot_views={jid: js.views for jid, js in slots.items()}, allocation=allocation.plan,
         free_nodes=pool.free, held_nodes=pool.held, hole_start_s=pool.hole_start_s,
-        notes=tuple(notes), follow_up=pool.give_back.follow_up)
+        notes=tuple(notes), follow_up=pool.give_back.follow_up,
+        reasons=job_reasons(screened.managed, allocation.targets, len(pool.offered),
+                            screened.waiting))

@@ -9,7 +9,7 @@ allocation with a transition. The rest are *managed*: the next steps allocate no
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from malletrain.core.lifecycle import JobPhase
 from malletrain.daemon.jobs.dependency import parse_dependency
@@ -33,17 +33,24 @@ USABLE = (SlotStatus.PARKED, SlotStatus.PLACING, SlotStatus.RUNNING, SlotStatus.
 class Screened:
     managed: tuple[JobRecord, ...]
     actions: tuple[Action, ...]
+    #: job id -> what it waits for (``--dependency``): it takes no part this tick
+    waiting: Mapping[str, str] = field(default_factory=dict)
 
 
 def screen(world: World, slots: Mapping[str, JobSlots]) -> Screened:
     managed: list[JobRecord] = []
     actions: list[Action] = []
     by_id = {job.job_id: job for job in world.jobs}
+    waiting: dict[str, str] = {}
     for job in world.jobs:
         if job.state in (P.COMPLETING, P.CANCELLING) or job.state.terminal:
             actions += wind_down(job, slots[job.job_id], world.now_s, world.settings)
         elif (held := _held_by_dependency(job, by_id, world.now_s)) is not None:
-            actions += held  # [] while it waits; its FAILED transition when it never can
+            why, transit = held
+            if transit is None:
+                waiting[job.job_id] = why
+            else:
+                actions.append(transit)  # it never can start: FAILED, with the reason
         elif job.state in MANAGED:
             stop = stop_condition(job, slots[job.job_id], world.coord_of(job.job_id),
                                   world.now_s, world.settings)
@@ -52,20 +59,21 @@ def screen(world: World, slots: Mapping[str, JobSlots]) -> Screened:
             else:
                 actions.append(stop)
         # else submitting: the user is still submitting the slots
-    return Screened(tuple(managed), tuple(actions))
+    return Screened(tuple(managed), tuple(actions), waiting)
 
 
 def _held_by_dependency(job: JobRecord, by_id: Mapping[str, JobRecord], now_s: float
-                        ) -> list[Action] | None:
+                        ) -> tuple[str, Transit | None] | None:
     """None: the job takes part as usual. Else it is a queued job that never started and
-    waits for its ``--dependency`` ([]), or that never can start ([its FAILED transition])."""
+    waits for its ``--dependency`` (what for, None), or that never can start (why, its
+    FAILED transition)."""
     if (job.spec.dependency is None or job.state is not P.QUEUED
             or job.lifecycle.first_s(P.STARTING) is not None):
         return None
     verdict, why = judge(parse_dependency(job.spec.dependency), job, by_id, now_s)
     if verdict is Verdict.MET:
         return None
-    return [] if verdict is Verdict.WAIT else [Transit(job.job_id, P.FAILED, why)]
+    return why, (None if verdict is Verdict.WAIT else Transit(job.job_id, P.FAILED, why))
 
 
 def wind_down(job: JobRecord, js: JobSlots, now_s: float, s: DecideSettings) -> list[Action]:

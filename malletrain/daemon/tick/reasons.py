@@ -1,0 +1,39 @@
+"""Why each job has the nodes it has: ``malletrain jobs``'s REASON, as squeue has one. Pure.
+
+For the jobs that wait for or hold scavenged nodes, after the tick's allocation:
+
+* ``Dependency``: it waits for its ``--dependency`` (it takes no part in the allocation);
+* ``MaxNodes``: it is planned at its ``--nodes`` maximum;
+* ``UserShare``: its user's jobs hold the user's part of the nodes on offer while other
+  users have jobs too (``core.allocation.fairness``);
+* ``Resources``: every node on offer is planned for a job;
+* ``Value``: idle nodes are left, but more of them are not worth their cost to this job now
+  (short windows, a flat curve, the rescale or start cost; ``docs/allocator.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from malletrain.daemon.jobs.store import JobRecord
+
+
+def job_reasons(managed: Sequence[JobRecord], targets: Mapping[str, tuple[str, ...]],
+                offered: int, waiting: Mapping[str, str]) -> dict[str, str]:
+    """job id -> reason, for ``managed`` jobs and the ``waiting`` ones (their own reason)."""
+    out = {job_id: f"Dependency ({why})" for job_id, why in waiting.items()}
+    held: dict[str, int] = {}
+    for job in managed:
+        held[job.user] = held.get(job.user, 0) + len(targets.get(job.job_id, ()))
+    share = offered // max(1, len(held))
+    planned = sum(held.values())
+    for job in managed:
+        if len(targets.get(job.job_id, ())) >= job.spec.max_nodes:
+            out[job.job_id] = "MaxNodes"
+        elif len(held) > 1 and held[job.user] >= share:
+            out[job.job_id] = "UserShare"
+        elif planned >= offered:
+            out[job.job_id] = "Resources"
+        else:
+            out[job.job_id] = "Value"
+    return out
