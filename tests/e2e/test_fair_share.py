@@ -34,7 +34,7 @@ def test_bobs_one_job_gets_bobs_half_while_alices_jobs_hold_every_node(daemon,
         return (len(rows[bob]["nodes"]) >= 4 and rows[bob]["samples_total"] > 0
                 and nodes_of(rows, alice) <= 4)
 
-    wait_until(bob_has_his_half, 90, what="bob's job training on 4 of 8 nodes",
+    wait_until(bob_has_his_half, 150, what="bob's job training on 4 of 8 nodes",
                on_timeout=lambda: json.dumps(d.jobs(), indent=1) + d.log()[-3000:])
     wait_until(lambda: d.jobs()[bob]["reason"] == "UserShare", 30,
                what="bob's job saying it is at its user's share")
