@@ -153,7 +153,7 @@ def test_a_new_realm_makes_old_secrets_useless(server):
 
 def test_forget_drops_the_whole_namespace(server):
     s = job(server, "m1")
-    for k in ("latest", "ev/0", "pg/3/rank_0", "pg/3/rank_1", "arrive/3/s0/0"):
+    for k in ("progress", "ev/0", "pg/3/rank_0", "pg/3/rank_1", "arrive/3/s0/0"):
         s.set(f"mt/m1/{k}", "v" * 100)
     a = admin(server)
     assert a.forget_job("m1") == 5 and a.jobs().get("m1", (0, 0)) == (0, 0)

@@ -30,6 +30,7 @@ import socket
 import threading
 
 from malletrain.elastic.coordinator.kvspace import (
+    INT64,
     JobSpace,
     Refused,
     ServerLimits,
@@ -233,7 +234,7 @@ class KVServer:
     def _keyed(self, job: str | None, code: Op, key: str, rest: str, args: list[bytes],
                space: JobSpace) -> tuple[Status, list[bytes]]:
         if job is not None:
-            check_worker_write(code, key, rest, args, space)
+            args = check_worker_write(code, key, rest, args, space)
         if code == Op.SET:
             space.put(key, args[0], self.limits)
             return Status.OK, []
@@ -245,6 +246,8 @@ class KVServer:
         if code == Op.ADD:
             old = space.data.get(key, b"0")
             value = parse_int(old, f"the value of {key!r}") + parse_int(args[0], "the amount")
+            if not -INT64 <= value < INT64:
+                raise Refused(f"{key!r} would pass an int64")
             space.put(key, str(value).encode(), self.limits)
             return Status.OK, [str(value).encode()]
         if code == Op.DELETE:

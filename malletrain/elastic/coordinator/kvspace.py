@@ -9,11 +9,12 @@ written once; neither, nor ``finished``, is deleted. The server is :mod:`.kvserv
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass, field
 
 from malletrain.elastic.protocol import records as r
-from malletrain.elastic.protocol.keys import ID_RE
+from malletrain.elastic.protocol.keys import ID_RE, MAX_EPOCHS_AHEAD, MAX_EVENTS
 from malletrain.elastic.protocol.wire import Op
 
 _WORKER_WRITABLE_EPOCH_SOURCES = ("heal", "leave")
@@ -100,17 +101,29 @@ def split_key(raw: bytes) -> tuple[str, str, str]:
     return key, parts[1], parts[2]
 
 
+_INT_RE = re.compile(rb"-?[0-9]{1,19}\Z")
+#: what ADD may make of a counter: an int64, as torch's TCPStore keeps it
+INT64 = 1 << 63
+
+
 def parse_int(raw: bytes, what: str) -> int:
-    if not raw or len(raw) > 20 or not raw.lstrip(b"-").isdigit():
+    """A decimal int64 (``--5``, ``1e3``, 20 digits: refused, never a ValueError)."""
+    if not _INT_RE.match(raw) or not -INT64 <= int(raw) < INT64:
         raise Refused(f"{what} is not an integer")
     return int(raw)
 
 
 def check_worker_write(code: Op, key: str, rest: str, args: list[bytes],
-                        space: JobSpace) -> None:
-    """A job's own processes may not rewrite its history (see the module docstring)."""
+                        space: JobSpace) -> list[bytes]:
+    """A job's own processes may not rewrite its history (see the module docstring), nor
+    set the counters the daemon reads every tick to values that would stall it: ``events``
+    only grows by ADD of 0 or 1 up to :data:`MAX_EVENTS`; ``latest`` is SET only to an
+    epoch that exists, and never moves back (the larger value is kept). Returns the
+    arguments to apply."""
     if code in (Op.GET,):
-        return
+        return args
+    if rest in ("events", "latest"):
+        return _check_counter(code, key, rest, args, space)
     history = rest.startswith(("cfg/", "ev/")) or rest == "finished"
     if code == Op.DELETE and history:
         raise Refused(f"{rest!r} is not deleted by a job")
@@ -121,6 +134,36 @@ def check_worker_write(code: Op, key: str, rest: str, args: list[bytes],
             raise Refused(f"{rest!r} is written once, by compare-and-set")
         if key not in space.data:
             check_worker_epoch(key, args[1], space)
+    return args
+
+
+def _check_counter(code: Op, key: str, rest: str, args: list[bytes],
+                   space: JobSpace) -> list[bytes]:
+    old = space.data.get(key, b"0")
+    if rest == "events":
+        if code != Op.ADD or parse_int(args[0], "the amount") not in (0, 1):
+            raise Refused("'events' only grows by ADD of 0 or 1")
+        if parse_int(old, "events") + int(args[0]) > MAX_EVENTS:
+            raise Refused(f"the job's log holds {MAX_EVENTS} events, the limit")
+        return args
+    if code != Op.SET:
+        raise Refused("'latest' is only SET")
+    new = parse_int(args[0], "'latest'")
+    if new < 1 or f"{key[:-len('latest')]}cfg/{new}" not in space.data:
+        raise Refused("'latest' names an epoch that was not written")
+    return [str(max(new, parse_int(old, "'latest'"))).encode()]
+
+
+def _check_epoch_number(key: str, space: JobSpace) -> None:
+    """A job writes epoch ``e`` only within :data:`MAX_EPOCHS_AHEAD` of ``latest`` (so a
+    reader scanning upward from ``latest`` reads a few keys, not a job's 100,000)."""
+    try:
+        epoch = parse_int(key.rsplit("/", 1)[1].encode(), "the epoch")
+    except Refused:
+        raise Refused(f"{key}: not an epoch number") from None
+    latest = space.data.get(key.split("/cfg/")[0] + "/latest", b"0")
+    if not 1 <= epoch <= parse_int(latest, "'latest'") + MAX_EPOCHS_AHEAD:
+        raise Refused(f"{key}: more than {MAX_EPOCHS_AHEAD} epochs past 'latest'")
 
 
 def check_worker_epoch(key: str, raw: bytes, space: JobSpace) -> None:
@@ -143,6 +186,7 @@ def check_worker_epoch(key: str, raw: bytes, space: JobSpace) -> None:
                 continue
     if not known and not any(k.startswith(prefix) for k in space.data):
         return  # the reseed of a lost store
+    _check_epoch_number(key, space)
     if m.source not in _WORKER_WRITABLE_EPOCH_SOURCES:
         raise Refused(f"{key}: a job writes only heal/leave epochs, not {m.source!r}")
     unknown = [mid for mid in m.members if mid not in known]
