@@ -88,7 +88,8 @@ class Daemon:
         self.store = Store(settings.state.database_path)
         self.metrics = metrics
         self.coordinator = (coordinator if coordinator is not None
-                            else ensure_coordinator(settings, self.store.realm))
+                            else ensure_coordinator(settings, self.store.realm,
+                                                    live_jobs=self._live_job_ids))
         self._decide_overrides = dict(decide_overrides or {})
         self.learned = LearnedState(self.store)
         self.policy = make_policy(settings.allocator.policy, settings.allocator.policy_options())
@@ -125,6 +126,11 @@ class Daemon:
             settings, self.store, coordinator=self.coordinator, state_dir=self.state_dir,
             rows=self.rows, wake=wake or (lambda: None), privacy=self.privacy.get)
         self._reconcile_interrupted()
+
+    def _live_job_ids(self) -> list[str]:
+        """The jobs whose secrets the coordinator must serve (admitted again whenever the
+        daemon's session reconnects: a restarted coordinator serves none until then)."""
+        return [j.job_id for j in self.store.jobs(include_terminal=False)]
 
     def _reconcile_interrupted(self) -> None:
         interrupted = self.store.open_actions()
