@@ -351,3 +351,19 @@ def test_an_id_with_a_trailing_newline_is_no_id():
     assert ID_RE.match("m1") and not ID_RE.match("m1\n")
     with pytest.raises(ValueError):
         wire.job_secret(MASTER, "m1\n")
+
+
+def test_a_coordinator_run_by_hand_with_open_serves_any_job_until_a_daemon_names_a_realm():
+    srv = KVServer(MASTER, open_jobs=True).start()
+    try:
+        c = AuthClient("127.0.0.1", srv.port, "demo", wire.job_secret(MASTER, "demo"))
+        Coordinator.attach(f"127.0.0.1:{srv.port}", MASTER).publish("demo", [])  # by hand
+        AuthClient("127.0.0.1", srv.port, "demo", wire.job_secret(MASTER, "demo")).set(
+            "mt/demo/progress", "{}")
+        c.close()
+        Coordinator.attach(f"127.0.0.1:{srv.port}", MASTER, realm="db1")  # a daemon's
+        with pytest.raises(AuthenticationRefused):
+            AuthClient("127.0.0.1", srv.port, "demo", wire.job_secret(MASTER, "demo"),
+                       connect_timeout_s=0.5)
+    finally:
+        srv.close()

@@ -54,8 +54,8 @@ class Registry:
         the daemon has admitted its jobs."""
         with self._lock:
             changed = self.realm is not None and realm != self.realm
-            self.open = False
-            if changed:
+            if changed:  # (an open coordinator stays open for sessions of its own realm)
+                self.open = False
                 self._admitted.clear()
                 self.ready = False
                 ended = [s for group in self._sessions.values() for s in group]
