@@ -298,6 +298,27 @@ def test_one_jobs_idle_sessions_lock_out_neither_other_jobs_nor_the_daemon():
         srv.close()
 
 
+def test_one_users_jobs_together_lock_out_neither_another_user_nor_the_daemon():
+    limits = ServerLimits(max_connections=12, max_connections_per_job=4,
+                          max_connections_per_user=6, max_admin_connections=2)
+    srv = KVServer(MASTER, limits=limits).start()
+    srv.admit("", ["b1", "b2", "b3"], uid=1002)  # bob's three jobs
+    srv.admit("", ["a1"], uid=1001)  # alice's
+    try:
+        held = [_raw_job_session(srv, job) for job in ("b1", "b2", "b3") for _ in range(4)]
+        time.sleep(0.3)
+        assert sum(srv._jobs[j].connections for j in ("b1", "b2", "b3")) == 6
+        alice = [_raw_job_session(srv, "a1") for _ in range(4)]  # all four get in
+        time.sleep(0.3)
+        assert srv._jobs["a1"].connections == 4
+        admin = AuthClient("127.0.0.1", srv.port, None, wire.admin_secret(MASTER),
+                           connect_timeout_s=3)
+        assert admin.num_keys() == 0
+        del held, alice
+    finally:
+        srv.close()
+
+
 def test_limits_that_the_file_descriptors_cannot_hold_refuse_to_start():
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     too_many = ServerLimits(max_connections=hard + 1)

@@ -27,6 +27,8 @@ from malletrain.errors import PermanentError, RetryableError
 from malletrain.ops.settings import Settings
 
 log = logging.getLogger(__name__)
+#: the daemon's live jobs: (id, the owner's uid), or bare ids
+LiveJobs = Callable[[], Iterable[str | tuple[str, int]]]
 
 
 def coordinator_files(settings: Settings) -> tuple[Path, Path, Path]:
@@ -39,7 +41,7 @@ def key_file(settings: Settings) -> Path:
 
 
 def ensure_coordinator(settings: Settings, realm: str, timeout_s: float = 60.0,
-                       live_jobs: Callable[[], Iterable[str]] | None = None) -> Any:
+                       live_jobs: LiveJobs | None = None) -> Any:
     """Attach to the running coordinator, or start one detached and attach to it.
 
     ``live_jobs``: the daemon's live job ids, admitted again at every (re)connection (a
@@ -82,7 +84,7 @@ def ensure_coordinator(settings: Settings, realm: str, timeout_s: float = 60.0,
 
 
 def _start(settings: Settings, master: bytes, realm: str, timeout_s: float,
-           live_jobs: Callable[[], Iterable[str]] | None) -> Any:
+           live_jobs: LiveJobs | None) -> Any:
     from malletrain.elastic.coordinator.handle import Coordinator
 
     addr_file, pid_file, log_file = coordinator_files(settings)

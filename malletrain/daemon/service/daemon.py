@@ -127,10 +127,11 @@ class Daemon:
             rows=self.rows, wake=wake or (lambda: None), privacy=self.privacy.get)
         self._reconcile_interrupted()
 
-    def _live_job_ids(self) -> list[str]:
-        """The jobs whose secrets the coordinator must serve (admitted again whenever the
-        daemon's session reconnects: a restarted coordinator serves none until then)."""
-        return [j.job_id for j in self.store.jobs(include_terminal=False)]
+    def _live_job_ids(self) -> list[tuple[str, int]]:
+        """The jobs whose secrets the coordinator must serve, with their users' uids
+        (admitted again whenever the daemon's session reconnects: a restarted coordinator
+        serves none until then, and caps sessions per user)."""
+        return [(j.job_id, j.uid) for j in self.store.jobs(include_terminal=False)]
 
     def _reconcile_interrupted(self) -> None:
         interrupted = self.store.open_actions()

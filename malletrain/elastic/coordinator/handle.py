@@ -102,8 +102,8 @@ from malletrain.errors import RetryableError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-#: the daemon's live job ids (read at every reconnection)
-LiveJobs = Callable[[], Iterable[str]]
+#: the daemon's live jobs, ids or (id, the owner's uid) (read at every reconnection)
+LiveJobs = Callable[[], Iterable[str | tuple[str, int]]]
 
 __all__ = [
     "Coordinator",
@@ -142,8 +142,9 @@ class Coordinator:
         self._jobs: dict[str, JobStore] = {}
         #: the daemon's live jobs, admitted again at every (re)connection (registry.py)
         self._live_jobs = live_jobs
-        #: jobs admitted on this session (their secrets handed out or read every tick)
-        self._admitted: set[str] = set()
+        #: jobs admitted on this session (their secrets handed out or read every tick),
+        #: with their owners' uids (-1: not known here)
+        self._admitted: dict[str, int] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -199,12 +200,13 @@ class Coordinator:
 
     def _register(self) -> None:
         """Tell the coordinator the realm and every live job (under the lock)."""
-        jobs = set(self._admitted)
-        if self._live_jobs is not None:
-            jobs.update(self._live_jobs())
+        jobs = dict(self._admitted)
+        for j in (self._live_jobs() if self._live_jobs is not None else ()):
+            job, uid = (j, -1) if isinstance(j, str) else j
+            jobs[job] = uid if uid >= 0 else jobs.get(job, -1)
         try:
             self._store.set_realm(self._realm)
-            self._store.admit(sorted(jobs), final=True)
+            self._store.admit(sorted(jobs.items()), final=True)
         except RuntimeError as exc:
             raise RetryableError(f"cannot register the jobs with the coordinator: {exc}") from exc
         self._admitted = jobs
@@ -219,19 +221,21 @@ class Coordinator:
         """The daemon's admin session (tests and tools; not needed for normal use)."""
         return self._store
 
-    def job_secret(self, job_id: str) -> str:
+    def job_secret(self, job_id: str, owner: int = -1) -> str:
         """Job ``job_id``'s secret, hex: hand it to that job's processes only. The
-        coordinator serves it from now on, until :meth:`forget` (the job's end)."""
+        coordinator serves it from now on, until :meth:`forget` (the job's end), and
+        counts its sessions against ``owner`` (the user's uid) as well as the job."""
         secret = wire.job_secret(self._master, job_id, self._realm).hex()
-        self._admit([job_id])
+        self._admit([job_id], owner)
         return secret
 
-    def _admit(self, job_ids: Sequence[str]) -> None:
+    def _admit(self, job_ids: Sequence[str], owner: int = -1) -> None:
         def run() -> None:
-            new = [j for j in job_ids if j not in self._admitted]
+            new = [j for j in job_ids if j not in self._admitted
+                   or (owner >= 0 and self._admitted[j] != owner)]
             if new:
-                self._store.admit(new, final=True)
-                self._admitted.update(new)
+                self._store.admit([(j, owner) for j in new], final=True)
+                self._admitted.update(dict.fromkeys(new, owner))
 
         self._run(run)
 
@@ -361,7 +365,7 @@ class Coordinator:
         n = self._run(lambda: self._store.forget_job(p.check_id("job id", job_id)))
         with self._lock:
             self._jobs.pop(job_id, None)
-            self._admitted.discard(job_id)
+            self._admitted.pop(job_id, None)
         log.info("job %s: forgot %d keys", job_id, n)
 
     def held_bytes(self) -> dict[str, int]:

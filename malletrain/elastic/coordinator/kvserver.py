@@ -45,7 +45,7 @@ from malletrain.elastic.coordinator.kvspace import (
     read_many,
     split_key,
 )
-from malletrain.elastic.coordinator.registry import Registry
+from malletrain.elastic.coordinator.registry import Registry, parse_admit
 from malletrain.elastic.protocol import wire
 from malletrain.elastic.protocol.keys import ID_RE
 from malletrain.elastic.protocol.wire import Op, Status
@@ -79,7 +79,8 @@ class KVServer:
         self.usage = Usage(self.limits.max_total_bytes)
         self._pending: collections.OrderedDict[int, socket.socket] = collections.OrderedDict()
         self._sockets = 0  # accepted and not yet closed
-        self._sessions = collections.Counter[str]()  # "job" / "admin" -> authenticated
+        #: authenticated sessions: "job", "admin", and per owner ("uid:N" / "job:J")
+        self._sessions = collections.Counter[str]()
         self._closed = False
         #: the realm and the jobs the daemon admitted (set by the daemon's session)
         self.registry = Registry(open_jobs=open_jobs)
@@ -100,11 +101,11 @@ class KVServer:
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
 
-    def admit(self, realm: str, jobs: list[str]) -> None:
+    def admit(self, realm: str, jobs: list[str], uid: int = -1) -> None:
         """In-process: what the daemon's session does over the wire (REALM, ADMIT)."""
         if self.registry.set_realm(realm):
             self._forget_all()
-        self.registry.admit(jobs, final=True)
+        self.registry.admit([(j, uid) for j in jobs], final=True)
 
     # ------------------------------------------------------------------ connections
 
@@ -164,27 +165,40 @@ class KVServer:
 
     def _admit_session(self, job: str | None) -> JobSpace | bool | None:
         """Count an authenticated session: its job's space (None: admin), False if full."""
-        kind, cap = (("admin", self.limits.max_admin_connections) if job is None
-                     else ("job", self.limits.max_connections))
+        lim = self.limits
         space = None if job is None else self._space(job)
+        caps = ([("admin", lim.max_admin_connections)] if job is None else
+                [("job", lim.max_connections),
+                 (self.registry.owner(job), lim.max_connections_per_user)])
         with self._lock:
-            if self._sessions[kind] >= cap or (
-                    space is not None
-                    and space.connections >= self.limits.max_connections_per_job):
+            if any(self._sessions[kind] >= cap for kind, cap in caps) or (
+                    space is not None and space.connections >= lim.max_connections_per_job):
                 return False
-            self._sessions[kind] += 1
+            for kind, _cap in caps:
+                self._sessions[kind] += 1
             if space is not None:
                 space.connections += 1
         return space
 
+    def _unsession(self, job: str | None, owner: str, counted: JobSpace | bool | None) -> None:
+        with self._lock:
+            for kind in (["admin"] if job is None else ["job", owner]):
+                self._sessions[kind] -= 1
+                if self._sessions[kind] <= 0:
+                    del self._sessions[kind]
+            if isinstance(counted, JobSpace):
+                counted.connections -= 1
+
     def _serve(self, conn: socket.socket) -> None:
         counted: JobSpace | bool | None = False
         job: str | None = None
+        owner = ""
         try:
             auth = self._authenticate(conn)
             if auth is None:
                 return
             job, session = auth
+            owner = "" if job is None else self.registry.owner(job)
             counted = self._admit_session(job)
             if counted is False:
                 self._count("refused_job_full", f"job {job or '<admin>'}: too many connections")
@@ -197,10 +211,7 @@ class KVServer:
             self._count("errors", "connection failed", trace=True)
         finally:
             if counted is not False:
-                with self._lock:
-                    self._sessions["admin" if job is None else "job"] -= 1
-                    if isinstance(counted, JobSpace):
-                        counted.connections -= 1
+                self._unsession(job, owner, counted)
             if job is not None:
                 self.registry.detach(job, conn)
             self._release(conn)
@@ -270,7 +281,8 @@ class KVServer:
                 self._forget_all()
             return Status.OK, []
         if code == Op.ADMIT:
-            return self._admit(f)
+            jobs, final = parse_admit(f)
+            return Status.OK, [str(self.registry.admit(jobs, final=final)).encode()]
         if code == Op.CHECK:
             return self._check(job, f)
         if code == Op.READ_MANY:
@@ -356,15 +368,6 @@ class KVServer:
                 if space.ended:
                     raise Refused("the job has ended")
         return Status.OK, []
-
-    def _admit(self, f: list[bytes]) -> tuple[Status, list[bytes]]:
-        if not f or f[0] not in (b"0", b"1"):
-            raise Refused("ADMIT takes a final flag and job ids")
-        jobs = [raw.decode(errors="replace") for raw in f[1:]]
-        bad = [j for j in jobs if not ID_RE.match(j)]
-        if bad:
-            raise Refused(f"bad job id {bad[0][:80]!r}")
-        return Status.OK, [str(self.registry.admit(jobs, final=f[0] == b"1")).encode()]
 
     def _forget_all(self) -> None:
         """A new realm: every namespace belonged to the old one."""

@@ -43,6 +43,8 @@ class ServerLimits:
     #: authenticated job sessions in all, and per job
     max_connections: int = 6144
     max_connections_per_job: int = 1024
+    #: per user (the daemon says whose each job is): one user's jobs cannot fill the room
+    max_connections_per_user: int = 2048
     #: the daemon's sessions: beyond the jobs' room, so jobs cannot lock the daemon out
     max_admin_connections: int = 16
     max_job_bytes: int = 16 << 20

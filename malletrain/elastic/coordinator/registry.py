@@ -24,6 +24,9 @@ import socket
 import threading
 from collections.abc import Iterable
 
+from malletrain.elastic.coordinator.kvspace import Refused
+from malletrain.elastic.protocol.keys import ID_RE
+
 
 class Registry:
     """The realm and the admitted jobs, and the open sessions of each job (to end them)."""
@@ -35,6 +38,8 @@ class Registry:
         self.realm: str | None = "" if open_jobs else None
         self.ready = open_jobs
         self._admitted: set[str] = set()
+        #: job -> its user's uid (-1: not said); sessions are capped per user too
+        self._owner: dict[str, int] = {}
         self._sessions: dict[str, set[socket.socket]] = {}
 
     def admission(self, job: str) -> tuple[str | None, bool]:
@@ -57,6 +62,7 @@ class Registry:
             if changed:  # (an open coordinator stays open for sessions of its own realm)
                 self.open = False
                 self._admitted.clear()
+                self._owner.clear()
                 self.ready = False
                 ended = [s for group in self._sessions.values() for s in group]
             self.realm = realm
@@ -64,10 +70,14 @@ class Registry:
             _shut(ended)
         return changed
 
-    def admit(self, jobs: Iterable[str], *, final: bool) -> int:
-        """Serve ``jobs``; ``final``: the daemon has named all its live jobs (ready)."""
+    def admit(self, jobs: Iterable[tuple[str, int]], *, final: bool) -> int:
+        """Serve ``jobs`` (id, owner's uid or -1); ``final``: the daemon has named all its
+        live jobs (ready)."""
         with self._lock:
-            self._admitted.update(jobs)
+            for job, uid in jobs:
+                self._admitted.add(job)
+                if uid >= 0 or job not in self._owner:
+                    self._owner[job] = uid
             if final and self.realm is not None:
                 self.ready = True
             return len(self._admitted)
@@ -76,8 +86,15 @@ class Registry:
         """The job is done: its secret is refused from now on, its sessions are closed."""
         with self._lock:
             self._admitted.discard(job)
+            self._owner.pop(job, None)
             ended = list(self._sessions.get(job, ()))
         _shut(ended)
+
+    def owner(self, job: str) -> str:
+        """Who a job's sessions count against: its user, or the job itself if unknown."""
+        with self._lock:
+            uid = self._owner.get(job, -1)
+        return f"uid:{uid}" if uid >= 0 else f"job:{job}"
 
     def attach(self, job: str, sock: socket.socket) -> None:
         with self._lock:
@@ -90,6 +107,19 @@ class Registry:
                 group.discard(sock)
                 if not group:
                     del self._sessions[job]
+
+
+def parse_admit(f: list[bytes]) -> tuple[list[tuple[str, int]], bool]:
+    """ADMIT's fields: a final flag (b"1"/b"0"), then ``job`` or ``job:uid`` each."""
+    if not f or f[0] not in (b"0", b"1"):
+        raise Refused("ADMIT takes a final flag and job ids")
+    jobs = []
+    for raw in f[1:]:
+        job, _, uid = raw.decode(errors="replace").partition(":")
+        if not ID_RE.match(job) or (uid and not uid.isdigit()) or len(uid) > 10:
+            raise Refused(f"bad job id {raw[:80]!r}")
+        jobs.append((job, int(uid) if uid else -1))
+    return jobs, f[0] == b"1"
 
 
 def _shut(socks: Iterable[socket.socket]) -> None:

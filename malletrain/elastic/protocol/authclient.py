@@ -194,12 +194,16 @@ class AuthClient:
         """Derive job secrets in ``realm`` from now on (admin session only)."""
         self._ok(Op.REALM, [realm.encode()])
 
-    def admit(self, jobs: Sequence[str], *, final: bool, per_request: int = 4096) -> None:
-        """Serve ``jobs``' secrets (admin only); ``final``: these are all the live jobs."""
-        for start in range(0, max(len(jobs), 1), per_request):
-            last = start + per_request >= len(jobs)
+    def admit(self, jobs: Sequence[str | tuple[str, int]], *, final: bool,
+              per_request: int = 4096) -> None:
+        """Serve ``jobs``' secrets (admin only): ids, or (id, the owner's uid) so that the
+        coordinator caps sessions per user; ``final``: these are all the live jobs."""
+        fields = [(j if isinstance(j, str) else f"{j[0]}:{j[1]}" if j[1] >= 0 else j[0]).encode()
+                  for j in jobs]
+        for start in range(0, max(len(fields), 1), per_request):
+            last = start + per_request >= len(fields)
             flag = b"1" if final and last else b"0"
-            self._ok(Op.ADMIT, [flag, *(j.encode() for j in jobs[start:start + per_request])])
+            self._ok(Op.ADMIT, [flag, *fields[start:start + per_request]])
 
     def read_many(self, keys: Sequence[str], per_request: int = 1024) -> list[bytes | None]:
         """The value of each key, ``None`` where absent, in few round trips (admin only)."""

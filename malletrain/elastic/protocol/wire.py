@@ -299,8 +299,8 @@ class Session:
         if not 33 <= n <= MAX_FRAME_BYTES:
             raise WireError(f"frame of {n} bytes")
         if reserve is not None and not reserve(n):
-            while n > 0:  # 64 KiB at a time: nothing of it is kept
-                n -= len(recv_exact(self.sock, min(n, 1 << 16), deadline))
+            while n > 0:  # 8 KiB at a time: nothing of it is kept
+                n -= len(recv_exact(self.sock, min(n, 1 << 13), deadline))
             self._in_seq += 1
             raise FrameRefused("the frame is over the quota of its job")
         body = recv_exact(self.sock, n, deadline)
