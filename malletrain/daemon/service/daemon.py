@@ -18,6 +18,7 @@ users' requests :mod:`.requests`.
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import threading
 import time
@@ -170,9 +171,18 @@ class Daemon:
         return token
 
     def _prepare_state_dir(self) -> None:
+        """The shared snapshot directory, sticky and writable by the jobs' users like /tmp.
+        Its mode is set on the directory itself, opened ``O_NOFOLLOW``, and only if it is
+        the daemon's own: a link put in its place never makes its target world-writable."""
         try:
             self.state_dir.mkdir(parents=True, exist_ok=True)
-            self.state_dir.chmod(0o1777)  # written by the jobs' users, like /tmp
+            fd = os.open(self.state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            try:
+                if os.fstat(fd).st_uid != os.geteuid():
+                    raise OSError(f"{self.state_dir} is not the daemon's own directory")
+                os.fchmod(fd, 0o1777)
+            finally:
+                os.close(fd)
         except OSError as exc:
             log.warning("cannot prepare %s for evicted-job state: %s", self.state_dir, exc)
 
