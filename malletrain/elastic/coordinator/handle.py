@@ -226,7 +226,11 @@ class Coordinator:
         coordinator serves it from now on, until :meth:`forget` (the job's end), and
         counts its sessions against ``owner`` (the user's uid) as well as the job."""
         secret = wire.job_secret(self._master, job_id, self._realm).hex()
-        self._admit([job_id], owner)
+        try:
+            self._admit([job_id], owner)
+        except (RuntimeError, RetryableError) as exc:  # the coordinator is restarting
+            # the job is live in the daemon's store: admitted at the session's reconnection
+            log.warning("job %s: not admitted yet (%s); at the next reconnection", job_id, exc)
         return secret
 
     def _admit(self, job_ids: Sequence[str], owner: int = -1) -> None:
