@@ -9,6 +9,7 @@ the open), holding 64 hex digits. Anything else is a clear error, never a silent
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -23,7 +24,9 @@ def read_key(path: Path) -> bytes:
     try:  # O_NONBLOCK: a FIFO put in its place does not hang the open
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
-        raise ConfigError(f"key file {path}: cannot open it ({exc.strerror}; a link?)") from None
+        why = ("not a regular file (a link?)" if exc.errno == errno.ELOOP
+               else f"cannot open it ({exc.strerror})")
+        raise ConfigError(f"key file {path}: {why}") from None
     with os.fdopen(fd) as f:
         problem = stat_problem(os.fstat(fd))
         if problem is not None:
