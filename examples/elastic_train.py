@@ -2,7 +2,7 @@
 
 Run by hand on one machine (CPU, gloo)::
 
-    malletrain coordinator --port 29400 --key-file ~/.mt.key &   # the membership store
+    malletrain coordinator --open --port 29400 --key-file ~/.mt.key &   # the membership store
     export MALLETRAIN_JOB_SECRET=$(malletrain coordinator --key-file ~/.mt.key --job-secret demo)
     for m in m0 m1; do
       MALLETRAIN_COORDINATOR=127.0.0.1:29400 MALLETRAIN_JOB_ID=demo MALLETRAIN_MEMBER_ID=$m \\

@@ -193,6 +193,8 @@ def start_coordinator(tmp: Path, port: int = 0) -> tuple[subprocess.Popen, str]:
     return proc, address_file.read_text().strip()
 
 
-def attach(tmp: Path, address: str) -> Coordinator:
-    """The daemon's session with a coordinator of :func:`start_coordinator`."""
-    return Coordinator.attach(address, ensure_key(tmp / "coordinator.key"))
+def attach(tmp: Path, address: str, live_jobs: list[str] | None = None) -> Coordinator:
+    """The daemon's session with a coordinator of :func:`start_coordinator`; ``live_jobs``:
+    the jobs the daemon knows (a restarted coordinator serves only the jobs it is told)."""
+    return Coordinator.attach(address, ensure_key(tmp / "coordinator.key"),
+                              live_jobs=lambda: list(live_jobs or ()))

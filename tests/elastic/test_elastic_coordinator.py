@@ -130,7 +130,7 @@ def test_workers_train_through_a_coordinator_restart(tmp_path):
         assert w0.last_step() >= before + 10, "training stalled while the coordinator was down"
 
         proc, address = start_coordinator(tmp_path, port)
-        cluster.coord = attach(tmp_path, address)
+        cluster.coord = attach(tmp_path, address, live_jobs=[cluster.job_id])
         # the workers put their epoch and registration back (rank 0's watcher re-seeds)
         wait_for(lambda: (m := cluster.coord.membership(cluster.job_id)) is not None
                  and m.epoch == e1 and m.members == ("m0",), 30, "re-seeded epoch", cluster)

@@ -37,7 +37,7 @@ def slot_job(sid: int, owner: str, job_id: str, slot: int, **kw: object) -> Job:
 
 
 def handler(store: Store) -> RequestHandler:
-    coordinator = SimpleNamespace(address="127.0.0.1:1", job_secret=lambda job_id: "s")
+    coordinator = SimpleNamespace(address="127.0.0.1:1", job_secret=lambda job_id, owner=-1: "s")
     return RequestHandler(Settings(), store, coordinator=coordinator, state_dir=store.path.parent,
                           rows=lambda: [], wake=lambda: None,
                           privacy=lambda: Privacy(private_jobs=False))

@@ -18,6 +18,7 @@ users' requests :mod:`.requests`.
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import threading
 import time
@@ -88,7 +89,8 @@ class Daemon:
         self.store = Store(settings.state.database_path)
         self.metrics = metrics
         self.coordinator = (coordinator if coordinator is not None
-                            else ensure_coordinator(settings, self.store.realm))
+                            else ensure_coordinator(settings, self.store.realm,
+                                                    live_jobs=self._live_job_ids))
         self._decide_overrides = dict(decide_overrides or {})
         self.learned = LearnedState(self.store)
         self.policy = make_policy(settings.allocator.policy, settings.allocator.policy_options())
@@ -127,6 +129,12 @@ class Daemon:
             rows=self.rows, wake=wake or (lambda: None), privacy=self.privacy.get)
         self._reconcile_interrupted()
 
+    def _live_job_ids(self) -> list[tuple[str, int]]:
+        """The jobs whose secrets the coordinator must serve, with their users' uids
+        (admitted again whenever the daemon's session reconnects: a restarted coordinator
+        serves none until then, and caps sessions per user)."""
+        return [(j.job_id, j.uid) for j in self.store.jobs(include_terminal=False)]
+
     def _reconcile_interrupted(self) -> None:
         interrupted = self.store.open_actions()
         if interrupted:
@@ -164,9 +172,18 @@ class Daemon:
         return token
 
     def _prepare_state_dir(self) -> None:
+        """The shared snapshot directory, sticky and writable by the jobs' users like /tmp.
+        Its mode is set on the directory itself, opened ``O_NOFOLLOW``, and only if it is
+        the daemon's own: a link put in its place never makes its target world-writable."""
         try:
             self.state_dir.mkdir(parents=True, exist_ok=True)
-            self.state_dir.chmod(0o1777)  # written by the jobs' users, like /tmp
+            fd = os.open(self.state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            try:
+                if os.fstat(fd).st_uid != os.geteuid():
+                    raise OSError(f"{self.state_dir} is not the daemon's own directory")
+                os.fchmod(fd, 0o1777)
+            finally:
+                os.close(fd)
         except OSError as exc:
             log.warning("cannot prepare %s for evicted-job state: %s", self.state_dir, exc)
 

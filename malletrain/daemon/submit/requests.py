@@ -105,7 +105,7 @@ class RequestHandler:
             "coordinator": self.coordinator.address,
             # private to the submitting user: this answer goes to their socket only, then
             # into their slots' batch scripts (readable by them and Slurm's operators)
-            "job_secret": self.coordinator.job_secret(rec.job_id),
+            "job_secret": self.coordinator.job_secret(rec.job_id, owner=peer.uid),
             "state_dir": str(self.state_dir),
             "partition": slurm.scavenger_partition,
             "qos": slurm.qos,

@@ -42,6 +42,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "daemon's jobs get theirs from the daemon) and exit; keep it "
                              "private")
     parser.add_argument(
+        "--open", action="store_true",
+        help="serve every job whose secret is proven, without a daemon registering jobs "
+             "(a coordinator run by hand with --job-secret; never for the daemon's)")
+    parser.add_argument(
         "--address-file",
         type=Path,
         help="write host:port to this file once listening (atomically; for port 0)",
@@ -68,13 +72,14 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise PermanentError(f"--job-secret: {exc}") from None
         return 0
-    # Import here: `malletrain --help` must not pay for importing torch.
-    from malletrain.elastic.coordinator.handle import Coordinator
+    # Import here: `malletrain --help` must not pay for importing the server.
+    from malletrain.elastic.coordinator.handle import serve
 
-    try:
-        coord = Coordinator.start(args.host, args.port, master)
+    try:  # no session of its own: the realm and the jobs are the daemon's to say
+        server, host = serve(args.host, args.port, master, open_jobs=args.open)
     except RuntimeError as exc:
         raise PermanentError(f"cannot listen on {args.host}:{args.port}: {exc}") from exc
+    address = f"{host}:{server.port}"
     stop = threading.Event()
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -84,10 +89,10 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     if args.address_file is not None:
-        _write_atomic(args.address_file, coord.address + "\n")
-    print(coord.address, flush=True)
+        _write_atomic(args.address_file, address + "\n")
+    print(address, flush=True)
     while not stop.wait(1.0):
         pass
-    coord.close()
+    server.close()
     sys.stdout.flush()
     return 0

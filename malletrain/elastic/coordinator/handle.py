@@ -76,7 +76,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 from malletrain.elastic.coordinator.batchread import JobRead, read_jobs
@@ -98,10 +98,12 @@ from malletrain.elastic.protocol.keys import (
     ProgressReport,
 )
 from malletrain.elastic.protocol.records import RecordError
-from malletrain.errors import PermanentError, RetryableError
+from malletrain.errors import RetryableError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+#: the daemon's live jobs, ids or (id, the owner's uid) (read at every reconnection)
+LiveJobs = Callable[[], Iterable[str | tuple[str, int]]]
 
 __all__ = [
     "Coordinator",
@@ -114,8 +116,11 @@ __all__ = [
 ]
 
 
-class CoordinatorKeyMismatch(PermanentError):
-    """A coordinator answers at the address but was started with another master key."""
+class CoordinatorKeyMismatch(RetryableError):
+    """Something at the address refused the daemon's key. Retryable: the refusal is not
+    proven (a coordinator with another master key cannot prove anything, and neither can
+    another user's process that took the port while the coordinator was down), so it is
+    never a reason to give up for good (issue 49, finding 7)."""
 
 
 class MemberUnavailable(RetryableError):
@@ -126,7 +131,7 @@ class Coordinator:
     """Typed access to the membership store. Thread-safe (one lock around store calls)."""
 
     def __init__(self, store: AuthClient, host: str, port: int, master: bytes,
-                 realm: str = "") -> None:
+                 realm: str = "", live_jobs: LiveJobs | None = None) -> None:
         self._store = store
         self._host = host
         self._port = port
@@ -135,12 +140,18 @@ class Coordinator:
         self._server: KVServer | None = None  # set when this object hosts the store
         self._lock = threading.Lock()
         self._jobs: dict[str, JobStore] = {}
+        #: the daemon's live jobs, admitted again at every (re)connection (registry.py)
+        self._live_jobs = live_jobs
+        #: jobs admitted on this session (their secrets handed out or read every tick),
+        #: with their owners' uids (-1: not known here)
+        self._admitted: dict[str, int] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
     @classmethod
     def start(cls, host: str = "127.0.0.1", port: int = 0, master: bytes | None = None,
-              limits: ServerLimits | None = None, realm: str = "") -> Coordinator:
+              limits: ServerLimits | None = None, realm: str = "",
+              live_jobs: LiveJobs | None = None) -> Coordinator:
         """Host a new store in this process (``port=0``: pick a free port; see ``address``).
 
         ``host`` is the address to bind AND the one advertised in :attr:`address`; pass the
@@ -149,46 +160,56 @@ class Coordinator:
         from (:mod:`.wire`); a random one when not given (tests, one-off runs).
         """
         master = os.urandom(wire.SECRET_BYTES) if master is None else master
-        try:
-            server = KVServer(master, host, port, limits).start()
-        except OSError as exc:
-            raise RuntimeError(f"cannot listen on {host}:{port}: {exc}") from exc
-        wildcard = host in ("0.0.0.0", "::", "")
-        advertised = socket.getfqdn() if wildcard else host
-        log.info("coordinator store listening on %s:%d", advertised, server.port)
-        local = "127.0.0.1" if wildcard else host
-        coord = cls.attach(f"{local}:{server.port}", master, realm=realm)
+        server, advertised = serve(host, port, master, limits)
+        local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+        coord = cls.attach(f"{local}:{server.port}", master, realm=realm, live_jobs=live_jobs)
         coord._server = server
         coord._host = advertised
         return coord
 
     @classmethod
     def attach(cls, address: str, master: bytes, timeout_s: float = 10.0,
-               realm: str = "") -> Coordinator:
+               realm: str = "", live_jobs: LiveJobs | None = None) -> Coordinator:
         """Connect to a store hosted elsewhere (e.g. by ``malletrain coordinator``).
 
-        ``realm`` names the daemon's database; job secrets are derived in it (:mod:`.wire`),
-        and it is set again on every reconnection (a restarted coordinator forgot it).
-        Raises :class:`RetryableError` if it cannot be reached within ``timeout_s``, and
-        :class:`CoordinatorKeyMismatch` if it answers but does not know ``master``.
+        ``realm`` names the daemon's database; job secrets are derived in it (:mod:`.wire`).
+        At every (re)connection the session sets it and admits ``live_jobs()`` and every job
+        admitted before (a restarted coordinator forgot them, and answers workers "retry"
+        until then: :mod:`.registry`). Raises :class:`RetryableError` if it cannot be
+        reached within ``timeout_s``, :class:`CoordinatorKeyMismatch` (also retryable) if
+        what answers refuses ``master``.
         """
         host, port = parse_address(address)
-        store = cls._connect(host, port, master, timeout_s, realm)
-        return cls(store, host, port, master, realm)
+        coord = cls(cls._dial(host, port, master, timeout_s), host, port, master, realm,
+                    live_jobs)
+        with coord._lock:
+            coord._register()
+        return coord
 
     @staticmethod
-    def _connect(host: str, port: int, master: bytes, timeout_s: float,
-                 realm: str) -> AuthClient:
+    def _dial(host: str, port: int, master: bytes, timeout_s: float) -> AuthClient:
         try:
-            store = AuthClient(host, port, None, wire.admin_secret(master),
+            return AuthClient(host, port, None, wire.admin_secret(master),
                               timeout_s=timeout_s, connect_timeout_s=timeout_s)
-            store.set_realm(realm)
-            return store
         except AuthenticationRefused as exc:
             raise CoordinatorKeyMismatch(
-                f"the coordinator at {host}:{port} has another key") from exc
+                f"what answers at {host}:{port} refuses this daemon's key (a coordinator "
+                f"that has another key, or not the coordinator at all): {exc}") from exc
         except RuntimeError as exc:
             raise RetryableError(f"cannot reach the coordinator at {host}:{port}: {exc}") from exc
+
+    def _register(self) -> None:
+        """Tell the coordinator the realm and every live job (under the lock)."""
+        jobs = dict(self._admitted)
+        for j in (self._live_jobs() if self._live_jobs is not None else ()):
+            job, uid = (j, -1) if isinstance(j, str) else j
+            jobs[job] = uid if uid >= 0 else jobs.get(job, -1)
+        try:
+            self._store.set_realm(self._realm)
+            self._store.admit(sorted(jobs.items()), final=True)
+        except RuntimeError as exc:
+            raise RetryableError(f"cannot register the jobs with the coordinator: {exc}") from exc
+        self._admitted = jobs
 
     @property
     def address(self) -> str:
@@ -200,9 +221,27 @@ class Coordinator:
         """The daemon's admin session (tests and tools; not needed for normal use)."""
         return self._store
 
-    def job_secret(self, job_id: str) -> str:
-        """Job ``job_id``'s secret, hex: hand it to that job's processes only."""
-        return wire.job_secret(self._master, job_id, self._realm).hex()
+    def job_secret(self, job_id: str, owner: int = -1) -> str:
+        """Job ``job_id``'s secret, hex: hand it to that job's processes only. The
+        coordinator serves it from now on, until :meth:`forget` (the job's end), and
+        counts its sessions against ``owner`` (the user's uid) as well as the job."""
+        secret = wire.job_secret(self._master, job_id, self._realm).hex()
+        try:
+            self._admit([job_id], owner)
+        except (RuntimeError, RetryableError) as exc:  # the coordinator is restarting
+            # the job is live in the daemon's store: admitted at the session's reconnection
+            log.warning("job %s: not admitted yet (%s); at the next reconnection", job_id, exc)
+        return secret
+
+    def _admit(self, job_ids: Sequence[str], owner: int = -1) -> None:
+        def run() -> None:
+            new = [j for j in job_ids if j not in self._admitted
+                   or (owner >= 0 and self._admitted[j] != owner)]
+            if new:
+                self._store.admit([(j, owner) for j in new], final=True)
+                self._admitted.update(dict.fromkeys(new, owner))
+
+        self._run(run)
 
     def close(self) -> None:
         """Drop the session. If this object hosts the store, the server stops."""
@@ -227,8 +266,9 @@ class Coordinator:
             except CoordinatorUnreachable as exc:
                 log.warning("coordinator connection lost (%s); reconnecting", exc)
                 host = "127.0.0.1" if self._server is not None else self._host
-                self._store = self._connect(host, self._port, self._master, 5.0, self._realm)
+                self._store = self._dial(host, self._port, self._master, 5.0)
                 self._jobs.clear()
+                self._register()
                 return fn()
 
     # ------------------------------------------------------------------ per job
@@ -316,6 +356,7 @@ class Coordinator:
     def read_jobs(self, job_ids: Sequence[str]) -> dict[str, JobRead | RecordError]:
         """Every job's state at once, in two round trips (:mod:`.batchread`): the daemon's
         tick. A job whose record fails its schema gets the error instead of a view."""
+        self._admit(job_ids)  # a job the daemon reads is live: its secret is served
         return self._run(lambda: read_jobs(self._store, self._job, job_ids))
 
     def bad_records(self, job_id: str) -> int:
@@ -328,8 +369,22 @@ class Coordinator:
         n = self._run(lambda: self._store.forget_job(p.check_id("job id", job_id)))
         with self._lock:
             self._jobs.pop(job_id, None)
+            self._admitted.pop(job_id, None)
         log.info("job %s: forgot %d keys", job_id, n)
 
     def held_bytes(self) -> dict[str, int]:
         """Bytes of keys the coordinator holds per job (metrics, the store-growth check)."""
         return self._run(lambda: {j: b for j, (_k, b) in self._store.jobs().items()})
+
+
+def serve(host: str, port: int, master: bytes, limits: ServerLimits | None = None, *,
+          open_jobs: bool = False) -> tuple[KVServer, str]:
+    """Start a :class:`KVServer`; returns it and the host name it is advertised as."""
+    try:
+        server = KVServer(master, host, port, limits, open_jobs=open_jobs).start()
+    except OSError as exc:
+        raise RuntimeError(f"cannot listen on {host}:{port}: {exc}") from exc
+    advertised = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
+    log.info("coordinator store listening on %s:%d (%d file descriptors)", advertised,
+             server.port, server.fd_limit)
+    return server, advertised

@@ -1,29 +1,36 @@
 """The coordinator's master key on disk: created private, refused unless it still is.
 
 Every job secret derives from this key (:mod:`.wire`), so whoever reads it can join any job.
-It is created ``O_CREAT|O_EXCL|O_NOFOLLOW`` with mode 0600, and checked with ``lstat`` before
-every read: a regular file of this process's user with no group or other bits, holding 64 hex
-digits. Anything else is a clear error, never a silent fallback.
+It is created ``O_CREAT|O_EXCL|O_NOFOLLOW`` with mode 0600, and every read opens it
+``O_NOFOLLOW|O_NONBLOCK`` and checks the OPENED descriptor (``fstat``: a regular file of this
+process's user with no group or other bits, so nothing can be swapped in between a check and
+the open), holding 64 hex digits. Anything else is a clear error, never a silent fallback.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 from malletrain.elastic.protocol import wire
-from malletrain.elastic.protocol.private import private_file_problem
+from malletrain.elastic.protocol.private import stat_problem
 from malletrain.errors import ConfigError
 
 
 def read_key(path: Path) -> bytes:
     if not os.path.lexists(path):
         raise ConfigError(f"key file {path}: does not exist")
-    problem = private_file_problem(path)
-    if problem is not None:
-        raise ConfigError(f"key file {path}: {problem}")
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:  # O_NONBLOCK: a FIFO put in its place does not hang the open
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        why = ("not a regular file (a link?)" if exc.errno == errno.ELOOP
+               else f"cannot open it ({exc.strerror})")
+        raise ConfigError(f"key file {path}: {why}") from None
     with os.fdopen(fd) as f:
+        problem = stat_problem(os.fstat(fd))
+        if problem is not None:
+            raise ConfigError(f"key file {path}: {problem}")
         text = f.read(200)
     try:
         return wire.parse_secret(text)

@@ -28,7 +28,13 @@ class CoordinatorUnreachable(RuntimeError):
 
 
 class AuthenticationRefused(CoordinatorUnreachable):
-    """The coordinator refused the key at the handshake (wrong secret, realm or master)."""
+    """The key was refused at the handshake: ``proven`` when the coordinator proved who it
+    is (the job has ended: final), else an unproven refusal that lasted the whole connect
+    timeout (a wrong secret, or something else answering on the port)."""
+
+    def __init__(self, message: str, *, proven: bool = False) -> None:
+        super().__init__(message)
+        self.proven = proven
 
 
 class KeyTimeout(RuntimeError):
@@ -65,25 +71,31 @@ class AuthClient:
 
     def _open(self, timeout_s: float) -> wire.Session:
         """Connect and authenticate. A connection dropped mid-handshake (a flood of other
-        clients makes the coordinator shed the oldest handshakes) is tried again until
-        ``timeout_s``; a refused proof is not."""
+        clients makes the coordinator shed the oldest handshakes), a coordinator still
+        waiting for the daemon ("retry") and an unproven refusal (anyone can answer on the
+        port while the coordinator is down) are tried again until ``timeout_s``; a refusal
+        the coordinator proved is final at once."""
         deadline = time.monotonic() + timeout_s
         while True:
             sock = self._dial(max(deadline - time.monotonic(), 0.0))
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.settimeout(max(deadline - time.monotonic(), 1.0))
                 session = wire.client_handshake(sock, self._job, self._secret)
                 sock.settimeout(None)
                 return session
             except (OSError, wire.WireError) as exc:
                 sock.close()
+                where = f"coordinator at {self._addr[0]}:{self._addr[1]}"
                 if isinstance(exc, wire.AuthRefused):
-                    raise AuthenticationRefused(
-                        f"coordinator at {self._addr[0]}:{self._addr[1]}: {exc}") from exc
-                if isinstance(exc, wire.WireError) or time.monotonic() > deadline:
-                    raise CoordinatorUnreachable(
-                        f"coordinator at {self._addr[0]}:{self._addr[1]}: {exc}") from exc
-                time.sleep(0.05)
+                    raise AuthenticationRefused(f"{where}: {exc}", proven=True) from exc
+                over = time.monotonic() > deadline
+                if isinstance(exc, wire.Unproven) and not exc.retry and over:
+                    raise AuthenticationRefused(f"{where}: {exc}") from exc
+                if over or (isinstance(exc, wire.WireError)
+                            and not isinstance(exc, wire.Unproven)):
+                    raise CoordinatorUnreachable(f"{where}: {exc}") from exc
+                time.sleep(0.2 if isinstance(exc, wire.Unproven) else 0.05)
 
     def _dial(self, timeout_s: float) -> socket.socket:
         """Connect, retrying a refused connection until ``timeout_s`` (as TCPStore waits for
@@ -181,6 +193,17 @@ class AuthClient:
     def set_realm(self, realm: str) -> None:
         """Derive job secrets in ``realm`` from now on (admin session only)."""
         self._ok(Op.REALM, [realm.encode()])
+
+    def admit(self, jobs: Sequence[str | tuple[str, int]], *, final: bool,
+              per_request: int = 4096) -> None:
+        """Serve ``jobs``' secrets (admin only): ids, or (id, the owner's uid) so that the
+        coordinator caps sessions per user; ``final``: these are all the live jobs."""
+        fields = [(j if isinstance(j, str) else f"{j[0]}:{j[1]}" if j[1] >= 0 else j[0]).encode()
+                  for j in jobs]
+        for start in range(0, max(len(fields), 1), per_request):
+            last = start + per_request >= len(fields)
+            flag = b"1" if final and last else b"0"
+            self._ok(Op.ADMIT, [flag, *fields[start:start + per_request]])
 
     def read_many(self, keys: Sequence[str], per_request: int = 1024) -> list[bytes | None]:
         """The value of each key, ``None`` where absent, in few round trips (admin only)."""

@@ -49,6 +49,9 @@ class JobStore:
         self.bad_records = 0
         #: (events read, live registrations, departures) as of that many events
         self._views: tuple[int, dict[str, p.MemberInfo], list[p.Departure]] | None = None
+        #: the highest epoch a batched read found (epochs are never deleted while the
+        #: namespace lives; the daemon's handle drops its JobStores when it reconnects)
+        self.epoch_floor = 0
 
     # ------------------------------------------------------------------ memberships
 

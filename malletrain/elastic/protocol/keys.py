@@ -36,7 +36,14 @@ from typing import Any, Literal
 from malletrain.errors import PermanentError
 
 #: job and member ids end up inside store keys: no "/" or spaces allowed.
-ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+#: ``\Z``, not ``$``: ``$`` also matches before a trailing newline ("m1\n" is no id).
+ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
+#: the most events a job's log can hold (the coordinator's key limit per job): the daemon
+#: refuses a larger ``events`` counter as a bad record instead of reading that many keys
+MAX_EVENTS = 100_000
+#: the most epochs a job's own processes may write past ``latest`` (a heal or a leave
+#: writes the next epoch, then ``latest``): the daemon's scan upward stays this short
+MAX_EPOCHS_AHEAD = 8
 
 #: why a member's processes left the job.
 DepartureReason = Literal["sigterm", "removed", "failed", "crashed", "finished"]

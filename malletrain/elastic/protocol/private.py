@@ -18,6 +18,12 @@ def private_file_problem(path: str | Path) -> str | None:
         st = os.lstat(path)
     except OSError as exc:
         return f"cannot stat it ({exc.strerror})"
+    return stat_problem(st)
+
+
+def stat_problem(st: os.stat_result) -> str | None:
+    """Why what ``st`` describes is not a private file of this user (use it on ``fstat``
+    of the descriptor that is then read, so that nothing is swapped in between)."""
     if not stat.S_ISREG(st.st_mode):
         return "not a regular file (a link?)"
     if st.st_uid != os.geteuid():

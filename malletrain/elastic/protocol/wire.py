@@ -19,15 +19,23 @@ Handshake (every connection, before anything else)::
     C -> S  {"v": 1, "job": J | null, "nonce": nc}      (null: the daemon's admin session)
     S -> C  {"nonce": ns}
     C -> S  {"proof": HMAC(K, "c" + T)}                 T = the four values above, joined
-    S -> C  {"proof": HMAC(K, "s" + T)} | {"error": ...}
+    S -> C  {"proof": HMAC(K, "s" + T)} | {"error": ...[, "retry": true | "proof": ...]}
 
 Both ends prove the key (a client also refuses a fake coordinator on the port); the session
 key ``HMAC(K, "session" + T)`` then MACs every frame with its direction and sequence number, so
 a frame cannot be forged, replayed or reordered. Frames are authenticated, not encrypted: the
 data is membership and progress (the model travels over the process group's own links).
 
+A refusal is trusted only as far as it is proven, since anyone may answer on the port while
+the coordinator is down: ``{"error", "retry": true}`` (a coordinator that has not yet been
+told its realm and jobs by the daemon: try again) and an unproven ``{"error"}`` (a wrong key,
+or not the coordinator at all) are :class:`Unproven`; only an error carrying
+``HMAC(K, "e" + T + error)`` (the client's key was right, and the job has ended) is a
+permanent :class:`AuthRefused`.
+
 A frame is ``u32 length | mac(32) | payload``; a payload is ``u8 code | (u32 len | bytes)*``.
-Sizes are bounded before anything is read into memory.
+Sizes are bounded before anything is read into memory; every read has a deadline (the whole
+handshake, the whole frame once its first byte came).
 """
 
 from __future__ import annotations
@@ -39,7 +47,8 @@ import json
 import os
 import socket
 import struct
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from enum import IntEnum
 
 from malletrain.elastic.protocol.keys import ID_RE
@@ -70,6 +79,7 @@ class Op(IntEnum):
     JOBS = 10  # admin only: the job namespaces held, with their sizes
     REALM = 11  # admin only: the realm job secrets are derived in (see above)
     READ_MANY = 12  # admin only: many keys of any jobs in one round trip (the daemon's tick)
+    ADMIT = 13  # admin only: jobs whose secrets are served (coordinator/registry.py)
 
 
 class Status(IntEnum):
@@ -83,7 +93,21 @@ class WireError(Exception):
 
 
 class AuthRefused(WireError):
-    """The coordinator answered the handshake with a refusal: the key proven is not its."""
+    """The coordinator refused, and proved it is the coordinator: the job has ended."""
+
+
+class FrameRefused(WireError):
+    """A frame the reader would not buffer (over its sender's quota): it was read and
+    discarded in small pieces, unchecked; the session goes on with a refusal."""
+
+
+class Unproven(WireError):
+    """A refusal nobody proved (a wrong key, another process on the port) or a coordinator
+    not ready yet (``retry``): never a reason to give up at once."""
+
+    def __init__(self, message: str, *, retry: bool) -> None:
+        super().__init__(message)
+        self.retry = retry
 
 
 # ---------------------------------------------------------------------- keys
@@ -117,9 +141,16 @@ def parse_secret(text: str) -> bytes:
 # ---------------------------------------------------------------------- raw framing
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytes:
+def recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
+    """``n`` bytes; with ``deadline`` (``time.monotonic()``) all of them by then, however
+    slowly the peer trickles them (``TimeoutError`` otherwise)."""
     buf = bytearray()
     while len(buf) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{len(buf)} of {n} bytes before the deadline")
+            sock.settimeout(left)
         chunk = sock.recv(min(n - len(buf), 1 << 20))
         if not chunk:
             raise ConnectionError("connection closed by the peer")
@@ -132,14 +163,14 @@ def _send_plain(sock: socket.socket, obj: dict[str, object]) -> None:
     sock.sendall(_LEN.pack(len(body)) + body)
 
 
-def _recv_plain(sock: socket.socket) -> dict[str, object]:
-    (n,) = _LEN.unpack(recv_exact(sock, 4))
+def _recv_plain(sock: socket.socket, deadline: float | None = None) -> dict[str, object]:
+    (n,) = _LEN.unpack(recv_exact(sock, 4, deadline))
     if n > MAX_HELLO_BYTES:
         raise WireError(f"handshake message of {n} bytes")
     try:
-        obj = json.loads(recv_exact(sock, n))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise WireError(f"handshake message is not JSON: {exc}") from None
+        obj = json.loads(recv_exact(sock, n, deadline))
+    except (ValueError, RecursionError) as exc:  # 1 KiB of "[" nests past the stack
+        raise WireError(f"handshake message is not JSON: {type(exc).__name__}") from None
     if not isinstance(obj, dict):
         raise WireError("handshake message is not an object")
     return obj
@@ -176,7 +207,13 @@ def client_handshake(sock: socket.socket, job: str | None, key: bytes) -> Sessio
     _send_plain(sock, {"proof": _mac(key, b"c", t)})
     answer = _recv_plain(sock)
     if "error" in answer:
-        raise AuthRefused(f"the coordinator refused: {str(answer['error'])[:200]}")
+        error = str(answer["error"])[:200]
+        proof = answer.get("proof")
+        if isinstance(proof, str) and hmac.compare_digest(
+                proof, _mac(key, b"e", t + error.encode())):
+            raise AuthRefused(f"the coordinator refused: {error}")
+        raise Unproven(f"the coordinator refused (unproven): {error}",
+                       retry=answer.get("retry") is True)
     proof = _hex_field(answer, "proof", 32)
     if not hmac.compare_digest(proof, _mac(key, b"s", t)):
         raise WireError("the coordinator did not prove the key: not the real coordinator")
@@ -184,9 +221,17 @@ def client_handshake(sock: socket.socket, job: str | None, key: bytes) -> Sessio
 
 
 def server_handshake(sock: socket.socket, master: bytes,
-                     realm: str = "") -> tuple[str | None, Session]:
-    """Check a client's proof; returns (its job, or None for admin; the session)."""
-    hello = _recv_plain(sock)
+                     admission: Callable[[str], tuple[str | None, bool]],
+                     timeout_s: float = 5.0) -> tuple[str | None, Session]:
+    """Check a client's proof; returns (its job, or None for admin; the session).
+
+    ``admission(job)``: (the realm job secrets are derived in, None while the daemon has not
+    registered its jobs since this coordinator started: "retry"; whether the job is
+    registered: if not, a client that proved the right key is told, with proof, that the
+    job has ended). The whole handshake has ``timeout_s``, not each read.
+    """
+    deadline = time.monotonic() + timeout_s
+    hello = _recv_plain(sock, deadline)
     if hello.get("v") != 1:
         raise WireError("handshake: unsupported version")
     job = hello.get("job")
@@ -196,11 +241,19 @@ def server_handshake(sock: socket.socket, master: bytes,
     ns = os.urandom(16).hex()
     _send_plain(sock, {"nonce": ns})
     t = _transcript(job, nc, ns)
+    proof = _hex_field(_recv_plain(sock, deadline), "proof", 32)
+    realm, admitted = ("", True) if job is None else admission(job)
+    if realm is None:
+        _send_plain(sock, {"error": "the coordinator is starting: retry", "retry": True})
+        raise WireError(f"not ready yet (job {job})")
     key = admin_secret(master) if job is None else job_secret(master, job, realm)
-    proof = _hex_field(_recv_plain(sock), "proof", 32)
     if not hmac.compare_digest(proof, _mac(key, b"c", t)):
         _send_plain(sock, {"error": "authentication failed"})
         raise WireError(f"authentication failed (job {job or '<admin>'})")
+    if not admitted:
+        error = "the job has ended or is not registered"
+        _send_plain(sock, {"error": error, "proof": _mac(key, b"e", t + error.encode())})
+        raise WireError(f"job {job}: {error}")
     _send_plain(sock, {"proof": _mac(key, b"s", t)})
     return job, Session(sock, hmac.new(key, b"session" + t, hashlib.sha256).digest(),
                         client=False)
@@ -218,6 +271,8 @@ class Session:
         self._out_dir, self._in_dir = (b"C", b"S") if client else (b"S", b"C")
         self._out_seq = 0
         self._in_seq = 0
+        #: the server's bound on reading one frame once it started (None: no bound)
+        self.frame_timeout_s: float | None = None
 
     def _tag(self, direction: bytes, seq: int, payload: bytes) -> bytes:
         return hmac.new(self._key, direction + _SEQ.pack(seq) + payload, hashlib.sha256).digest()
@@ -230,11 +285,27 @@ class Session:
         self._out_seq += 1
         self.sock.sendall(_LEN.pack(len(payload) + 32) + tag + payload)
 
-    def recv(self) -> tuple[int, list[bytes]]:
-        (n,) = _LEN.unpack(recv_exact(self.sock, 4))
+    def recv(self, reserve: Callable[[int], bool] | None = None) -> tuple[int, list[bytes]]:
+        """The next frame. Waits for its first byte as long as the peer stays quiet; once it
+        came, the whole frame must arrive within :attr:`frame_timeout_s` (when set).
+        ``reserve(n)`` is called with the frame's size before its body is buffered (it
+        counts the bytes); if it says no, the body is discarded unbuffered and
+        :class:`FrameRefused` raised."""
+        self.sock.settimeout(None)
+        first = recv_exact(self.sock, 1)
+        deadline = (None if self.frame_timeout_s is None
+                    else time.monotonic() + self.frame_timeout_s)
+        (n,) = _LEN.unpack(first + recv_exact(self.sock, 3, deadline))
         if not 33 <= n <= MAX_FRAME_BYTES:
             raise WireError(f"frame of {n} bytes")
-        body = recv_exact(self.sock, n)
+        if reserve is not None and not reserve(n):
+            while n > 0:  # 8 KiB at a time: nothing of it is kept
+                n -= len(recv_exact(self.sock, min(n, 1 << 13), deadline))
+            self._in_seq += 1
+            raise FrameRefused("the frame is over the quota of its job")
+        body = recv_exact(self.sock, n, deadline)
+        if self.frame_timeout_s is not None:
+            self.sock.settimeout(self.frame_timeout_s)  # the answer's send, likewise bounded
         tag, payload = body[:32], body[32:]
         if not hmac.compare_digest(tag, self._tag(self._in_dir, self._in_seq, payload)):
             raise WireError("frame MAC does not match: forged, replayed or reordered")
