@@ -11,6 +11,7 @@ holds. :class:`SlotRows` does the same for the slots.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from dataclasses import dataclass, fields
 
@@ -70,6 +71,25 @@ def job_record(row: sqlite3.Row, lifecycle: Lifecycle, spec: JobSpec | None = No
         start_failures=row["start_failures"],
         last_progress_s=row["last_progress_s"], message=row["message"],
     )
+
+
+#: what an ended job keeps of its spec: what ``malletrain jobs`` shows, and its kind (the
+#: profile it fed). A spec is up to a request's 1 MiB (arguments, environment); kept for
+#: every ended job it let one user grow the daemon by submitting and cancelling (issue 49)
+ENDED_SPEC_FIELDS = ("name", "min_nodes", "max_nodes", "rate_target", "kind", "mode")
+
+
+def ended_spec_json(text: str) -> str:
+    """The stored spec ``text`` cut to :data:`ENDED_SPEC_FIELDS` (a few hundred bytes);
+    ``script`` is ``/``. Registered as an SQL function, so a database's ended rows are cut
+    one row at a time, never all read into memory; unreadable text gives the bare minimum."""
+    try:
+        data = json.loads(text)
+        kept = {k: data[k] for k in ENDED_SPEC_FIELDS if k in data}
+        spec_from_json(json.dumps({"script": "/", **kept}))  # still a valid spec
+    except Exception:  # a row this code never wrote: keep no part of it
+        kept = {}
+    return json.dumps({"script": "/", **kept}, separators=(",", ":"))
 
 
 #: the slots table's columns in :class:`SlotRecord`'s field order
