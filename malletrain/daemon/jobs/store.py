@@ -27,6 +27,7 @@ from typing import Any
 
 from malletrain.core.lifecycle import JobPhase, Lifecycle, Transition, advance, replay
 from malletrain.daemon.jobs.spec import JobSpec
+from malletrain.daemon.jobs.store_files import prepare_private
 from malletrain.daemon.jobs.store_rows import JobRecord as JobRecord
 from malletrain.daemon.jobs.store_rows import (
     JobRows,
@@ -113,7 +114,7 @@ class Store:
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         if str(path) != ":memory:":
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            prepare_private(self.path)  # 0600, its WAL and SHM too, whatever the umask
         self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False,
                                    timeout=10.0)
         self._db.row_factory = sqlite3.Row

@@ -34,6 +34,7 @@ from malletrain.daemon.act.action_queue import ActionQueue
 from malletrain.daemon.act.actuator import ACTION_WORKERS, Actuator, Outcome, is_urgent
 from malletrain.daemon.act.background import Background
 from malletrain.daemon.jobs.store import JobRecord, SlotRecord, Store
+from malletrain.daemon.jobs.store_files import write_private
 from malletrain.daemon.observe.learned import LearnedState
 from malletrain.daemon.observe.monitor import JobMonitor
 from malletrain.daemon.service.coordinator_proc import ensure_coordinator
@@ -159,7 +160,7 @@ class Daemon:
         if path.exists():
             return path.read_text().strip()
         token = secrets.token_hex(4)
-        path.write_text(token + "\n")
+        write_private(path, token + "\n")  # beside the database: the daemon's only
         return token
 
     def _prepare_state_dir(self) -> None:
