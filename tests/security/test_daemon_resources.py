@@ -11,6 +11,7 @@ an ended job keeps only what ``malletrain jobs`` shows.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sqlite3
 import sys
@@ -57,13 +58,27 @@ def daemon(clean_cluster):
     shutil.rmtree(work, ignore_errors=True)
 
 
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
 def test_submit_and_abort_in_a_loop_is_bounded_and_keeps_no_spec(daemon, clean_cluster):
-    res = clean_cluster.run(sys.executable, "-c", CYCLES, str(daemon.socket), "12",
-                            user="mt-bob", timeout_s=120)
+    """``MT_CYCLES=150 pytest -s`` prints the figures of docs/security.md's resource model."""
+    cycles = int(os.environ.get("MT_CYCLES", "12"))
+    assert daemon.proc is not None
+    before = _rss_mib(daemon.proc.pid)
+    res = clean_cluster.run(sys.executable, "-c", CYCLES, str(daemon.socket), str(cycles),
+                            user="mt-bob", timeout_s=60 + 2 * cycles)
     got = json.loads(res.stdout.strip().splitlines()[-1])
     accepted = [g for g in got if g != "refused"]
+    files = sum(p.stat().st_size for p in daemon.state.glob("state.db*"))
+    print(f"{cycles} cycles: {len(accepted)} accepted; daemon RSS {before:.1f} -> "
+          f"{_rss_mib(daemon.proc.pid):.1f} MiB; database + WAL {files / 2**20:.1f} MiB")
     # the default limits.max_jobs_per_user (8): the next ones within the hold are refused
-    assert len(accepted) == 8 and got[8:] == ["refused"] * 4, got
+    assert len(accepted) == 8 and got[8:] == ["refused"] * (cycles - 8), got
     # another user is not held back by bob's loop
     alice = daemon.cli("mt-alice", "jobs", "--json", "--socket", str(daemon.socket))
     assert alice.returncode == 0
