@@ -193,6 +193,7 @@ def test_an_ended_job_keeps_what_jobs_shows_not_its_spec(tmp_path):
     s = Store(db)
     s.create_job(1001, "alice", BIG, now_s=1.0)
     assert _spec_bytes(db, "m1") > 800_000  # a live job keeps its whole spec
+    assert s.jobs()[0].spec == BIG  # (and the job list's memo holds it, until the end)
     ended = s.transition("m1", JobPhase.CANCELLED, "submission aborted")
     assert _spec_bytes(db, "m1") < 300
     for rec in (ended, s.job("m1"), s.jobs()[0], Store(db).jobs()[0]):
