@@ -54,16 +54,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
+
+from malletrain.ops.metrics_http import MetricsServer as MetricsServer
+from malletrain.ops.metrics_http import serve as serve
 
 log = logging.getLogger(__name__)
 
@@ -128,10 +128,15 @@ class MetricsSnapshot:
 
 
 class SnapshotCollector(Collector):
-    """Builds the gauge families from the latest published snapshot at each scrape."""
+    """Builds the gauge families from the latest published snapshot at each scrape: the
+    cluster's (``part="cluster"``) or the per-job ones (``part="jobs"``, reading the
+    cluster collector's snapshot: served only to the operator where jobs are private,
+    :mod:`.metrics_http`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, part: str = "cluster", source: SnapshotCollector | None = None) -> None:
         self._snapshot: MetricsSnapshot | None = None
+        self._part = part
+        self._source = source
 
     def set(self, snapshot: MetricsSnapshot) -> None:
         # One reference assignment: a scrape sees the old or the new snapshot, never a mix.
@@ -139,15 +144,21 @@ class SnapshotCollector(Collector):
 
     @property
     def snapshot(self) -> MetricsSnapshot | None:
-        return self._snapshot
+        return self._source.snapshot if self._source is not None else self._snapshot
 
     def describe(self) -> Iterable[Metric]:
         # Returning the (empty) families lets the registry check for name clashes at
         # registration without calling collect() on a snapshot that does not exist yet.
-        return list(self._families(None))
+        return list(self._of(None))
 
     def collect(self) -> Iterable[Metric]:
-        return list(self._families(self._snapshot))
+        return list(self._of(self.snapshot))
+
+    def _of(self, s: MetricsSnapshot | None) -> Iterator[Metric]:
+        if self._part in ("cluster", "all"):
+            yield from self._families(s)
+        if self._part in ("jobs", "all"):
+            yield from self._job_families(s)
 
     @staticmethod
     def _families(s: MetricsSnapshot | None) -> Iterator[Metric]:
@@ -182,6 +193,9 @@ class SnapshotCollector(Collector):
             by_state.add_metric([state], n)
         yield by_state
 
+    @staticmethod
+    def _job_families(s: MetricsSnapshot | None) -> Iterator[Metric]:
+        jobs = s.jobs if s else ()
         labels = ["job_id", "user"]
         nodes = GaugeMetricFamily(f"{PREFIX}_job_nodes", "Nodes a malleable job holds.",
                                   labels=labels)
@@ -222,10 +236,16 @@ class PhaseClock:
 class Metrics:
     """The daemon's metrics, registered on ``registry``. See the module docstring."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry,
+                 jobs_registry: CollectorRegistry | None = None) -> None:
+        """``jobs_registry``: where the per-job series go (the daemon: a registry of their
+        own, served to the operator only, :func:`.metrics_http.serve`); None: with the rest."""
         self.registry = registry
-        self._collector = SnapshotCollector()
+        self._collector = SnapshotCollector("cluster" if jobs_registry else "all")
         registry.register(self._collector)
+        self._job_collector = SnapshotCollector("jobs", source=self._collector)
+        if jobs_registry is not None:
+            jobs_registry.register(self._job_collector)
         p = PREFIX
         self.decision_seconds = Histogram(
             f"{p}_decision_duration_seconds", "Time of one allocation decision.",
@@ -332,7 +352,7 @@ class Metrics:
     def sample_names(self) -> set[str]:
         """Every series name these metrics can expose (to check dashboards and alerts)."""
         sources: list[SnapshotCollector | Counter | Gauge | Histogram | Summary] = [
-            self._collector, self.decision_seconds, self.tick_seconds,
+            self._collector, self._job_collector, self.decision_seconds, self.tick_seconds,
             self.tick_phase_seconds, self.yield_seconds,
             self.preemptions, self.slurm_calls, self.slurm_call_errors,
             self.slurm_call_seconds, self.request_seconds, self.config_reloads,
@@ -342,7 +362,8 @@ class Metrics:
         for source in sources:
             for family in source.describe():
                 # prometheus_client adds a _created series to its own counters/histograms
-                created = set() if source is self._collector else {f"{family.name}_created"}
+                created = (set() if isinstance(source, SnapshotCollector)
+                           else {f"{family.name}_created"})
                 if family.type == "counter":
                     names |= {f"{family.name}_total"} | created
                 elif family.type == "histogram":
@@ -352,44 +373,3 @@ class Metrics:
                 else:
                     names.add(family.name)
         return names
-
-
-class MetricsServer:
-    """A running /metrics endpoint; :meth:`stop` shuts it down and frees the port."""
-
-    def __init__(self, server: WSGIServer, thread: threading.Thread) -> None:
-        self._server = server
-        self._thread = thread
-
-    @property
-    def host(self) -> str:
-        return str(self._server.server_address[0])
-
-    @property
-    def port(self) -> int:
-        """The bound port (useful with port 0)."""
-        return int(self._server.server_address[1])
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metrics"
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout_s)
-
-
-def serve(address: str, registry: CollectorRegistry) -> MetricsServer:
-    """Serve ``registry`` on ``address`` ("HOST:PORT", "[v6]:PORT") in a daemon thread.
-
-    Raises OSError if the address cannot be bound (the daemon reports it and exits).
-    """
-    from malletrain.ops.settings_fields import parse_address
-
-    host, port = parse_address(address)
-    server, thread = start_http_server(port, addr=host, registry=registry)
-    ms = MetricsServer(server, thread)
-    log.info("serving metrics on %s", ms.url)
-    return ms

@@ -292,6 +292,10 @@ class MetricsSettings:
         "interface; port 0 = any free port).",
         check=check_address, restart=True,
     ))
+    password_file: Path | None = field(default=None, metadata=meta(
+        "A file (not readable by others) with the password Prometheus sends (basic auth) to "
+        "see the per-job series where Slurm's PrivateData hides jobs; null = nobody sees "
+        "them there (docs/security.md).", restart=True))
 
     @property
     def host(self) -> str:

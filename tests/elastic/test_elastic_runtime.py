@@ -251,7 +251,7 @@ def test_evicted_to_zero_saves_and_restores_never_a_stale_or_foreign_snapshot(cl
     for m in w.values():
         assert m.proc.wait(5) == 0
     assert time.monotonic() - t_term < 5.0
-    saved = sorted(state.glob("job1.step*.mtsnap"))
+    saved = sorted(state.glob("job1.*/job1.step*.mtsnap"))
     assert len(saved) == 1
     saved_step = w["m0"].exit_record()["step"]
     assert saved[0].name == f"job1.step{saved_step:012d}.mtsnap"
@@ -261,8 +261,8 @@ def test_evicted_to_zero_saves_and_restores_never_a_stale_or_foreign_snapshot(cl
     saved_checksum = w["m0"].exit_record()["checksum"]
 
     # decoys: another job's snapshot, and a newer-named file whose tags do not match
-    (state / "otherjob.step000000999999.mtsnap").write_bytes(saved[0].read_bytes())
-    forged = state / f"job1.step{saved_step + 500:012d}.mtsnap"
+    (saved[0].parent / "otherjob.step000000999999.mtsnap").write_bytes(saved[0].read_bytes())
+    forged = saved[0].parent / f"job1.step{saved_step + 500:012d}.mtsnap"
     forged.write_bytes(saved[0].read_bytes())
     forged.chmod(0o600)  # as private as a real one: only its tags give it away
 
@@ -275,8 +275,8 @@ def test_evicted_to_zero_saves_and_restores_never_a_stale_or_foreign_snapshot(cl
              "the restore", cluster)
     restored = [r for r in w2.epochs() if r["step"] == saved_step]
     assert restored and restored[-1]["checksum"] == saved_checksum, (first, w2.epochs())
-    assert (state / (forged.name + ".rejected")).exists()
-    assert (state / "otherjob.step000000999999.mtsnap").exists()  # untouched, unused
+    assert (forged.parent / (forged.name + ".rejected")).exists()
+    assert (saved[0].parent / "otherjob.step000000999999.mtsnap").exists()  # untouched, unused
 
     # a newcomer next to the snapshot file is synced from the live replica (fresher)
     cluster.wait_step(w2, saved_step + 10)
@@ -291,7 +291,8 @@ def test_evicted_to_zero_saves_and_restores_never_a_stale_or_foreign_snapshot(cl
     wait_for(lambda: cluster.coord.is_finished(cluster.job_id), 120, "finish", cluster)
     assert w2.proc.wait(30) == 0 and w3.proc.wait(30) == 0
     _assert_gapless_and_exact([*w.values(), w2, w3], total, check_indices=False)
-    assert not list(state.glob("job1.step*.mtsnap")), "snapshots of a finished job remain"
+    # the decoys stay in the job's directory: the snapshots are gone
+    assert not list(state.glob("job1.*/job1.step*.mtsnap")), "snapshots of a finished job remain"
 
 
 @pytest.mark.parametrize("how", ["evicted", "sigterm"])
@@ -321,7 +322,7 @@ def test_evicted_while_reforming_after_rank_0_left_still_saves(cluster, tmp_path
         w["m1"].proc.send_signal(signal.SIGTERM)
     assert w["m1"].proc.wait(30) == 0
     w["m9"].proc.kill()
-    saved = sorted(state.glob("job1.step*.mtsnap"))
+    saved = sorted(state.glob("job1.*/job1.step*.mtsnap"))
     assert len(saved) == 1, (saved, cluster.stderr_tail())
     saved_step = w["m1"].exit_record()["step"]
     assert saved_step >= 15 and saved[0].name == f"job1.step{saved_step:012d}.mtsnap"
@@ -498,11 +499,12 @@ def test_a_one_node_job_killed_resumes_from_its_guard_snapshot(cluster, tmp_path
     e1 = cluster.coord.publish(cluster.job_id, ["m0"])
     cluster.wait_epoch(w0, e1)
     cluster.wait_step(w0, 40)
-    wait_for(lambda: any(state.glob("job1.step*.mtsnap")), 30, "a guard snapshot", cluster)
+    wait_for(lambda: any(state.glob("job1.*/job1.step*.mtsnap")), 30, "a guard snapshot",
+             cluster)
     w0.proc.send_signal(signal.SIGKILL)
     w0.proc.wait(10)
     cluster.coord.depart(cluster.job_id, "m0")  # as the daemon does when the slot ends
-    saved = sorted(state.glob("job1.step*.mtsnap"))
+    saved = sorted(state.glob("job1.*/job1.step*.mtsnap"))
     assert len(saved) == 1, saved  # each guard replaces the one before
     guard_step = int(saved[0].name.split(".step")[1].split(".")[0])
     assert 0 < guard_step <= w0.last_step() + 1
@@ -517,7 +519,8 @@ def test_a_one_node_job_killed_resumes_from_its_guard_snapshot(cluster, tmp_path
     e3 = cluster.coord.publish(cluster.job_id, ["m1", "m2"])
     formed_at = cluster.wait_epoch(w2, e3)["step"]
     cluster.wait_step(w2, formed_at + 40)
-    newest = max(int(p.name.split(".step")[1].split(".")[0]) for p in state.glob("job1.*"))
+    newest = max(int(p.name.split(".step")[1].split(".")[0])
+                 for p in state.glob("job1.*/job1.step*"))
     assert newest <= formed_at  # two nodes: no guard snapshot
     assert w1.proc.wait(60) == 0 and w2.proc.wait(60) == 0
     assert w1.exit_record()["reason"] == "finished"

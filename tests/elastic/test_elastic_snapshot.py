@@ -117,3 +117,28 @@ def test_a_snapshot_must_carry_this_jobs_mac(tmp_path):
     assert ref is not None and ref.path == good
     loaded = snapshot.load(ref, "job", KEY)
     assert loaded is not None and torch.equal(loaded["model"]["w"], torch.full((3,), 1.0))
+
+
+def test_a_jobs_directory_is_its_own_private_and_unguessable(tmp_path):
+    """Issue 49: in the shared directory another user took a snapshot's name first."""
+    old = os.umask(0o777)  # even a umask that takes the owner's own bits
+    try:
+        own = snapshot.private_dir(tmp_path, "job", KEY, create=True)
+    finally:
+        os.umask(old)
+    assert own is not None and own.parent == tmp_path and own.name.startswith("job.")
+    assert stat.S_IMODE(own.stat().st_mode) == 0o700
+    assert own == snapshot.job_dir(tmp_path, "job", KEY) != snapshot.job_dir(tmp_path, "job",
+                                                                             b"t" * 32)
+    assert snapshot.private_dir(tmp_path, "job", KEY, create=False) == own
+    assert snapshot.private_dir(tmp_path, "new", KEY, create=False) is None  # not made
+    theirs = snapshot.job_dir(tmp_path, "other", KEY)  # taken by another user (or opened)
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, pwd.getpwnam("nobody").pw_uid, -1)
+    with pytest.raises(OSError, match="not by this user"):
+        snapshot.private_dir(tmp_path, "other", KEY, create=True)
+    assert snapshot.private_dir(tmp_path, "other", KEY, create=False) is None
+    os.chown(theirs, os.geteuid(), -1)
+    theirs.chmod(0o755)
+    with pytest.raises(OSError, match="lets others in"):
+        snapshot.private_dir(tmp_path, "other", KEY, create=True)

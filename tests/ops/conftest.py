@@ -78,16 +78,18 @@ class Prometheus:
 def prometheus_factory(tmp_path: Path) -> Iterator[Callable[..., Prometheus]]:
     started: list[Prometheus] = []
 
-    def start(targets: Sequence[str], rule_files: Sequence[Path] = ()) -> Prometheus:
+    def start(targets: Sequence[str], rule_files: Sequence[Path] = (),
+              basic_auth: dict[str, str] | None = None) -> Prometheus:
         n = len(started)
+        scrape: dict[str, object] = {"job_name": "malletrain",
+                                     "static_configs": [{"targets": list(targets)}]}
+        if basic_auth is not None:  # {username, password_file}: the operator's scrape
+            scrape["basic_auth"] = dict(basic_auth)
         config = {
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s",
                        "evaluation_interval": "1s"},
             "rule_files": [str(p) for p in rule_files],
-            "scrape_configs": [{
-                "job_name": "malletrain",
-                "static_configs": [{"targets": list(targets)}],
-            }],
+            "scrape_configs": [scrape],
         }
         config_path = tmp_path / f"prometheus-{n}.yml"
         config_path.write_text(yaml.safe_dump(config))

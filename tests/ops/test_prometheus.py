@@ -93,6 +93,12 @@ class HardenedDaemon:
         self.config = base / "malletrain.yaml"
         self.log_path = base / "daemon.log"
         self.notice_path = cluster.dir / "run" / "submit-notice"  # slurm/job_submit.lua's
+        # the operator's metrics password (per-job series where Slurm keeps jobs private),
+        # the daemon's account's alone; Prometheus sends it with basic auth
+        self.password_file = base / "metrics.password"
+        self.password_file.write_text("scrape-secret-41\n")
+        self.password_file.chmod(0o600)
+        os.chown(self.password_file, pw.pw_uid, pw.pw_gid)
         self.write_config(level="INFO")
         # the unit's sd_notify channel: a datagram socket the daemon's user may write to
         self.notify_path = base / "notify.sock"
@@ -117,7 +123,8 @@ class HardenedDaemon:
                       "snapshot_dir": str(self.state / "snapshots")},
             "coordinator": {"host": "127.0.0.1", "port": 0},
             "submit": {"socket_path": str(self.socket_path)},
-            "metrics": {"address": f"127.0.0.1:{self.metrics_port}"},
+            "metrics": {"address": f"127.0.0.1:{self.metrics_port}",
+                        "password_file": str(self.password_file)},
             "logging": {"level": level, "format": "json"},
         }) + extra)
         self.config.chmod(0o644)
@@ -245,6 +252,7 @@ def test_daemon_as_operator_scraped_by_prometheus(daemon, clean_cluster, prometh
     prom: Prometheus = prometheus_factory(
         [f"127.0.0.1:{daemon.metrics_port}"],
         rule_files=[ROOT / "configs" / "malletrain-alerts.yml"],
+        basic_auth={"username": "prometheus", "password_file": str(daemon.password_file)},
     )
     wait_for('up{job="malletrain"}', lambda v: v == 1)
     wait_for("malletrain_idle_nodes", lambda v: v == n - 3)

@@ -170,3 +170,67 @@ def test_batched_updates_check_every_column_before_writing_any(tmp_path):
                   ("m1", 1, {"placed_node": "n2"})])
     assert [(x.last_status, x.last_node, x.placed_node) for x in s.slots("m1")] == [
         ("running", "n1", None), ("parked", None, "n2")]
+
+
+BIG = dataclasses.replace(SPEC, name="big", rate_target=5.0,
+                          environment={f"V{k}": "x" * 4000 for k in range(200)})
+
+
+def _spec_bytes(db, job_id):
+    import sqlite3
+
+    con = sqlite3.connect(db)
+    try:
+        return con.execute("SELECT length(spec) FROM jobs WHERE job_id=?", (job_id,)).fetchone()[0]
+    finally:
+        con.close()
+
+
+def test_an_ended_job_keeps_what_jobs_shows_not_its_spec(tmp_path):
+    """Issue 49: ~800 KB of spec per ended job, 1,000 ended jobs kept, in the database and
+    in the daemon's memory, let one user's submit + abort loop grow the daemon by ~1 GB."""
+    db = tmp_path / "state.db"
+    s = Store(db)
+    s.create_job(1001, "alice", BIG, now_s=1.0)
+    assert _spec_bytes(db, "m1") > 800_000  # a live job keeps its whole spec
+    assert s.jobs()[0].spec == BIG  # (and the job list's memo holds it, until the end)
+    ended = s.transition("m1", JobPhase.CANCELLED, "submission aborted")
+    assert _spec_bytes(db, "m1") < 300
+    for rec in (ended, s.job("m1"), s.jobs()[0], Store(db).jobs()[0]):
+        kept = rec.spec
+        assert (kept.name, kept.min_nodes, kept.max_nodes, kept.rate_target, kept.kind) == (
+            "big", 1, 3, 5.0, "train.py")
+        assert kept.environment == {} and kept.script == "/"
+
+
+def test_a_database_of_an_older_release_has_its_ended_specs_cut_at_open(tmp_path):
+    import json
+    import sqlite3
+
+    db = tmp_path / "state.db"
+    s = Store(db)
+    s.create_job(1001, "alice", SPEC, now_s=1.0)
+    s.create_job(1001, "alice", SPEC, now_s=2.0)
+    s.transition("m1", JobPhase.CANCELLED, "aborted")
+    s.close()
+    con = sqlite3.connect(db)
+    with con:  # as an older release left them: whole specs, ended or not
+        con.execute("UPDATE jobs SET spec=?", (json.dumps(BIG.to_dict()),))
+        con.execute("UPDATE jobs SET spec='{not json' WHERE job_id='m1'")
+    con.close()
+    s = Store(db)
+    assert _spec_bytes(db, "m1") < 100 and _spec_bytes(db, "m2") > 800_000  # m2 is live
+    assert s.job("m1").spec.script == "/" and s.job("m2").spec == BIG
+
+
+def test_a_submission_counts_against_the_limits_for_a_while_even_once_ended(tmp_path):
+    s = Store(tmp_path / "state.db")
+    for t in (100.0, 150.0, 200.0):
+        rec = s.create_job(1001, "alice", SPEC, now_s=t)
+        s.transition(rec.job_id, JobPhase.CANCELLED, "aborted")
+    s.create_job(1002, "bob", SPEC, now_s=10.0)  # live, long ago
+    assert s.count_jobs(1001) == 0 and s.count_jobs(1001, since_s=140.0) == 2
+    assert s.count_jobs(since_s=140.0) == 3 and s.count_jobs(1002, since_s=140.0) == 1
+    # pruning never deletes what still counts
+    assert s.prune_ended(keep=0, since_s=140.0) == 1
+    assert s.count_jobs(1001, since_s=140.0) == 2

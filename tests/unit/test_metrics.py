@@ -243,3 +243,56 @@ def test_slurm_call_context_manager_times_and_counts_errors():
         raise RuntimeError("slurmctld down")
     assert metrics.slurm_calls.labels(call="observe")._value.get() == 2
     assert metrics.slurm_call_errors.labels(call="observe")._value.get() == 1
+
+
+def _get(url: str, password: str | None = None) -> tuple[int, str]:
+    import base64
+    import urllib.error
+
+    req = urllib.request.Request(url)
+    if password is not None:
+        token = base64.b64encode(f"prometheus:{password}".encode()).decode()
+        req.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+
+
+def test_per_job_series_only_where_jobs_are_public_or_to_the_operators_password():
+    """Issue 49: with PrivateData=jobs every local user read other users' job ids here."""
+    registry, jobs = CollectorRegistry(), CollectorRegistry()
+    metrics = Metrics(registry, jobs)
+    metrics.publish(snapshot(jobs=(JobStatus("m1", "", "running", 2),)))
+    public = [False]
+    server = serve("127.0.0.1:0", registry, jobs=jobs, jobs_public=lambda: public[0],
+                   password=b"s3cret")
+    try:
+        status, text = _get(server.url)
+        assert status == 200 and "malletrain_idle_nodes 3.0" in text
+        assert "job_id" not in text and 'malletrain_jobs{state="running"} 1.0' in text
+        assert _get(server.url, "guess")[0] == 401
+        status, text = _get(server.url, "s3cret")
+        assert status == 200 and 'malletrain_job_nodes{job_id="m1",user=""} 2.0' in text
+        public[0] = True  # Slurm shows every job to every user: so do we
+        assert 'job_id="m1"' in _get(server.url)[1]
+    finally:
+        server.stop()
+
+
+def test_the_password_file_must_be_private_and_one_line(tmp_path):
+    from malletrain.ops.metrics_http import read_password
+
+    f = tmp_path / "pw"
+    f.write_text("  s3cret \n")
+    f.chmod(0o640)
+    assert read_password(f) == b"s3cret"
+    for mode, text in ((0o644, "s3cret\n"), (0o600, "\n"), (0o600, "two\nlines\n")):
+        f.write_text(text)
+        f.chmod(mode)
+        with pytest.raises(ValueError):
+            read_password(f)
+    (tmp_path / "link").symlink_to(f)
+    with pytest.raises(OSError):
+        read_password(tmp_path / "link")

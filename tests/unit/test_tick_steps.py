@@ -87,6 +87,17 @@ def test_screen_stop_conditions_take_a_job_out_of_the_allocation():
     assert screen(gone, job_slots(gone)).actions[0].to is JobPhase.CANCELLING
 
 
+def test_screen_fails_a_job_whose_last_state_could_not_be_saved():
+    """Issue 49: an evict-to-zero save that failed lost the state without a word."""
+    job = record("m1", JobPhase.RUNNING)
+    slots = [SlotRecord("m1", 0, 11)]
+    jobs = [slot_job(11, "m1", 0, JobState.PENDING)]
+    w = world([node("n1")], jobs, slots, [job],
+              coord={"m1": CoordView(state_lost=frozenset({M0}))})
+    (failed,) = screen(w, job_slots(w)).actions
+    assert failed.to is JobPhase.FAILED and "training state lost" in failed.reason
+
+
 # -- pool --------------------------------------------------------------------------------
 
 

@@ -27,8 +27,15 @@ from typing import Any
 
 from malletrain.core.lifecycle import JobPhase, Lifecycle, Transition, advance, replay
 from malletrain.daemon.jobs.spec import JobSpec
+from malletrain.daemon.jobs.store_files import prepare_private
 from malletrain.daemon.jobs.store_rows import JobRecord as JobRecord
-from malletrain.daemon.jobs.store_rows import JobRows, SlotRows, job_record, transition_of
+from malletrain.daemon.jobs.store_rows import (
+    JobRows,
+    SlotRows,
+    ended_spec_json,
+    job_record,
+    transition_of,
+)
 from malletrain.daemon.jobs.store_rows import SlotRecord as SlotRecord
 
 SCHEMA_VERSION = 1
@@ -107,7 +114,7 @@ class Store:
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         if str(path) != ":memory:":
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            prepare_private(self.path)  # 0600, its WAL and SHM too, whatever the umask
         self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False,
                                    timeout=10.0)
         self._db.row_factory = sqlite3.Row
@@ -126,6 +133,11 @@ class Store:
             # database, and m1 must not get the secret an earlier m1's user already knows
             self._db.execute("INSERT OR IGNORE INTO meta VALUES ('realm', ?)",
                              (secrets.token_hex(8),))
+            self._db.create_function("ended_spec", 1, ended_spec_json, deterministic=True)
+            # a database of an older release kept every ended job's whole spec: cut them
+            # here, row by row inside SQLite (never all in this process's memory)
+            self._db.execute(f"UPDATE jobs SET spec=ended_spec(spec) WHERE state IN "
+                             f"({_TERMINAL_MARKS}) AND spec != ended_spec(spec)", _TERMINAL)
 
     @property
     def realm(self) -> str:
@@ -188,6 +200,9 @@ class Store:
                 raise KeyError(job_id)
             lc = advance(rec.lifecycle, to, now_s, reason)
             db.execute("UPDATE jobs SET state=? WHERE job_id=?", (to.value, job_id))
+            if to.terminal:  # an ended job keeps what `malletrain jobs` shows, no more
+                db.execute("UPDATE jobs SET spec=ended_spec(spec) WHERE job_id=?", (job_id,))
+                rec = self._load(db, job_id) or rec
             self._insert_history(db, job_id, lc.history[-1])
         return replace(rec, lifecycle=lc)
 
@@ -217,16 +232,19 @@ class Store:
             recs = [r for r in recs if not r.state.terminal]
         return recs
 
-    def prune_ended(self, keep: int) -> int:
+    def prune_ended(self, keep: int, *, since_s: float | None = None) -> int:
         """Delete all but the newest ``keep`` ended jobs (and their rows); returns how many.
+        Jobs submitted since ``since_s`` are never deleted: they still count against their
+        user's limits (:meth:`count_jobs`).
 
         Without it the database, and every tick's read of it, grows with every job ever
         submitted (issue 15: bounded resources).
         """
         with self._lock:  # a read first: most ticks have nothing to delete
             old = [r[0] for r in self._db.execute(
-                f"SELECT job_id FROM jobs WHERE state IN ({_TERMINAL_MARKS}) ORDER BY seq DESC "
-                "LIMIT -1 OFFSET ?", (*_TERMINAL, keep))]
+                f"SELECT job_id FROM jobs WHERE state IN ({_TERMINAL_MARKS}) AND created_s < ? "
+                "ORDER BY seq DESC LIMIT -1 OFFSET ?",
+                (*_TERMINAL, float("inf") if since_s is None else since_s, keep))]
         if not old:
             return 0
         with self._tx() as db:
@@ -237,13 +255,19 @@ class Store:
                     db.execute(f"DELETE FROM {table} WHERE job_id IN ({marks})", part)
         return len(old)
 
-    def count_jobs(self, uid: int | None = None) -> int:
-        """Jobs not yet in a terminal state (all users, or one)."""
-        q = f"SELECT COUNT(*) FROM jobs WHERE state NOT IN ({_TERMINAL_MARKS})"
+    def count_jobs(self, uid: int | None = None, *, since_s: float | None = None) -> int:
+        """Jobs not yet in a terminal state (all users, or one), and with ``since_s`` every
+        job submitted since then, ended or not (a submission counts against the limits for
+        a while, so that submit + abort in a loop is bounded like any submission)."""
+        q = f"SELECT COUNT(*) FROM jobs WHERE (state NOT IN ({_TERMINAL_MARKS})"
         args: tuple[Any, ...] = _TERMINAL
+        if since_s is not None:
+            q += " OR created_s >= ?"
+            args = (*args, since_s)
+        q += ")"
         if uid is not None:
             q += " AND uid=?"
-            args = (*_TERMINAL, uid)
+            args = (*args, uid)
         with self._lock:
             return int(self._db.execute(q, args).fetchone()[0])
 

@@ -111,6 +111,7 @@ class JobMonitor:
             departed={d.member_id: d.time_s for d in gone},
             sigtermed=frozenset(d.member_id for d in gone if d.reason == "sigterm"),
             crashed=frozenset(d.member_id for d in gone if d.reason == "crashed"),
+            state_lost=frozenset(d.member_id for d in gone if d.reason == "state_lost"),
             samples_total=prog.samples_total if prog else None,
             samples_per_s=prog.samples_per_s if prog else 0.0,
             progress_at_s=prog.time_s if prog else None,

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from malletrain.daemon.jobs.store_files import write_private
 from malletrain.errors import PermanentError, RetryableError
 from malletrain.ops.settings import Settings
 
@@ -92,10 +93,12 @@ def _start(settings: Settings, master: bytes, realm: str, timeout_s: float,
     argv = [sys.executable, "-m", "malletrain.cli", "coordinator",
             "--host", settings.coordinator.host, "--port", str(settings.coordinator.port),
             "--key-file", str(key_file(settings)), "--address-file", str(addr_file)]
-    with open(log_file, "ab") as out:
+    # beside the database: the daemon's account's only (0600), whatever the umask
+    out_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(out_fd, "ab") as out:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                 start_new_session=True, close_fds=True)
-    pid_file.write_text(f"{proc.pid}\n")
+    write_private(pid_file, f"{proc.pid}\n")
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:

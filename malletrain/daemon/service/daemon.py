@@ -35,12 +35,13 @@ from malletrain.daemon.act.action_queue import ActionQueue
 from malletrain.daemon.act.actuator import ACTION_WORKERS, Actuator, Outcome, is_urgent
 from malletrain.daemon.act.background import Background
 from malletrain.daemon.jobs.store import JobRecord, SlotRecord, Store
+from malletrain.daemon.jobs.store_files import write_private
 from malletrain.daemon.observe.learned import LearnedState
 from malletrain.daemon.observe.monitor import JobMonitor
 from malletrain.daemon.service.coordinator_proc import ensure_coordinator
 from malletrain.daemon.service.report import job_rows, metrics_snapshot
 from malletrain.daemon.submit.channel import Peer
-from malletrain.daemon.submit.requests import JobRow, RequestHandler
+from malletrain.daemon.submit.requests import SUBMISSION_HOLD_S, JobRow, RequestHandler
 from malletrain.daemon.submit.submissions import admit_attached, expire_submissions
 from malletrain.daemon.tick import CoordView, DecideSettings, TickPlan, World, decide
 from malletrain.daemon.tick.actions import Action
@@ -168,7 +169,7 @@ class Daemon:
         if path.exists():
             return path.read_text().strip()
         token = secrets.token_hex(4)
-        path.write_text(token + "\n")
+        write_private(path, token + "\n")  # beside the database: the daemon's only
         return token
 
     def _prepare_state_dir(self) -> None:
@@ -243,7 +244,8 @@ class Daemon:
         live = [j for j in world.jobs if not j.state.terminal]  # one store read a tick
         self._publish_metrics(plan, slurm_up=not self.cache.stale, snap=snap, jobs=live)
         self._save_learned(live)
-        pruned = self.store.prune_ended(self.settings.state.keep_ended_jobs)
+        pruned = self.store.prune_ended(self.settings.state.keep_ended_jobs,
+                                        since_s=time.time() - SUBMISSION_HOLD_S)
         if pruned:
             log.info("deleted %d ended job(s) beyond state.keep_ended_jobs", pruned)
         laps.lap("publish")

@@ -14,12 +14,14 @@ garbage collector scans only what the last tick made (:mod:`malletrain.ops.heap`
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from malletrain.daemon.observe.arrivals import ArrivalProbe, SubmitNotice
 from malletrain.daemon.service.daemon import Daemon
 from malletrain.daemon.submit.channel import ChannelServer
 from malletrain.daemon.tick import TickPlan
+from malletrain.errors import ConfigError
 from malletrain.ops.heap import BetweenTicks
 from malletrain.ops.metrics import Metrics
 from malletrain.ops.settings import Settings
@@ -61,23 +63,50 @@ def _tick(daemon: Daemon, heap: BetweenTicks) -> TickPlan | None:
     return plan
 
 
+def _serve_metrics(settings: Settings, registry: Any, jobs: Any,
+                   jobs_public: Callable[[], bool]) -> Any:
+    """The /metrics endpoint; the per-job series only where jobs are public in Slurm or to
+    the operator's password (:mod:`malletrain.ops.metrics_http`); None if disabled."""
+    from malletrain.ops.metrics import serve
+
+    if not settings.metrics.enabled:
+        return None
+    return serve(settings.metrics.address, registry, jobs=jobs, jobs_public=jobs_public,
+                 password=_metrics_password(settings))
+
+
+def _metrics_password(settings: Settings) -> bytes | None:
+    """The operator's metrics password (``metrics.password_file``); a file others can read is
+    a configuration error: the daemon does not start with it."""
+    from malletrain.ops.metrics_http import read_password
+
+    path = settings.metrics.password_file
+    if path is None:
+        return None
+    try:
+        return read_password(path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"metrics.password_file: {exc}") from None
+
+
 def run_daemon(settings: Settings, config_path: str | None, backend: SlurmBackend,
                *, decide_overrides: Mapping[str, float] | None = None) -> int:
     """The service's main loop (signals, reload, metrics, systemd notifications)."""
     from prometheus_client import CollectorRegistry
 
-    from malletrain.ops.metrics import serve
     from malletrain.ops.service import ControlSignals, reload_config
     from malletrain.ops.systemd import Notifier
 
     signals = ControlSignals(stop_deadline_s=settings.daemon.stop_timeout_s)
     signals.install()
     notifier = Notifier.from_environment()
-    registry = CollectorRegistry()
-    metrics = Metrics(registry)
-    server = serve(settings.metrics.address, registry) if settings.metrics.enabled else None
+    registry, jobs_registry = CollectorRegistry(), CollectorRegistry()
+    metrics = Metrics(registry, jobs_registry)
+    jobs_public: list[Callable[[], bool]] = [lambda: False]  # private until Slurm says
+    server = _serve_metrics(settings, registry, jobs_registry, lambda: jobs_public[0]())
     daemon = Daemon(settings, backend, metrics=metrics, decide_overrides=decide_overrides,
                     wake=signals.wake, act_in_background=True)
+    jobs_public[0] = lambda: not daemon.privacy.get().private_jobs
     channel = ChannelServer(settings.submit.socket_path, daemon.handle).start()
     notice_path = settings.slurm.submit_notice
     notice = SubmitNotice(notice_path) if notice_path is not None else None

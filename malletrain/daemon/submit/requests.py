@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,6 +31,11 @@ log = logging.getLogger(__name__)
 #: Slurm job ids are 32-bit; a larger one would fail the whole batched lookup it joins
 #: before each caller's retry alone isolates it.
 MAX_SLURM_JOB_ID = 2**32
+#: A submission counts against its user's ``limits.max_jobs_per_user`` (and the total) for
+#: at least this long, even if it is aborted or fails at once: submit + abort in a loop is
+#: then at most that many submissions a minute per user, whatever it costs the daemon
+#: (a spec of up to 1 MiB decoded and written, its rows; issue 49).
+SUBMISSION_HOLD_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -120,10 +126,13 @@ class RequestHandler:
         if lim.max_time_s is not None and (spec.time_limit_s is None
                                            or spec.time_limit_s > lim.max_time_s):
             raise SpecError(f"--time must be at most {lim.max_time_s:.0f} s at this site")
-        if self.store.count_jobs(peer.uid) >= lim.max_jobs_per_user:
-            raise RetryableError(f"you already have {lim.max_jobs_per_user} malleable jobs "
-                                 "(limits.max_jobs_per_user); wait for one to finish")
-        if self.store.count_jobs() >= lim.max_jobs_total:
+        since_s = time.time() - SUBMISSION_HOLD_S
+        if self.store.count_jobs(peer.uid, since_s=since_s) >= lim.max_jobs_per_user:
+            raise RetryableError(
+                f"you already have {lim.max_jobs_per_user} malleable jobs, or submitted that "
+                f"many in the last {SUBMISSION_HOLD_S:.0f} s (limits.max_jobs_per_user); wait "
+                "for one to finish")
+        if self.store.count_jobs(since_s=since_s) >= lim.max_jobs_total:
             raise RetryableError("the daemon is full (limits.max_jobs_total); try later")
 
     def _check_dependency(self, peer: Peer, spec: JobSpec) -> None:

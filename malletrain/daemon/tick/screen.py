@@ -105,6 +105,9 @@ def stop_condition(job: JobRecord, js: JobSlots, cv: CoordView, now_s: float,
         return Transit(jid, P.COMPLETING, f"stop condition reached: {cv.finished_samples} samples")
     if job.spec.time_limit_s is not None and now_s > job.created_s + job.spec.time_limit_s:
         return Transit(jid, P.CANCELLING, f"time limit of {job.spec.time_limit_s} s reached")
+    if cv.state_lost:
+        return Transit(jid, P.FAILED, "training state lost: evicted to zero nodes, its snapshot "
+                       "could not be saved in MALLETRAIN_STATE_DIR; see the slots' output")
     if len(cv.crashed) >= s.max_start_failures:
         return Transit(jid, P.FAILED, f"the training code failed on its own in {len(cv.crashed)} "
                        "node slots; see their output (--output)")

@@ -74,6 +74,8 @@ class CoordView:
     #: members whose latest departure says the training code failed on its own (an
     #: exception in an ElasticJob step, a restart-mode launch that exited non-zero)
     crashed: frozenset[str] = frozenset()
+    #: members that held the job's last state and could not save it (evicted to zero)
+    state_lost: frozenset[str] = frozenset()
     samples_total: int | None = None
     samples_per_s: float = 0.0
     progress_at_s: float | None = None

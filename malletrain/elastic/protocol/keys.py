@@ -14,7 +14,7 @@ Keys of job ``J`` (all under ``mt/J/``)::
                          after a failure / a SIGTERM) defines epoch e; losers re-read.
     events               counter (store.add) of the append-only event log
     ev/<i>               Event i (JSON): a member registered (its workers are up and waiting)
-                         or departed (sigterm / removed / failed / crashed / finished)
+                         or departed (sigterm / removed / failed / crashed / finished / state_lost)
     progress             the newest ProgressReport (JSON), written by global rank 0
     finished             FinishRecord (JSON) once the job reached its stop condition
     arrive/<e>/<m>/<lr>  "process lr of member m is ready to form epoch e" (pre-rendezvous)
@@ -46,7 +46,9 @@ MAX_EVENTS = 100_000
 MAX_EPOCHS_AHEAD = 8
 
 #: why a member's processes left the job.
-DepartureReason = Literal["sigterm", "removed", "failed", "crashed", "finished"]
+#: ``state_lost``: the member held the job's last state and could not save it (evicted to
+#: zero nodes, its snapshot not written); the daemon fails the job with that reason
+DepartureReason = Literal["sigterm", "removed", "failed", "crashed", "finished", "state_lost"]
 #: who wrote a membership epoch: the coordinator (publish), survivors after a failure
 #: (heal), or survivors after members announced a SIGTERM at a step boundary (leave).
 MembershipSource = Literal["publish", "heal", "leave"]

@@ -48,7 +48,6 @@ from malletrain.elastic.training.compress import CompressionSwitch, SlowLinkComp
 from malletrain.elastic.training.rules import ScalingRule
 from malletrain.elastic.training.sampler import DataStream, split_step, step_count
 from malletrain.elastic.training.synctime import SyncTimer
-from malletrain.elastic.worker import snapshot
 from malletrain.elastic.worker.faults import backend_for, is_peer_failure
 from malletrain.elastic.worker.rendezvous import Rendezvous
 from malletrain.elastic.worker.signals import SigtermWatch, exit_now
@@ -361,12 +360,10 @@ class ElasticJob(Rendezvous, StateSync):
         m = self.membership
         remaining = [x for x in m.members if x not in leaving]
         if self.member_id in leaving:
-            if not remaining and self.rank == 0:
-                self._save_snapshot()
+            saved = self._save_snapshot() if not remaining and self.rank == 0 else True
             self._teardown()
-            self._announce("sigterm")
-            self.exit_reason = ExitReason.EVICTED if not remaining else ExitReason.SIGTERM
-            raise Leave
+            self._depart(saved, "sigterm",
+                         ExitReason.EVICTED if not remaining else ExitReason.SIGTERM)
         sizes = dict(zip(m.members, m.local_world_sizes, strict=True))
         self._teardown()
         try:
@@ -392,8 +389,7 @@ class ElasticJob(Rendezvous, StateSync):
 
             # the result must reach the coordinator: retry through an outage (bounded)
             self.link.call_with_retry(_send, "the finish record", self.config.sync_timeout_s)
-            if self.config.state_dir is not None:
-                snapshot.remove_older(self.config.state_dir, self.config.job_id, keep_step=None)
+            self._remove_snapshots()
         self._teardown()
         self._announce("finished")
         self.exit_reason = ExitReason.FINISHED

@@ -103,11 +103,8 @@ class Rendezvous(WorkerState):
         self._teardown()
         newest = self._newest_members
         still = None if newest is None else self._still_there(newest)
-        if self._saves_when_leaving(still):
-            self._save_snapshot()
-        self._announce("sigterm")
-        self.exit_reason = ExitReason.SIGTERM
-        raise Leave
+        saved = self._save_snapshot() if self._saves_when_leaving(still) else True
+        self._depart(saved, "sigterm", ExitReason.SIGTERM)
 
     def _saves_when_leaving(self, still: Sequence[str] | None) -> bool:
         """:meth:`_saves_for_the_group`, unless this process re-forms after a failed step:
@@ -200,17 +197,17 @@ class Rendezvous(WorkerState):
         else:
             m = cfg
         if m is not None and m.source == "publish":
+            saved = True
             if not cfg.members:
                 before = self.link.js.membership(m.epoch - 1) if m.epoch > 1 else None
                 if self._saves_when_leaving(
                         self._still_there(before.members) if before else None):
-                    self._save_snapshot()
+                    saved = self._save_snapshot()
             elif self._saves_when_leaving(self._still_there(m.members)):
                 # moved off all its nodes: the newcomers restore this (statesync waits)
-                self._save_snapshot()
-            self._announce("removed")
-            self.exit_reason = ExitReason.EVICTED if not cfg.members else ExitReason.REMOVED
-            raise Leave
+                saved = self._save_snapshot()
+            self._depart(saved, "removed",
+                         ExitReason.EVICTED if not cfg.members else ExitReason.REMOVED)
         # dropped by survivors (we were slow or cut off): wait to be published again
         log.warning("dropped from the job in epoch %d; registering again", cfg.epoch)
         self._formed_epoch = 0

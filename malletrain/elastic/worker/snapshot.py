@@ -8,11 +8,16 @@ overwrite fresher state. Writes go to a temporary name in the same directory, ar
 and renamed, so a reader never sees a partial file; older snapshots of the job are removed
 after a newer one is in place (never a newer one: members may save at the same time).
 
-The state directory is shared by every user's jobs (sticky, like /tmp), so a snapshot is
-private and checked: it is created ``O_CREAT|O_EXCL|O_NOFOLLOW`` with mode 0600, and a file
-is used only if ``lstat`` shows a regular file owned by this process's user with no group
-or other permissions. A file another user planted (or a symlink, or a readable copy) is
-refused with a warning and never loaded; the job's real progress is kept.
+The state directory is shared by every user's jobs (sticky, like /tmp). A job writes in a
+directory of its own inside it (:func:`private_dir`): ``<job_id>.<tag>``, the tag derived
+from the job's secret, created 0700 by the job's user. Another user cannot know the name
+before it exists, so cannot take it first; in a shared directory with guessable names he
+could (issue 49: a file of his named like the next snapshot made the evict-to-zero save
+fail with EPERM, and the state was lost). A snapshot is also private and checked: it is
+created ``O_CREAT|O_EXCL|O_NOFOLLOW`` with mode 0600, and a file is used only if ``lstat``
+shows a regular file owned by this process's user with no group or other permissions. A
+file another user planted (or a symlink, or a readable copy) is refused with a warning and
+never loaded; the job's real progress is kept.
 
 Each file carries a MAC keyed by the job's secret (``MALLETRAIN_JOB_SECRET``): ``MTSNAP1\n``,
 then ``HMAC-SHA256(snapshot key, job id | step | body)``, then the ``torch.save`` body. The MAC
@@ -31,6 +36,7 @@ import logging
 import os
 import re
 import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +61,53 @@ def _mac(secret: bytes, job_id: str, step: int, body: bytes) -> bytes:
 class SnapshotRef:
     path: Path
     step: int
+
+
+def job_dir(state_dir: Path, job_id: str, secret: bytes) -> Path:
+    """The job's own directory in the shared ``state_dir``: a name only its secret gives."""
+    tag = hmac.new(secret, b"malletrain/snapshot-dir/v1\0" + job_id.encode(), hashlib.sha256)
+    return state_dir / f"{job_id}.{tag.hexdigest()[:32]}"
+
+
+def _dir_problem(path: Path) -> str | None:
+    """Why ``path`` is not a directory of this user that only this user can enter."""
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a directory (a link?)"
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}, not by this user"
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        return f"mode {stat.S_IMODE(st.st_mode):o} lets others in; it must be 0700"
+    return None
+
+
+def private_dir(state_dir: Path | None, job_id: str, secret: bytes, *, create: bool
+                ) -> Path | None:
+    """The job's directory (:func:`job_dir`) once it is this user's and private; None if
+    there is none (``create`` false) or no ``state_dir``. With ``create`` it is made 0700
+    whatever the umask; OSError if it cannot be, or if what is there is not private."""
+    if state_dir is None:
+        return None
+    path = job_dir(state_dir, job_id, secret)
+    if create:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(path, 0o700)
+            os.chmod(path, 0o700)  # a umask may have taken the owner's bits too
+        except FileExistsError:
+            pass
+    try:
+        problem = _dir_problem(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # the state directory itself is unusable (not a directory...)
+        problem = str(exc)
+    if problem is not None:
+        if create:
+            raise OSError(f"snapshot directory {path}: {problem}")
+        log.warning("refusing snapshot directory %s: %s", path, problem)
+        return None
+    return path
 
 
 def snapshot_path(state_dir: Path, job_id: str, step: int) -> Path:

@@ -15,7 +15,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from enum import Enum, StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -135,6 +135,15 @@ class WorkerState(ABC):
     def _announce(self, reason: p.DepartureReason) -> None:
         self.link.announce(reason, self.epoch or None, self.step)
 
+    def _depart(self, saved: bool, reason: p.DepartureReason,
+                exit_reason: ExitReason) -> NoReturn:
+        """Announce ``reason`` and leave; ``state_lost`` instead where this process was to
+        save the job's last state and could not (the daemon fails the job with that reason,
+        issue 49: the state was lost without a word)."""
+        self._announce(reason if saved else "state_lost")
+        self.exit_reason = exit_reason if saved else ExitReason.STATE_LOST
+        raise Leave
+
     def _store_failed(self, exc: BaseException) -> None:
         if self.link.reconnect(exc) and self._formed_epoch == 0:
             self._registered_seq = -1  # a restarted coordinator forgot us: register again
@@ -148,7 +157,7 @@ class WorkerState(ABC):
     # calls across parts: abstract here, implemented by the part named
 
     @abstractmethod
-    def _save_snapshot(self) -> None: ...  # statesync
+    def _save_snapshot(self) -> bool: ...  # statesync
 
     @abstractmethod
     def _sync_state(self, cfg: p.Membership) -> None: ...  # statesync

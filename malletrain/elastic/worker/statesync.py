@@ -8,8 +8,10 @@ it). The next group's sync restores a snapshot when it is newer than every live 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -78,7 +80,7 @@ class StateSync(WorkerState):
 
     def _gather_state(self) -> tuple[list[list[int]], snapshot.SnapshotRef | None]:
         """Every rank's [has state, step, newest snapshot step, dirty], and our snapshot."""
-        snap = snapshot.find_latest(self.config.state_dir, self.config.job_id)
+        snap = snapshot.find_latest(self._snapshot_dir(create=False), self.config.job_id)
         mine = torch.tensor(
             [int(self.has_state), self.step, -1 if snap is None else snap.step,
              int(self._dirty)],
@@ -183,19 +185,48 @@ class StateSync(WorkerState):
             self.exit_reason = ExitReason.STATE_LOST
             raise Leave
 
-    def _save_snapshot(self) -> None:
-        """Evicted to zero: write the state to MALLETRAIN_STATE_DIR (rank 0 of the last group)."""
+    def _snapshot_dir(self, create: bool) -> Path | None:
+        """The job's private directory in MALLETRAIN_STATE_DIR (:func:`.snapshot.private_dir`)."""
+        return snapshot.private_dir(self.config.state_dir, self.config.job_id,
+                                    self.config.secret, create=create)
+
+    def _save_snapshot(self) -> bool:
+        """Evicted to zero: write the state to MALLETRAIN_STATE_DIR (rank 0 of the last group).
+
+        False if the state was there and could not be saved: the caller departs with
+        ``state_lost``, which fails the job with that reason (the daemon's
+        :mod:`~malletrain.daemon.tick.screen`) instead of its state vanishing unnoticed.
+        """
         if not self.has_state:
-            return
+            return True
         if self.config.state_dir is None:
             log.error("evicted to zero without MALLETRAIN_STATE_DIR: training state is lost")
-            return
+            return False
         t0 = time.monotonic()
-        path = snapshot.save(self.config.state_dir, self.config.job_id, self.step, self._payload(),
-                             self.config.secret)
+        try:
+            path = snapshot.save(self._private_dir_for_save(), self.config.job_id, self.step,
+                                 self._payload(), self.config.secret)
+        except OSError as exc:
+            log.error("evicted to zero: the snapshot of step %d could not be saved: %s; "
+                      "the training state is lost", self.step, exc)
+            return False
         self.last_reconfig["snapshot_save_s"] = time.monotonic() - t0
         log.warning("saved snapshot of step %d to %s in %.2f s", self.step, path,
                     time.monotonic() - t0)
+        return True
+
+    def _remove_snapshots(self) -> None:
+        """The job finished: its snapshots, and its directory once empty, go."""
+        own = self._snapshot_dir(create=False)
+        if own is not None:
+            snapshot.remove_older(own, self.config.job_id, keep_step=None)
+            with contextlib.suppress(OSError):  # not empty: a member saved late
+                own.rmdir()
+
+    def _private_dir_for_save(self) -> Path:
+        path = self._snapshot_dir(create=True)
+        assert path is not None  # state_dir is set
+        return path
 
     def _guard_single_node(self) -> None:
         """Rank 0 of a group on ONE node: a snapshot every ``guard_snapshot_s`` (or every
@@ -215,7 +246,7 @@ class StateSync(WorkerState):
                                         GUARD_COST_RATIO * self._guard_save_s):
             return
         try:
-            snapshot.save(self.config.state_dir, self.config.job_id, self.step,
+            snapshot.save(self._private_dir_for_save(), self.config.job_id, self.step,
                           self._payload(), self.config.secret)
         except OSError as exc:  # a full or unreachable state dir must not stop training
             log.warning("guard snapshot of step %d not saved: %s", self.step, exc)
