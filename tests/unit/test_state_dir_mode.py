@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import os
 import stat
-from types import SimpleNamespace
 
-from malletrain.daemon.service.daemon import Daemon
+from malletrain.daemon.jobs.store_files import prepare_state_dir
 
 
 def test_the_state_dir_is_made_sticky_and_a_link_in_its_place_is_left_alone(tmp_path):
     own = tmp_path / "inst"
-    Daemon._prepare_state_dir(SimpleNamespace(state_dir=own))  # type: ignore[arg-type]
+    prepare_state_dir(own)
     assert stat.S_IMODE(os.lstat(own).st_mode) == 0o1777
     target = tmp_path / "private"
     target.mkdir(mode=0o700)
     link = tmp_path / "linked"
     link.symlink_to(target)
-    Daemon._prepare_state_dir(SimpleNamespace(state_dir=link))  # type: ignore[arg-type]
+    prepare_state_dir(link)
     assert stat.S_IMODE(os.stat(target).st_mode) == 0o700

@@ -12,12 +12,16 @@ stack's submit socket), and systemd's ``StateDirectoryMode`` sets it in the unit
 
 from __future__ import annotations
 
+import logging
 import os
+import secrets
 import stat
 from pathlib import Path
 
 #: the database's companions SQLite creates beside it
 SIDE_FILES = ("-wal", "-shm", "-journal")
+
+log = logging.getLogger(__name__)
 
 
 def prepare_private(path: Path) -> None:
@@ -57,3 +61,29 @@ def write_private(path: Path, text: str) -> None:
     with os.fdopen(fd, "w") as f:
         _narrow(f.fileno())
         f.write(text)
+
+
+def instance_id(path: Path) -> str:
+    """This installation's id, kept in ``path`` beside the database (the daemon's only)."""
+    if path.exists():
+        return path.read_text().strip()
+    token = secrets.token_hex(4)
+    write_private(path, token + "\n")
+    return token
+
+
+def prepare_state_dir(state_dir: Path) -> None:
+    """The shared snapshot directory, sticky and writable by the jobs' users like /tmp.
+    Its mode is set on the directory itself, opened ``O_NOFOLLOW``, and only if it is the
+    daemon's own: a link put in its place never makes its target world-writable."""
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            if os.fstat(fd).st_uid != os.geteuid():
+                raise OSError(f"{state_dir} is not the daemon's own directory")
+            os.fchmod(fd, 0o1777)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        log.warning("cannot prepare %s for evicted-job state: %s", state_dir, exc)

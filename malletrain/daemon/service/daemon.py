@@ -18,8 +18,6 @@ users' requests :mod:`.requests`.
 from __future__ import annotations
 
 import logging
-import os
-import secrets
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -35,7 +33,7 @@ from malletrain.daemon.act.action_queue import ActionQueue
 from malletrain.daemon.act.actuator import ACTION_WORKERS, Actuator, Outcome, is_urgent
 from malletrain.daemon.act.background import Background
 from malletrain.daemon.jobs.store import JobRecord, SlotRecord, Store
-from malletrain.daemon.jobs.store_files import write_private
+from malletrain.daemon.jobs.store_files import instance_id, prepare_state_dir
 from malletrain.daemon.observe.learned import LearnedState
 from malletrain.daemon.observe.monitor import JobMonitor
 from malletrain.daemon.service.coordinator_proc import ensure_coordinator
@@ -121,9 +119,9 @@ class Daemon:
         self.observe_s = 0.0
         self._node_kinds: dict[str, str] = {}  # node -> type, from the last snapshot
         self._node_switches: dict[str, str] = {}  # node -> leaf switch, likewise
-        self.instance = self._instance_id()
+        self.instance = instance_id(self.settings.state.database_path.parent / "instance")
         self.state_dir = settings.state.snapshot_dir / self.instance
-        self._prepare_state_dir()
+        prepare_state_dir(self.state_dir)
         self.privacy = PrivacyCache(backend.privacy)
         self.requests = RequestHandler(
             settings, self.store, coordinator=self.coordinator, state_dir=self.state_dir,
@@ -163,30 +161,6 @@ class Daemon:
         finally:
             if self.metrics is not None:
                 self.metrics.observe_request(req.get("op"), time.monotonic() - t0)
-
-    def _instance_id(self) -> str:
-        path = self.settings.state.database_path.parent / "instance"
-        if path.exists():
-            return path.read_text().strip()
-        token = secrets.token_hex(4)
-        write_private(path, token + "\n")  # beside the database: the daemon's only
-        return token
-
-    def _prepare_state_dir(self) -> None:
-        """The shared snapshot directory, sticky and writable by the jobs' users like /tmp.
-        Its mode is set on the directory itself, opened ``O_NOFOLLOW``, and only if it is
-        the daemon's own: a link put in its place never makes its target world-writable."""
-        try:
-            self.state_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-            try:
-                if os.fstat(fd).st_uid != os.geteuid():
-                    raise OSError(f"{self.state_dir} is not the daemon's own directory")
-                os.fchmod(fd, 0o1777)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            log.warning("cannot prepare %s for evicted-job state: %s", self.state_dir, exc)
 
     def _bad_record(self, job_id: str, what: str) -> None:
         if self.metrics is not None:
