@@ -34,11 +34,11 @@ def test_bad_specs_get_one_clear_line_and_nothing_is_submitted(daemon, clean_clu
     script.write_text("#!/usr/bin/env python3\n#SBATCH --nodelist=n1\nprint(1)\n")
     script.chmod(0o644)
     shell = d.out / "job.sh"
-    shell.write_text("#!/bin/bash\n#SBATCH -N 2\n#SBATCH --dependency=afterok:7\nsrun hostname\n")
+    shell.write_text("#!/bin/bash\n#SBATCH -N 2\n#SBATCH --dependency=aftercorr:7\nsrun hostname\n")
     shell.chmod(0o644)
     cases = [
         ([str(script)], "--nodelist cannot be used for a malleable job", f"{script}:2"),
-        ([str(shell)], "--dependency cannot be used for a malleable job", f"{shell}:3"),
+        ([str(shell)], "aftercorr: array task to array task dependencies", f"{shell}:3"),
         (["-N", "3-1", str(EXAMPLE)], "min <= max", None),
         (["--time", "soon", str(EXAMPLE)], "is not a time", None),
         (["-N", "1-100000", str(EXAMPLE)], "above this site's limit", None),
