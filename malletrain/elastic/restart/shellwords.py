@@ -55,22 +55,7 @@ def open_array(line: str) -> bool:
 
 def without_comment(line: str) -> str:
     """``line`` up to an unquoted ``#`` that starts a word (a comment runs to the line's end)."""
-    quote, i = "", 0
-    while i < len(line):
-        c = line[i]
-        if quote:
-            if c == "\\" and quote == '"':
-                i += 1
-            elif c == quote:
-                quote = ""
-        elif c == "\\":
-            i += 1
-        elif c in "'\"":
-            quote = c
-        elif c == "#" and (i == 0 or line[i - 1].isspace()):
-            return line[:i]
-        i += 1
-    return line
+    return line[:_scan(line)[2]]
 
 
 def segments(line: str) -> list[tuple[int, str]]:
@@ -79,8 +64,9 @@ def segments(line: str) -> list[tuple[int, str]]:
     return _scan(line)[0]
 
 
-def _scan(line: str) -> tuple[list[tuple[int, str]], bool]:
-    """The simple commands of ``line`` and whether it ends inside quotes."""
+def _scan(line: str) -> tuple[list[tuple[int, str]], bool, int]:
+    """The simple commands of ``line``, whether it ends inside quotes, and where its code
+    ends (at a comment, or at the line's end)."""
     out: list[tuple[int, str]] = []
     start, i, quote, depth = 0, 0, "", 0  # depth: inside $( ... ), whose | is its own
     while i < len(line):
@@ -112,7 +98,7 @@ def _scan(line: str) -> tuple[list[tuple[int, str]], bool]:
                 continue
         i += 1
     out.append((start, line[start:i]))
-    return [(off, text) for off, text in out if text.strip()], bool(quote)
+    return [(off, text) for off, text in out if text.strip()], bool(quote), i
 
 
 def _split(text: str) -> list[str] | None:
