@@ -7,14 +7,15 @@ Semantics follow FreeTrain's replayer so that results compare (issue 4 §3):
 2. At a trace event, nodes that turned busy are taken from the jobs holding them; each
    such job loses ``scale_down_s`` x its rate (before the loss) once for the event.
    A job left below ``min_nodes`` stops and releases the rest.
-3. Finished jobs leave; jobs are admitted in submit order up to the concurrency
-   limit (an admitted job stays admitted until it finishes). ``submit_s`` counts
+3. Finished jobs leave; jobs are admitted up to the concurrency limit, fair among users
+   (:mod:`malletrain.sim.admission`; one user: in submit order), and an admitted job stays
+   admitted until it finishes. ``submit_s`` counts
    from the start of the replay, so one jobs file fits any slice of a trace.
    A job that reaches ``total_samples`` between trace events finishes at that exact
    moment, and a job submitted while there is room is admitted when it arrives: both
    are decision points of their own (as the daemon wakes early on them), with the
-   idle set and the backfill plan of the last trace event. An arrival with no room
-   changes nothing and is not one.
+   idle set and the backfill plan of the last trace event. An arrival that is not
+   admitted changes nothing and is not one.
 4. The policy decides on every idle node (free or held) and every admitted job.
    A job that changes size loses ``scale_up_s`` (growing) or ``scale_down_s``
    (shrinking or stopping) x its current rate; one that both gains and loses nodes
@@ -37,6 +38,7 @@ import numpy as np
 
 from malletrain.core.model import AllocationInput, MalleableJob, Plan, Policy, ThroughputModel
 from malletrain.errors import PermanentError
+from malletrain.sim.admission import Admission
 from malletrain.sim.curves import CurveProvider
 from malletrain.sim.jobs import SimJob
 from malletrain.sim.nodetypes import NodeTypes, charge, target_now
@@ -72,7 +74,6 @@ class Simulator:
         self.trace = trace
         self.policy = policy
         self.curves = curves
-        self.max_concurrent = max_concurrent_jobs
         self.until_s = trace.end_s if until_s is None else min(until_s, trace.end_s)
         self.progress = progress
         runs = sorted(jobs, key=lambda j: j.submit_s)
@@ -101,7 +102,7 @@ class Simulator:
             end_s=self.until_s,
         )
         self.result.jobs = self.runs
-        self._next_submit = 0
+        self.admission = Admission(self.runs, trace.start_s, max_concurrent_jobs)
         self._active: list[JobRun] = []
 
     # -- time passing ---------------------------------------------------------------
@@ -121,10 +122,12 @@ class Simulator:
                 took = max(0.0, left / rate)
                 run.done = run.job.total_samples
                 run.finished_s = t0 + took
+                run.node_s += n * took
                 self.result.used_node_seconds += n * took
                 self.curves.observe(run.job, t0 + took, n, run.done, self._type_of(run))
             else:
                 run.done += rate * dt
+                run.node_s += n * dt
                 self.result.used_node_seconds += n * dt
                 self.curves.observe(run.job, t1, n, run.done, self._type_of(run))
             charge(self.result, self.types, run.nodes, (run.finished_s or t1) - t0)
@@ -189,15 +192,9 @@ class Simulator:
             else:
                 still.append(run)
         self._active = still
-        while (
-            len(self._active) < self.max_concurrent
-            and self._next_submit < len(self.runs)
-            and self.trace.start_s + self.runs[self._next_submit].job.submit_s <= t
-        ):
-            run = self.runs[self._next_submit]
+        for run in self.admission.admit(still, t):
             run.admitted_s = t
             self._active.append(run)
-            self._next_submit += 1
 
     def _decide(self, t: float, planned: tuple[PlannedStart, ...] | None) -> None:
         idle_idx = np.flatnonzero(self.idle)
@@ -229,13 +226,10 @@ class Simulator:
                                      if told else {}),
                     allowed_types=run.job.allowed_types if told else None,
                     rate_target=target_now(run, t),
+                    user=run.job.user,
                 )
             )
-        queued = 0
-        for run in self.runs[self._next_submit :]:
-            if self.trace.start_s + run.job.submit_s > t:
-                break
-            queued += 1
+        queued = self.admission.queued(t)
         prices = {}
         if self.types is not None and told and self.types.objective == "cost":
             prices = dict(self.types.prices)
@@ -371,12 +365,9 @@ class Simulator:
         return first
 
     def _next_admission(self, t: float) -> float:
-        """When the next queued job is submitted, if there is room for it then (inf: not)."""
-        if self._next_submit >= len(self.runs):
-            return math.inf
-        room = sum(1 for r in self._active if r.finished_s is None) < self.max_concurrent
-        t_submit = self.trace.start_s + self.runs[self._next_submit].job.submit_s
-        return t_submit if room and t_submit > t else math.inf
+        """When the next job is submitted that is admitted on arrival (inf: none)."""
+        return self.admission.next_admission(
+            [r for r in self._active if r.finished_s is None], t)
 
     def _record(self, t: float) -> None:
         running = [r for r in self._active if r.nodes and r.finished_s is None]

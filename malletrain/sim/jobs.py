@@ -11,6 +11,8 @@ Format (``jobs:`` list)::
         scale_up_s: 18
         scale_down_s: 12
         curve: [[1, 217.0], [2, 424.0], [4, 849.0]]   # [nodes, samples_per_s] of the whole job
+        user: alice        # optional: whose job (the allocator divides nodes among users)
+        account: physics   # optional: the Slurm account it would run under (carried, reported)
 
 On a cluster of several node types (``Simulator(node_types=...)``) a job may give its
 throughput per type instead, and then runs only on those types::
@@ -25,11 +27,18 @@ for its slowest worker.
 job's true throughput, linear between points. Only the simulator
 and the ``*-known-curves``/``freetrain`` policies see it; the ``malletrain`` policy
 learns it from progress reports. Errors name the file, line and field.
+
+Without ``user:`` a job belongs to the one unnamed user ``""``: a trace that names no users
+says nothing about who owns what, and one user is exactly the user-blind problem, so every
+job set written before users existed replays (and its results stand) unchanged. A job set
+that names a user for some jobs must name one for all (a silent unnamed user would be a
+user of its own).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -55,6 +64,9 @@ class SimJob:
     type_curves: tuple[tuple[str, tuple[tuple[int, float], ...]], ...] = ()
     #: Cost objective: the throughput beyond which more is worth nothing (``rate_target:``)
     rate_target: float | None = None
+    #: Whose job (``user:``; "" the one unnamed user) and its Slurm account (``account:``)
+    user: str = ""
+    account: str = ""
 
     @cached_property
     def true_model(self) -> ThroughputModel:
@@ -106,7 +118,9 @@ _REQUIRED = (
     "curve",
 )
 #: optional fields
-_OPTIONAL = ("curves", "rate_target")
+_OPTIONAL = ("curves", "rate_target", "user", "account")
+#: a user or account name as Slurm and POSIX accept them (no spaces, no shell characters)
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 
 
 def _line(node: yaml.Node | None) -> int | None:
@@ -148,6 +162,11 @@ def parse_jobs(path: str | Path, text: str | None = None) -> list[SimJob]:
         out.append(_parse_job(name, item, node, seen))
     if not out:
         raise input_error(name, _line(jobs_node), "jobs", "the job list is empty")
+    unnamed = [i for i, j in enumerate(out) if not j.user]
+    if unnamed and len(unnamed) < len(out):
+        where = _line(jobs_node.value[unnamed[0]])
+        raise input_error(name, where, "user", f"job {out[unnamed[0]].name!r} names no user "
+                          "while others do: name one for every job or for none")
     return out
 
 
@@ -189,7 +208,20 @@ def _parse_job(path: str, item: Any, node: yaml.Node, seen: set[str]) -> SimJob:
     curve = _parse_curve(path, item["curve"], fields["curve"]) if "curve" in item else ()
     by_type = _parse_type_curves(path, item["curves"], fields["curves"]) if "curves" in item else ()
     target = num("rate_target", positive=True) if "rate_target" in item else None
-    return SimJob(jname, submit, lo, hi, total, up, down, curve, by_type, target)
+    user, account = (_name(path, item, fields, key) for key in ("user", "account"))
+    return SimJob(jname, submit, lo, hi, total, up, down, curve, by_type, target, user, account)
+
+
+def _name(path: str, item: dict[str, Any], fields: dict[str, yaml.Node], key: str) -> str:
+    """``user:``/``account:`` as written ("" where absent), or an error naming the line."""
+    if key not in item:
+        return ""
+    value = item[key]
+    if isinstance(value, bool) or not isinstance(value, str | int) \
+            or not _NAME.fullmatch(str(value)):
+        raise input_error(path, _line(fields[key]), key, f"expected a name of letters, digits "
+                          f"and _.- (at most 64, not starting with . or -), got {value!r}")
+    return str(value)
 
 
 def _parse_type_curves(path: str, value: Any, node: yaml.Node
@@ -252,6 +284,7 @@ def dump_jobs(jobs: list[SimJob]) -> str:
             lines.append(f"    curve: {_yaml_curve(j.curve)}")
         if j.rate_target is not None:
             lines.append(f"    rate_target: {_yaml_float(j.rate_target)}")
+        lines += [f"    {k}: {v!r}" for k, v in (("user", j.user), ("account", j.account)) if v]
         if j.type_curves:
             lines.append("    curves:")
             lines += [f"      {t}: {_yaml_curve(c)}" for t, c in j.type_curves]

@@ -21,6 +21,8 @@ class JobRun:
     admitted_s: float | None = None
     started_s: float | None = None
     finished_s: float | None = None
+    #: Node-seconds it held while running (fair-share measurements: per user)
+    node_s: float = 0.0
     #: When the job's size last changed (profiling discards warm-up after it).
     changed_s: float = 0.0
     #: The node type of each node of the trace, where it has several (set by the Simulator).

@@ -105,6 +105,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from malletrain.errors import PermanentError
 from malletrain.sim.bounds.bound_inputs import (
     IdleSegment,
     NodeCount,
@@ -201,6 +202,10 @@ def upper_bound(
     """
     # the engine's (stable) admission order; typed jobs as their envelope (a looser bound)
     runs = sorted(map(type_envelope, jobs), key=lambda j: j.submit_s)
+    if len({j.user for j in runs}) > 1:
+        # sim/admission.py admits a user's first job beyond the limit and out of submit order
+        raise PermanentError("the proven bound assumes one user's submit-order admission; "
+                             "this job set names several users")
     k = max_concurrent_jobs
     start = segments[0].start_s if segments else 0.0
     until = segments[-1].end_s if segments else 0.0
