@@ -21,6 +21,7 @@ from typing import Any
 
 from malletrain.core.model import ThroughputModel
 from malletrain.core.profiling.comm import StepTimes
+from malletrain.core.profiling.plausible import PlausibleRule
 
 PROFILE_VERSION = 1
 
@@ -264,6 +265,9 @@ class AdvisorSettings:
     cost_prior_weight: float = 1.0
     #: Rate assumed per node for a job nobody knows anything about.
     prior_rate_per_node: float = 1.0
+    #: A reported rate above this many times the job's own history is held until it repeats
+    #: (core.profiling.plausible; factor 0: off).
+    plausible: PlausibleRule = field(default_factory=PlausibleRule)
 
 
 def median_rate_per_node(profiles: Iterable[Profile], min_warmup_evidence_s: float,

@@ -13,7 +13,8 @@ real cost of a rescale is measured. Learned per job, and pooled per job *kind* (
 a known kind starts from its predecessors' profile):
 
 * the throughput at every size the job ran at, passively; the first ``warmup_s`` seconds
-  after any size change are discarded unless nothing else was measured at that size;
+  after any size change are discarded unless nothing else was measured at that size; a rate
+  far above the job's own history is held until it repeats (:mod:`.plausible`);
 * the real scale-up and scale-down cost, in seconds of the rate before the change: after a
   change from n to m at t_r, the first clean interval at m gives r_m; the samples missing
   at t are ``r_m * (t - t_r) - (S(t) - S(t_r))``, divided by the rate at n;
@@ -22,8 +23,8 @@ a known kind starts from its predecessors' profile):
   tempered there by the communication-aware step model where steps were split
   (:func:`malletrain.core.profiling.comm.temper`).
 
-A job never measured gets a prior: its kind's profile, else linear scaling at the median
-per-node rate of the jobs already measured, else 1 sample/s per node.
+A job never measured gets a prior: its kind's profile, else linear scaling at the median per-node
+rate of the jobs already measured, else 1 sample/s per node.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from malletrain.core.model import ThroughputModel
 from malletrain.core.profiling.answers import AnswerCache, JobAnswers
 from malletrain.core.profiling.comm import fit_comm, temper
 from malletrain.core.profiling.comm import spread_factor as spread_factor_of
+from malletrain.core.profiling.plausible import ReportGuard
 from malletrain.core.profiling.profile import (
     PROFILE_VERSION,
     AdvisorSettings,
@@ -75,6 +77,7 @@ class _JobState:
     #: squared relative deviations of clean interval rates from their size's mean so far
     noise_sq: float = 0.0
     noise_n: int = 0
+    guard: ReportGuard = field(default_factory=ReportGuard)
 
 
 class ProfilingAdvisor:
@@ -118,10 +121,9 @@ class ProfilingAdvisor:
             log.debug("advisor: %s: report at %s older than %s ignored", job_id, t_s, st.last_t_s)
             return
         if st.last_t_s is not None and nodes != st.last_n:
-            # a size change nobody told us about: it happened at the last report at the latest
+            # a size change nobody told us about: at the last report at the latest
             self.rescaled(job_id, st.last_t_s, st.last_n, nodes)
-            # when within (last report, now] it happened is unknown: that whole interval
-            # is warm-up, the next one starts after the change
+            # when in (last report, now] is unknown: all of it is warm-up, the next is not
             st.changed_t_s = math.nextafter(t_s, -math.inf)
         if st.last_t_s is not None and nodes > 0 and t_s > st.last_t_s:
             dt = t_s - st.last_t_s
@@ -131,9 +133,12 @@ class ProfilingAdvisor:
                 st.last_t_s >= st.changed_t_s + self.settings.warmup_s
                 and st.last_t_s > st.changed_t_s
             )
+            if ds >= 0 and not st.guard.admit(self.settings.plausible, nodes, ds, dt, clean):
+                log.info("advisor: %s: %.6g samples/s at %d nodes held (core.plausible)",
+                         job_id, ds / dt, nodes)
+                ds, clean = -1.0, False  # used for nothing: rates, noise, costs
             book = st.profile.clean if clean else st.profile.dirty
-            before = st.profile.clean.get(nodes)
-            prior_mean = before.mean() if before is not None else None
+            prior_mean = b.mean() if (b := st.profile.clean.get(nodes)) is not None else None
             if clean and ds >= 0 and prior_mean is not None and prior_mean > 0:
                 st.noise_sq += ((ds / dt - prior_mean) / prior_mean) ** 2
                 st.noise_n += 1
@@ -169,8 +174,7 @@ class ProfilingAdvisor:
         """The job changed from ``old_nodes`` to ``new_nodes`` at ``t_s``."""
         st = self._job(job_id)
         self._answers.clock(t_s)
-        # old == new: nodes were swapped; it still costs progress, so it still
-        # starts a warm-up (but there is no direction to attribute a cost to)
+        # old == new: nodes were swapped: a warm-up, but no direction to attribute a cost to
         anchor = st.last_samples
         # the rate just before the change: the last clean measurement at that size
         if st.last_rate_n == old_nodes and st.last_rate > 0:
@@ -179,9 +183,8 @@ class ProfilingAdvisor:
             old_rate = self.model(job_id).rate(old_nodes)
         if st.last_t_s is not None and t_s > st.last_t_s and st.last_n == old_nodes:
             anchor += old_rate * (t_s - st.last_t_s)
-        # Two changes with no progress report between them (Slurm took nodes, then the
-        # allocator regrew the job at the same event): their losses cannot be told
-        # apart, so neither is measured.
+        # Two changes with no progress report between them (Slurm took nodes, then the allocator
+        # regrew the job at the same event): their losses cannot be told apart: neither counts.
         compound = (
             st.pending is not None and st.last_t_s is not None and st.pending.t_s >= st.last_t_s
         )
@@ -352,12 +355,9 @@ class ProfilingAdvisor:
         return (measured.total + k * default) / (measured.weight + k)
 
     def rate_noise(self, job_id: str) -> float:
-        """Relative noise of the job's measured throughput (0 until measured twice).
-
-        Root mean square of each clean interval's relative deviation from the mean
-        measured so far at its size (capped at 0.5): the allocator's hysteresis
-        against moving nodes on noise scales with it. Exact rates (the simulator) give 0.
-        """
+        """Relative noise of the job's measured throughput (0 until measured twice): root mean
+        square of each clean interval's relative deviation from the mean measured so far at
+        its size (at most 0.5); the allocator's hysteresis scales with it. Replays: 0."""
         st = self._jobs.get(job_id)
         if st is None or st.noise_n < 2:
             return 0.0
