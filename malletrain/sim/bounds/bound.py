@@ -179,6 +179,14 @@ def milp_block_s(segments: Sequence[IdleSegment], block_s: float = 3 * 3600.0) -
     return 0.0 if len(segments) <= EVENT_BLOCKS_MAX else block_s
 
 
+def one_user(jobs: Sequence[SimJob]) -> None:
+    """PermanentError unless ``jobs`` are one user's: ``sim/admission.py`` admits a user's
+    first job beyond the limit and out of submit order, which :func:`earliest_starts` rules out."""
+    if len({j.user for j in jobs}) > 1:
+        raise PermanentError("the proven bound assumes one user's submit-order admission; "
+                             "this job set names several users")
+
+
 def upper_bound(
     segments: Sequence[IdleSegment],
     jobs: Iterable[SimJob],
@@ -202,10 +210,7 @@ def upper_bound(
     """
     # the engine's (stable) admission order; typed jobs as their envelope (a looser bound)
     runs = sorted(map(type_envelope, jobs), key=lambda j: j.submit_s)
-    if len({j.user for j in runs}) > 1:
-        # sim/admission.py admits a user's first job beyond the limit and out of submit order
-        raise PermanentError("the proven bound assumes one user's submit-order admission; "
-                             "this job set names several users")
+    one_user(runs)
     k = max_concurrent_jobs
     start = segments[0].start_s if segments else 0.0
     until = segments[-1].end_s if segments else 0.0

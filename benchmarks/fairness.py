@@ -1,0 +1,257 @@
+"""Fair shares among users on real traces: the allocator with shares beside the user-blind one.
+
+Issue 47: with a user-blind allocator, user A's 20 jobs held every idle node and user B's one
+job got none for hours; admitted first-in-first-out, B's job even waited 7,684-7,941 s for an
+admission slot. This replays two multi-user workloads on real traces through the simulator
+(``malletrain.sim``: the policy, the Profiling Advisor and the scavenger the daemon runs, with
+users admitted fairly by ``sim/admission.py``) under the ``malletrain`` policy (preset
+``REPLAY``, curves learned online), fair shares on (the default) and off (``fair_share=False``,
+the baseline), side by side in one run:
+
+* ``ab``: the issue's scenario on Philly's per-minute node log, days 14-17 (420 nodes, no
+  backfill plan): user A submits 20 jobs at t=0, user B one at t=60 s, all the measured
+  ResNet-50/ImageNet profile of ``configs/sim/sia-imagenet-48.yaml`` (one kind, 1-8 nodes as in
+  the issue, 20x fewer samples than the file's so that jobs finish within the 3 days);
+* ``theta-users``: the 48 jobs of ``configs/sim/sia-aws-48.yaml`` (6 models) on ALCF Theta
+  2022 days 150-153 (the evaluation's ``theta22-d150-sia`` slice), each job given the user of
+  one real job of the same log: the i-th malleable job belongs to the user who submitted the
+  i-th job at or after day 150 (SWF field 12), so users' shares of the jobs are the centre's
+  own skew.
+
+Figures per replay: Jain's index over users of their node-seconds (``jain_node_s``), of their
+useful work in one-worker-seconds (``jain_work``: normalised throughput, samples divided by the
+job's one-node rate), and of their normalised share (``jain_share``: at every decision each
+active user's nodes divided by its max-min fair part of the idle nodes
+(``core.allocation.fairness.user_caps`` over its admitted jobs' largest sizes), the index
+averaged over time); ``starved``: the share of time in which some user with an admitted job
+held nothing while its fair part fitted its smallest job; B's wait from its submission to its
+first node and to its share (``ab``: 8 nodes, its job's largest size, or its equal part of the
+idle nodes if smaller); total useful work and its cost against the user-blind allocator.
+
+Usage: ``.venv/bin/python benchmarks/fairness.py [--scenario ab|theta-users ...] [--days 3]``.
+Last line: ``fairness jain=J worst_first_node_s=W starved_fraction=S throughput_vs_unfair=T``
+(the fair replays: the smallest ``jain_share``, the longest wait of a user to its first node,
+the largest ``starved``, the smallest ratio of useful work to the user-blind replay's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from malletrain.core.allocation.fairness import user_caps
+from malletrain.core.policies import POLICIES, REPLAY, make_policy
+from malletrain.sim.counts import read_philly_minutes
+from malletrain.sim.curves import provider_for
+from malletrain.sim.engine import Simulator
+from malletrain.sim.jobs import SimJob, parse_jobs
+from malletrain.sim.result import Result
+from malletrain.sim.swf import swf_trace
+from malletrain.sim.trace import IdleTrace, slice_from
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT / "data" / "traces"
+DAY = 86400.0
+POLICY = "malletrain"
+
+
+def philly(day: float, days: float) -> IdleTrace:
+    tr = slice_from(read_philly_minutes(TRACES / "philly-node-usage-per-minute.csv"), day * DAY)
+    return IdleTrace(tr.source, tr.node_names, tr.start_s, (day + days) * DAY, tr.events_list)
+
+
+def theta(day: float, days: float) -> IdleTrace:
+    return swf_trace(TRACES / "alcf-theta-2022.swf", 4360, day * DAY, (day + days) * DAY)
+
+
+def ab_jobs() -> list[SimJob]:
+    """The issue's A/B scenario: A's 20 jobs at t=0, B's one at t=60 s, one kind, 1-8 nodes."""
+    kind = parse_jobs(ROOT / "configs/sim/sia-imagenet-48.yaml")[0]
+    kind = replace(kind, min_nodes=1, max_nodes=8, total_samples=kind.total_samples / 20,
+                   curve=tuple(p for p in kind.curve if p[0] <= 8))
+    a = [replace(kind, name=f"a-{i:02d}", submit_s=0.0, user="a") for i in range(20)]
+    return [*a, replace(kind, name="b-00", submit_s=60.0, user="b")]
+
+
+def swf_users(path: Path, from_s: float, count: int) -> list[str]:
+    """The users (SWF field 12) of the first ``count`` jobs submitted at or after ``from_s``."""
+    out: list[str] = []
+    with path.open() as fh:
+        for line in fh:
+            fields = line.split()
+            if not fields or line.startswith(";") or float(fields[1]) < from_s:
+                continue
+            out.append(f"u{int(fields[11])}")
+            if len(out) == count:
+                break
+    if len(out) < count:
+        raise SystemExit(f"{path}: only {len(out)} jobs from {from_s:g} s, need {count}")
+    return out
+
+
+def theta_jobs(day: float) -> list[SimJob]:
+    jobs = parse_jobs(ROOT / "configs/sim/sia-aws-48.yaml")
+    users = swf_users(TRACES / "alcf-theta-2022.swf", day * DAY, len(jobs))
+    return [replace(j, user=u) for j, u in zip(jobs, users, strict=True)]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    trace: Callable[[float], IdleTrace]
+    jobs: Callable[[], list[SimJob]]
+    #: the user whose waits are reported (the newcomer), or None: the worst user's
+    watch: str | None
+
+
+SCENARIOS = {
+    "ab": Scenario("ab", lambda days: philly(14, days), ab_jobs, "b"),
+    "theta-users": Scenario("theta-users", lambda days: theta(150, days),
+                            lambda: theta_jobs(150), None),
+}
+
+
+def jain(x: Sequence[float]) -> float:
+    """Jain's index: 1 when all equal, 1/n when one has everything (nan: nobody)."""
+    arr = np.asarray(x, dtype=float)
+    if arr.size == 0 or not (arr > 0).any():
+        return math.nan
+    return float(arr.sum() ** 2 / (arr.size * (arr ** 2).sum()))
+
+
+def _counts_at(res: Result) -> tuple[list[float], dict[str, list[int]]]:
+    """Decision times and every job's node count right after each."""
+    times = [s.time_s for s in res.timeline]
+    changes: dict[str, list[tuple[float, int]]] = {}
+    for ch in res.job_nodes:
+        changes.setdefault(ch.job, []).append((ch.time_s, ch.nodes))
+    counts: dict[str, list[int]] = {}
+    for run in res.jobs:
+        seq, k, n, out = changes.get(run.job.name, []), 0, 0, []
+        for t in times:
+            while k < len(seq) and seq[k][0] <= t:
+                n = seq[k][1]
+                k += 1
+            out.append(n)
+        counts[run.job.name] = out
+    return times, counts
+
+
+def share_figures(res: Result) -> dict[str, float]:
+    """Time-averaged Jain's index of normalised shares, and the starved share of time."""
+    times, counts = _counts_at(res)
+    idle = [s.idle_nodes for s in res.timeline]
+    weighted = starved_s = span_s = 0.0
+    for i, t in enumerate(times):
+        dt = (times[i + 1] if i + 1 < len(times) else res.end_s) - t
+        if dt <= 0:
+            continue
+        active = [r for r in res.jobs if r.admitted_s is not None and r.admitted_s <= t
+                  and (r.finished_s is None or r.finished_s > t)]
+        demand: dict[str, int] = {}
+        held: dict[str, int] = {}
+        smallest: dict[str, int] = {}
+        for r in active:
+            demand[r.job.user] = demand.get(r.job.user, 0) + r.job.max_nodes
+            held[r.job.user] = held.get(r.job.user, 0) + counts[r.job.name][i]
+            smallest[r.job.user] = min(smallest.get(r.job.user, 10**9), r.job.min_nodes)
+        caps = user_caps(demand, {}, idle[i])
+        ratios = [held[u] / caps[u] for u in demand if caps[u] > 0]
+        if len(ratios) < 2:
+            continue
+        span_s += dt
+        weighted += dt * jain(ratios)
+        if any(held[u] == 0 and caps[u] >= smallest[u] for u in demand):
+            starved_s += dt
+    return {"jain_share": weighted / span_s if span_s else math.nan,
+            "starved": starved_s / span_s if span_s else math.nan}
+
+
+def waits(res: Result, user: str | None) -> dict[str, float]:
+    """The watched user's (or the worst user's) wait to its first node and to its share."""
+    times, counts = _counts_at(res)
+    idle = [s.idle_nodes for s in res.timeline]
+    users = sorted({r.job.user for r in res.jobs}) if user is None else [user]
+    first, share = 0.0, 0.0
+    for u in users:
+        runs = [r for r in res.jobs if r.job.user == u]
+        submit = res.start_s + min(r.job.submit_s for r in runs)
+        starts = [r.started_s for r in runs if r.started_s is not None]
+        first = max(first, (min(starts) if starts else res.end_s) - submit)
+        want = sum(r.job.max_nodes for r in runs)
+        got = res.end_s
+        for i, t in enumerate(times):
+            n_users = len({r.job.user for r in res.jobs if r.admitted_s is not None
+                           and r.admitted_s <= t and (r.finished_s is None or r.finished_s > t)})
+            held = sum(counts[r.job.name][i] for r in runs)
+            if t >= submit and n_users and held >= min(want, idle[i] // n_users):
+                got = t
+                break
+        share = max(share, got - submit)
+    return {"first_node_s": first, "share_s": share}
+
+
+def replay(scenario: str, fair: bool, days: float) -> dict[str, float]:
+    """One replay (in a worker process): the figures of the module docstring."""
+    sc = SCENARIOS[scenario]
+    trace = sc.trace(days)
+    jobs = sc.jobs()
+    sim = Simulator(trace, jobs, make_policy(POLICY, REPLAY.with_(fair_share=fair)),
+                    provider_for(POLICIES[POLICY].curves), until_s=trace.start_s + days * DAY)
+    t0 = time.perf_counter()
+    res = sim.run()
+    wall = time.perf_counter() - t0
+    summary = res.summary()
+    users = sorted({j.user for j in jobs})
+    node_s = [sum(r.node_s for r in res.jobs if r.job.user == u) for u in users]
+    work = [sum(r.done / r.job.unit_rate() for r in res.jobs if r.job.user == u) for u in users]
+    return {"users": len(users), "jain_node_s": jain(node_s), "jain_work": jain(work),
+            **share_figures(res), **waits(res, sc.watch),
+            "work": float(summary["one_worker_seconds_total"]),  # type: ignore[arg-type]
+            "finished": float(summary["jobs_finished"]),  # type: ignore[arg-type]
+            "nodes": len(trace.node_names), "events": res.events, "wall_s": wall}
+
+
+COLUMNS = ("users", "jain_node_s", "jain_work", "jain_share", "starved", "first_node_s",
+           "share_s", "work", "finished", "wall_s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scenario", action="append", choices=sorted(SCENARIOS))
+    ap.add_argument("--days", type=float, default=3.0)
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args()
+    names = args.scenario or list(SCENARIOS)
+    runs = [(n, fair) for n in names for fair in (True, False)]
+    with ProcessPoolExecutor(args.workers) as pool:
+        results = dict(zip(runs, pool.map(replay, *zip(*runs, strict=True),
+                                          [args.days] * len(runs)), strict=True))
+    print(f"{'scenario':<12} {'allocator':<10} " + " ".join(f"{c:>12}" for c in COLUMNS))
+    worst = {"jain": math.inf, "first": 0.0, "starved": 0.0, "ratio": math.inf}
+    for name in names:
+        fair, blind = results[(name, True)], results[(name, False)]
+        for label, r in (("fair", fair), ("user-blind", blind)):
+            print(f"{name:<12} {label:<10} " + " ".join(f"{r[c]:>12.4g}" for c in COLUMNS))
+        ratio = fair["work"] / blind["work"] if blind["work"] > 0 else math.nan
+        print(f"{name:<12} throughput fair / user-blind = {ratio:.4f} "
+              f"(cost of fairness {100 * (1 - ratio):+.2f} %)")
+        worst["jain"] = min(worst["jain"], fair["jain_share"])
+        worst["first"] = max(worst["first"], fair["first_node_s"])
+        worst["starved"] = max(worst["starved"], fair["starved"])
+        worst["ratio"] = min(worst["ratio"], ratio)
+    print(f"fairness jain={worst['jain']:.4f} worst_first_node_s={worst['first']:.0f} "
+          f"starved_fraction={worst['starved']:.4f} throughput_vs_unfair={worst['ratio']:.4f}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
