@@ -10,13 +10,14 @@ the baseline), side by side in one run:
 
 * ``ab``: the issue's scenario on Philly's per-minute node log, days 14-17 (420 nodes, no
   backfill plan): user A submits 20 jobs at t=0, user B one at t=60 s, all the measured
-  ResNet-50/ImageNet profile of ``configs/sim/sia-imagenet-48.yaml`` (one kind, 1-8 nodes as in
-  the issue, 20x fewer samples than the file's so that jobs finish within the 3 days);
-* ``theta-users``: the 48 jobs of ``configs/sim/sia-aws-48.yaml`` (6 models) on ALCF Theta
-  2022 days 150-153 (the evaluation's ``theta22-d150-sia`` slice), each job given the user of
-  one real job of the same log: the i-th malleable job belongs to the user who submitted the
-  i-th job at or after day 150 (SWF field 12), so users' shares of the jobs are the centre's
-  own skew.
+  ResNet-50/ImageNet profile of ``configs/sim/sia-imagenet-48.yaml`` (one kind, its samples,
+  1-8 nodes as in the issue);
+* ``ricc-users``: the 48 jobs of ``configs/sim/sia-aws-48.yaml`` (6 models) on RIKEN RICC's
+  2010 log, days 30-33, replayed through EASY backfill (the evaluation's ``ricc-d30`` slice,
+  1,024 nodes), each job given the user and group (as its account) of one real job of the same
+  log and days: the log's submissions in those days, in order, sampled evenly
+  (:func:`swf_users`, SWF fields 12-13), so users' shares of the jobs are the centre's own
+  (ALCF Theta's logs have no user ids).
 
 Figures per replay: Jain's index over users of their node-seconds (``jain_node_s``), of their
 useful work in one-worker-seconds (``jain_work``: normalised throughput, samples divided by the
@@ -28,7 +29,7 @@ held nothing while its fair part fitted its smallest job; B's wait from its subm
 first node and to its share (``ab``: 8 nodes, its job's largest size, or its equal part of the
 idle nodes if smaller); total useful work and its cost against the user-blind allocator.
 
-Usage: ``.venv/bin/python benchmarks/fairness.py [--scenario ab|theta-users ...] [--days 3]``.
+Usage: ``.venv/bin/python benchmarks/fairness.py [--scenario ab|ricc-users ...] [--days 3]``.
 Last line: ``fairness jain=J worst_first_node_s=W starved_fraction=S throughput_vs_unfair=T``
 (the fair replays: the smallest ``jain_share``, the longest wait of a user to its first node,
 the largest ``starved``, the smallest ratio of useful work to the user-blind replay's).
@@ -37,6 +38,7 @@ the largest ``starved``, the smallest ratio of useful work to the user-blind rep
 from __future__ import annotations
 
 import argparse
+import gzip
 import math
 import sys
 import time
@@ -68,54 +70,60 @@ def philly(day: float, days: float) -> IdleTrace:
     return IdleTrace(tr.source, tr.node_names, tr.start_s, (day + days) * DAY, tr.events_list)
 
 
-def theta(day: float, days: float) -> IdleTrace:
-    return swf_trace(TRACES / "alcf-theta-2022.swf", 4360, day * DAY, (day + days) * DAY)
+RICC = TRACES / "RICC-2010-2.swf.gz"
+
+
+def ricc(day: float, days: float) -> IdleTrace:
+    return swf_trace(RICC, 1024, day * DAY, (day + days) * DAY, 8)
 
 
 def ab_jobs() -> list[SimJob]:
     """The issue's A/B scenario: A's 20 jobs at t=0, B's one at t=60 s, one kind, 1-8 nodes."""
     kind = parse_jobs(ROOT / "configs/sim/sia-imagenet-48.yaml")[0]
-    kind = replace(kind, min_nodes=1, max_nodes=8, total_samples=kind.total_samples / 20,
-                   curve=tuple(p for p in kind.curve if p[0] <= 8))
+    kind = replace(kind, min_nodes=1, max_nodes=8, curve=tuple(p for p in kind.curve if p[0] <= 8))
     a = [replace(kind, name=f"a-{i:02d}", submit_s=0.0, user="a") for i in range(20)]
     return [*a, replace(kind, name="b-00", submit_s=60.0, user="b")]
 
 
-def swf_users(path: Path, from_s: float, count: int) -> list[str]:
-    """The users (SWF field 12) of the first ``count`` jobs submitted at or after ``from_s``."""
-    out: list[str] = []
-    with path.open() as fh:
+def swf_users(path: Path, from_s: float, to_s: float, count: int) -> list[tuple[str, str]]:
+    """``count`` (user, group) pairs (SWF fields 12 and 13) of the jobs submitted in
+    [from_s, to_s) (seconds from the log's first submission, as ``swf_trace`` counts), evenly
+    spaced over them in submit order: the i-th is that of job ``floor(i x M / count)`` of the
+    ``M``, so each user appears in proportion to its share of the log's submissions."""
+    pairs: list[tuple[str, str]] = []
+    first = None
+    with gzip.open(path, "rt") as fh:
         for line in fh:
             fields = line.split()
-            if not fields or line.startswith(";") or float(fields[1]) < from_s:
+            if not fields or line.startswith(";"):
                 continue
-            out.append(f"u{int(fields[11])}")
-            if len(out) == count:
-                break
-    if len(out) < count:
-        raise SystemExit(f"{path}: only {len(out)} jobs from {from_s:g} s, need {count}")
-    return out
+            first = float(fields[1]) if first is None else first
+            if from_s <= float(fields[1]) - first < to_s:
+                pairs.append((f"u{int(fields[11])}", f"g{int(fields[12])}"))
+    if len(pairs) < count:
+        raise SystemExit(f"{path}: only {len(pairs)} jobs in [{from_s:g}, {to_s:g}) s")
+    return [pairs[i * len(pairs) // count] for i in range(count)]
 
 
-def theta_jobs(day: float) -> list[SimJob]:
+def ricc_jobs(day: float, days: float) -> list[SimJob]:
     jobs = parse_jobs(ROOT / "configs/sim/sia-aws-48.yaml")
-    users = swf_users(TRACES / "alcf-theta-2022.swf", day * DAY, len(jobs))
-    return [replace(j, user=u) for j, u in zip(jobs, users, strict=True)]
+    users = swf_users(RICC, day * DAY, (day + days) * DAY, len(jobs))
+    return [replace(j, user=u, account=g) for j, (u, g) in zip(jobs, users, strict=True)]
 
 
 @dataclass(frozen=True)
 class Scenario:
     name: str
     trace: Callable[[float], IdleTrace]
-    jobs: Callable[[], list[SimJob]]
+    jobs: Callable[[float], list[SimJob]]
     #: the user whose waits are reported (the newcomer), or None: the worst user's
     watch: str | None
 
 
 SCENARIOS = {
-    "ab": Scenario("ab", lambda days: philly(14, days), ab_jobs, "b"),
-    "theta-users": Scenario("theta-users", lambda days: theta(150, days),
-                            lambda: theta_jobs(150), None),
+    "ab": Scenario("ab", lambda days: philly(14, days), lambda days: ab_jobs(), "b"),
+    "ricc-users": Scenario("ricc-users", lambda days: ricc(30, days),
+                           lambda days: ricc_jobs(30, days), None),
 }
 
 
@@ -203,7 +211,7 @@ def replay(scenario: str, fair: bool, days: float) -> dict[str, float]:
     """One replay (in a worker process): the figures of the module docstring."""
     sc = SCENARIOS[scenario]
     trace = sc.trace(days)
-    jobs = sc.jobs()
+    jobs = sc.jobs(days)
     sim = Simulator(trace, jobs, make_policy(POLICY, REPLAY.with_(fair_share=fair)),
                     provider_for(POLICIES[POLICY].curves), until_s=trace.start_s + days * DAY)
     t0 = time.perf_counter()
