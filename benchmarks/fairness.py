@@ -4,9 +4,10 @@ Issue 47: with a user-blind allocator, user A's 20 jobs held every idle node and
 job got none for hours; admitted first-in-first-out, B's job even waited 7,684-7,941 s for an
 admission slot. This replays two multi-user workloads on real traces through the simulator
 (``malletrain.sim``: the policy, the Profiling Advisor and the scavenger the daemon runs, with
-users admitted fairly by ``sim/admission.py``) under the ``malletrain`` policy (preset
-``REPLAY``, curves learned online), fair shares on (the default) and off (``fair_share=False``,
-the baseline), side by side in one run:
+users admitted fairly by ``sim/admission.py``) under the ``malletrain`` policy (curves learned
+online) with the simulator's preset ``REPLAY`` and the daemon's ``LIVE`` (a 10 % keep margin,
+rates in samples), fair shares on (the default) and off (``fair_share=False``, the baseline),
+side by side in one run:
 
 * ``ab``: the issue's scenario on Philly's per-minute node log, days 14-17 (420 nodes, no
   backfill plan): user A submits 20 jobs at t=0, user B one at t=60 s, all the measured
@@ -29,7 +30,8 @@ held nothing while its fair part fitted its smallest job; B's wait from its subm
 first node and to its share (``ab``: 8 nodes, its job's largest size, or its equal part of the
 idle nodes if smaller); total useful work and its cost against the user-blind allocator.
 
-Usage: ``.venv/bin/python benchmarks/fairness.py [--scenario ab|ricc-users ...] [--days 3]``.
+Usage: ``.venv/bin/python benchmarks/fairness.py [--scenario ab|ricc-users ...]
+[--preset replay|live ...] [--days 3] [--workers 2]``.
 Last line: ``fairness jain=J worst_first_node_s=W starved_fraction=S throughput_vs_unfair=T``
 (the fair replays: the smallest ``jain_share``, the longest wait of a user to its first node,
 the largest ``starved``, the smallest ratio of useful work to the user-blind replay's).
@@ -50,6 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from malletrain.core.allocation.fairness import user_caps
+from malletrain.core.options import LIVE
 from malletrain.core.policies import POLICIES, REPLAY, make_policy
 from malletrain.sim.counts import read_philly_minutes
 from malletrain.sim.curves import provider_for
@@ -157,7 +160,8 @@ def share_figures(res: Result) -> dict[str, float]:
     """Time-averaged Jain's index of normalised shares, and the starved share of time."""
     times, counts = _counts_at(res)
     idle = [s.idle_nodes for s in res.timeline]
-    weighted = starved_s = span_s = 0.0
+    weighted = starved_s = span_s = jain_s = 0.0
+    before: dict[str, int] = {}
     for i, t in enumerate(times):
         dt = (times[i + 1] if i + 1 < len(times) else res.end_s) - t
         if dt <= 0:
@@ -171,15 +175,19 @@ def share_figures(res: Result) -> dict[str, float]:
             demand[r.job.user] = demand.get(r.job.user, 0) + r.job.max_nodes
             held[r.job.user] = held.get(r.job.user, 0) + counts[r.job.name][i]
             smallest[r.job.user] = min(smallest.get(r.job.user, 10**9), r.job.min_nodes)
-        caps = user_caps(demand, {}, idle[i])
+        # the allocator's own division: odd nodes to those holding most before the decision
+        caps = user_caps(demand, before, idle[i])
+        before = held
         ratios = [held[u] / caps[u] for u in demand if caps[u] > 0]
         if len(ratios) < 2:
             continue
         span_s += dt
-        weighted += dt * jain(ratios)
         if any(held[u] == 0 and caps[u] >= smallest[u] for u in demand):
             starved_s += dt
-    return {"jain_share": weighted / span_s if span_s else math.nan,
+        if any(ratios):  # (all at zero: nobody runs, no index)
+            jain_s += dt
+            weighted += dt * jain(ratios)
+    return {"jain_share": weighted / jain_s if jain_s else math.nan,
             "starved": starved_s / span_s if span_s else math.nan}
 
 
@@ -207,12 +215,16 @@ def waits(res: Result, user: str | None) -> dict[str, float]:
     return {"first_node_s": first, "share_s": share}
 
 
-def replay(scenario: str, fair: bool, days: float) -> dict[str, float]:
+PRESETS = {"replay": REPLAY, "live": LIVE}
+
+
+def replay(scenario: str, preset: str, fair: bool, days: float) -> dict[str, float]:
     """One replay (in a worker process): the figures of the module docstring."""
     sc = SCENARIOS[scenario]
     trace = sc.trace(days)
     jobs = sc.jobs(days)
-    sim = Simulator(trace, jobs, make_policy(POLICY, REPLAY.with_(fair_share=fair)),
+    options = PRESETS[preset].with_(fair_share=fair)
+    sim = Simulator(trace, jobs, make_policy(POLICY, options),
                     provider_for(POLICIES[POLICY].curves), until_s=trace.start_s + days * DAY)
     t0 = time.perf_counter()
     res = sim.run()
@@ -236,21 +248,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scenario", action="append", choices=sorted(SCENARIOS))
     ap.add_argument("--days", type=float, default=3.0)
+    ap.add_argument("--preset", action="append", choices=sorted(PRESETS))
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
     names = args.scenario or list(SCENARIOS)
-    runs = [(n, fair) for n in names for fair in (True, False)]
+    presets = args.preset or list(PRESETS)
+    runs = [(n, p, fair) for n in names for p in presets for fair in (True, False)]
     with ProcessPoolExecutor(args.workers) as pool:
         results = dict(zip(runs, pool.map(replay, *zip(*runs, strict=True),
                                           [args.days] * len(runs)), strict=True))
-    print(f"{'scenario':<12} {'allocator':<10} " + " ".join(f"{c:>12}" for c in COLUMNS))
+    print(f"{'scenario':<12} {'preset':<7} {'allocator':<10} "
+          + " ".join(f"{c:>12}" for c in COLUMNS))
     worst = {"jain": math.inf, "first": 0.0, "starved": 0.0, "ratio": math.inf}
-    for name in names:
-        fair, blind = results[(name, True)], results[(name, False)]
+    for name, preset in ((n, p) for n in names for p in presets):
+        fair, blind = results[(name, preset, True)], results[(name, preset, False)]
         for label, r in (("fair", fair), ("user-blind", blind)):
-            print(f"{name:<12} {label:<10} " + " ".join(f"{r[c]:>12.4g}" for c in COLUMNS))
+            print(f"{name:<12} {preset:<7} {label:<10} "
+                  + " ".join(f"{r[c]:>12.4g}" for c in COLUMNS))
         ratio = fair["work"] / blind["work"] if blind["work"] > 0 else math.nan
-        print(f"{name:<12} throughput fair / user-blind = {ratio:.4f} "
+        print(f"{name:<12} {preset:<7} throughput fair / user-blind = {ratio:.4f} "
               f"(cost of fairness {100 * (1 - ratio):+.2f} %)")
         worst["jain"] = min(worst["jain"], fair["jain_share"])
         worst["first"] = max(worst["first"], fair["first_node_s"])
