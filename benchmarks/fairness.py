@@ -28,7 +28,9 @@ active user's nodes divided by its max-min fair part of the idle nodes
 averaged over time); ``starved``: the share of time in which some user with an admitted job
 held nothing while its fair part fitted its smallest job; B's wait from its submission to its
 first node and to its share (``ab``: 8 nodes, its job's largest size, or its equal part of the
-idle nodes if smaller); total useful work and its cost against the user-blind allocator.
+idle nodes if smaller); total useful work (``work``, one-worker-seconds) and its cost against
+the user-blind allocator; size changes the allocator made (``rescales``, starts included) and
+those Slurm's jobs forced (``preempted``).
 
 Usage: ``.venv/bin/python benchmarks/fairness.py [--scenario ab|ricc-users ...]
 [--preset replay|live ...] [--days 3] [--workers 2]``.
@@ -237,11 +239,12 @@ def replay(scenario: str, preset: str, fair: bool, days: float) -> dict[str, flo
             **share_figures(res), **waits(res, sc.watch),
             "work": float(summary["one_worker_seconds_total"]),  # type: ignore[arg-type]
             "finished": float(summary["jobs_finished"]),  # type: ignore[arg-type]
+            "rescales": res.rescales + res.starts, "preempted": res.preemptions,
             "nodes": len(trace.node_names), "events": res.events, "wall_s": wall}
 
 
 COLUMNS = ("users", "jain_node_s", "jain_work", "jain_share", "starved", "first_node_s",
-           "share_s", "work", "finished", "wall_s")
+           "share_s", "work", "finished", "rescales", "preempted", "wall_s")
 
 
 def main() -> None:
