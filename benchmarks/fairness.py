@@ -210,7 +210,8 @@ def waits(res: Result, user: str | None) -> dict[str, float]:
             n_users = len({r.job.user for r in res.jobs if r.admitted_s is not None
                            and r.admitted_s <= t and (r.finished_s is None or r.finished_s > t)})
             held = sum(counts[r.job.name][i] for r in runs)
-            if t >= submit and n_users and held >= min(want, idle[i] // n_users):
+            part = min(want, idle[i] // n_users) if n_users else 0
+            if t >= submit and part > 0 and held >= part:  # (no part while nodes < users)
                 got = t
                 break
         share = max(share, got - submit)
