@@ -33,7 +33,8 @@ the user-blind allocator; size changes the allocator made (``rescales``, starts 
 those Slurm's jobs forced (``preempted``).
 
 Usage: ``.venv/bin/python benchmarks/fairness.py [--scenario ab|ricc-users ...]
-[--preset replay|live ...] [--days 3] [--workers 2]``.
+[--preset replay|live ...] [--days 3] [--workers 2]``; ``--guard-parity SLICE`` instead replays
+one slice of ``benchmarks/evaluate.py`` with the report guard on and off.
 Last line: ``fairness jain=J worst_first_node_s=W starved_fraction=S throughput_vs_unfair=T``
 (the fair replays: the smallest ``jain_share``, the longest wait of a user to its first node,
 the largest ``starved``, the smallest ratio of useful work to the user-blind replay's).
@@ -56,8 +57,9 @@ import numpy as np
 from malletrain.core.allocation.fairness import user_caps
 from malletrain.core.options import LIVE
 from malletrain.core.policies import POLICIES, REPLAY, make_policy
+from malletrain.core.profiling.plausible import PlausibleRule
 from malletrain.sim.counts import read_philly_minutes
-from malletrain.sim.curves import provider_for
+from malletrain.sim.curves import LearnedCurves, provider_for
 from malletrain.sim.engine import Simulator
 from malletrain.sim.jobs import SimJob, parse_jobs
 from malletrain.sim.result import Result
@@ -244,6 +246,26 @@ def replay(scenario: str, preset: str, fair: bool, days: float) -> dict[str, flo
             "nodes": len(trace.node_names), "events": res.events, "wall_s": wall}
 
 
+def guard_parity(slice_name: str) -> None:
+    """One slice of ``benchmarks/evaluate.py`` with the report guard at its default and off:
+    whether holding implausible reports (``core/profiling/plausible.py``) changes a replay."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from evaluate import BY_NAME, SPAN_DAYS, _jobs
+
+    sl = BY_NAME[slice_name]
+    rows = []
+    for rule in (PlausibleRule(), PlausibleRule(factor=0.0)):
+        trace = sl.trace()
+        curves = LearnedCurves()
+        curves.advisor.settings = replace(curves.advisor.settings, plausible=rule)
+        res = Simulator(trace, _jobs(sl.jobs), make_policy(POLICY, REPLAY), curves,
+                        until_s=trace.start_s + SPAN_DAYS * DAY).run()
+        rows.append((res.summary()["one_worker_seconds_total"], res.rescales))
+        print(f"{slice_name} guard factor={rule.factor:g}: one_worker_seconds={rows[-1][0]:.6g} "
+              f"rescales={rows[-1][1]}", flush=True)
+    print(f"guard_parity {slice_name} identical={rows[0] == rows[1]}")
+
+
 COLUMNS = ("users", "jain_node_s", "jain_work", "jain_share", "starved", "first_node_s",
            "share_s", "work", "finished", "rescales", "preempted", "wall_s")
 
@@ -254,7 +276,12 @@ def main() -> None:
     ap.add_argument("--days", type=float, default=3.0)
     ap.add_argument("--preset", action="append", choices=sorted(PRESETS))
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--guard-parity", metavar="SLICE",
+                    help="instead: an evaluate.py slice with the report guard on and off")
     args = ap.parse_args()
+    if args.guard_parity:
+        guard_parity(args.guard_parity)
+        return
     names = args.scenario or list(SCENARIOS)
     presets = args.preset or list(PRESETS)
     runs = [(n, p, fair) for n in names for p in presets for fair in (True, False)]
