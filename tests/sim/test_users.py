@@ -124,3 +124,20 @@ def test_the_bound_refuses_several_users():
 
 def test_jobs_without_users_are_one_user():
     assert SimJob("x", 0, 1, 1, 1.0, 0, 0, ((1, 1.0),)).user == ""
+
+
+def test_simulate_runs_a_jobs_file_with_users_and_refuses_its_bound(tmp_path, capsys):
+    from malletrain.cli import main
+
+    from .test_cli_simulate import JOBS, TRACE
+
+    (tmp_path / "idle.csv").write_text(TRACE)
+    named = JOBS.replace("    curve: [[1, 10.0]", "    user: alice\n    curve: [[1, 10.0]")
+    named = named.replace("    curve: [[1, 2.0]", "    user: bob\n    account: physics\n"
+                          "    curve: [[1, 2.0]")
+    (tmp_path / "jobs.yaml").write_text(named)
+    argv = ["simulate", "--idle-trace", str(tmp_path / "idle.csv"), "--jobs",
+            str(tmp_path / "jobs.yaml"), "--policy", "malletrain", "--out", str(tmp_path / "o")]
+    assert main(argv) == 0
+    assert main([*argv, "--bound"]) != 0
+    assert "several users" in capsys.readouterr().err
