@@ -24,9 +24,10 @@ Figures per replay: Jain's index over users of their node-seconds (``jain_node_s
 useful work in one-worker-seconds (``jain_work``: normalised throughput, samples divided by the
 job's one-node rate), and of their normalised share (``jain_share``: at every decision each
 active user's nodes divided by its max-min fair part of the idle nodes
-(``core.allocation.fairness.user_caps`` over its admitted jobs' largest sizes), the index
-averaged over time); ``starved``: the share of time in which some user with an admitted job
-held nothing while its fair part fitted its smallest job; B's wait from its submission to its
+as the allocator divides them (``core.allocation.fairness.user_caps`` over its jobs' largest
+sizes and the nodes users hold; measured the same way for the user-blind allocator), the index
+averaged over time); ``starved``: the share of time in which some user was given nothing while
+its part fitted one of its jobs' minimum; B's wait from its submission to its
 first node and to its share (``ab``: 8 nodes, its job's largest size, or its equal part of the
 idle nodes if smaller); total useful work (``work``, one-worker-seconds) and its cost against
 the user-blind allocator; size changes the allocator made (``rescales``, starts included) and
@@ -54,7 +55,9 @@ from pathlib import Path
 
 import numpy as np
 
+from malletrain.core.allocation.allocator import MalleTrainPolicy
 from malletrain.core.allocation.fairness import user_caps
+from malletrain.core.model import AllocationInput, Plan
 from malletrain.core.options import LIVE
 from malletrain.core.policies import POLICIES, REPLAY, make_policy
 from malletrain.core.profiling.plausible import PlausibleRule
@@ -160,33 +163,57 @@ def _counts_at(res: Result) -> tuple[list[float], dict[str, list[int]]]:
     return times, counts
 
 
-def share_figures(res: Result) -> dict[str, float]:
-    """Time-averaged Jain's index of normalised shares, and the starved share of time."""
-    times, counts = _counts_at(res)
-    idle = [s.idle_nodes for s in res.timeline]
-    weighted = starved_s = span_s = jain_s = 0.0
-    before: dict[str, int] = {}
-    for i, t in enumerate(times):
-        dt = (times[i + 1] if i + 1 < len(times) else res.end_s) - t
-        if dt <= 0:
-            continue
-        active = [r for r in res.jobs if r.admitted_s is not None and r.admitted_s <= t
-                  and (r.finished_s is None or r.finished_s > t)]
+@dataclass(frozen=True)
+class Division:
+    """One decision: each user's part as the fair division makes it, and what the plan gave."""
+
+    time_s: float
+    parts: dict[str, int]
+    given: dict[str, int]
+    #: users whose part fits the minimum of one of their jobs
+    fits: frozenset[str]
+
+
+class Recorder:
+    """Wraps the policy (fair or user-blind alike): at every decision, each user's part as
+    ``core.allocation.fairness`` divides the nodes (:func:`user_caps` over the value table's
+    largest finite sizes and the nodes users hold), beside what the plan gives the user."""
+
+    def __init__(self, policy: MalleTrainPolicy) -> None:
+        self.policy = policy
+        self.name = policy.name
+        self.rows: list[Division] = []
+
+    def decide(self, inp: AllocationInput) -> Plan:
+        plan = self.policy.decide(inp)
+        values, _, _ = self.policy.value_table(inp)
+        finite = np.isfinite(values)
+        largest = np.where(finite.any(axis=1),
+                           values.shape[1] - 1 - np.argmax(finite[:, ::-1], axis=1), 0)
         demand: dict[str, int] = {}
         held: dict[str, int] = {}
-        smallest: dict[str, int] = {}
-        for r in active:
-            demand[r.job.user] = demand.get(r.job.user, 0) + r.job.max_nodes
-            held[r.job.user] = held.get(r.job.user, 0) + counts[r.job.name][i]
-            smallest[r.job.user] = min(smallest.get(r.job.user, 10**9), r.job.min_nodes)
-        # the allocator's own division: odd nodes to those holding most before the decision
-        caps = user_caps(demand, before, idle[i])
-        before = held
-        ratios = [held[u] / caps[u] for u in demand if caps[u] > 0]
-        if len(ratios) < 2:
+        given: dict[str, int] = {}
+        for j, job in enumerate(inp.jobs):
+            demand[job.user] = demand.get(job.user, 0) + int(largest[j])
+            held[job.user] = held.get(job.user, 0) + len(job.nodes)
+            given[job.user] = given.get(job.user, 0) + plan.count(job.job_id)
+        parts = user_caps(demand, held, len(inp.nodes))
+        fits = frozenset(job.user for job in inp.jobs if parts[job.user] >= job.min_nodes)
+        self.rows.append(Division(inp.now_s, parts, given, fits))
+        return plan
+
+
+def share_figures(rows: Sequence[Division], end_s: float) -> dict[str, float]:
+    """Time-averaged Jain's index of users' nodes over their parts, and the share of time in
+    which a user whose part fits one of its jobs was given nothing (decisions of 2+ users)."""
+    weighted = starved_s = span_s = jain_s = 0.0
+    for i, row in enumerate(rows):
+        dt = (rows[i + 1].time_s if i + 1 < len(rows) else end_s) - row.time_s
+        ratios = [row.given[u] / row.parts[u] for u in row.parts if row.parts[u] > 0]
+        if dt <= 0 or len(ratios) < 2:
             continue
         span_s += dt
-        if any(held[u] == 0 and caps[u] >= smallest[u] for u in demand):
+        if any(row.given[u] == 0 for u in row.fits):
             starved_s += dt
         if any(ratios):  # (all at zero: nobody runs, no index)
             jain_s += dt
@@ -229,7 +256,10 @@ def replay(scenario: str, preset: str, fair: bool, days: float) -> dict[str, flo
     trace = sc.trace(days)
     jobs = sc.jobs(days)
     options = PRESETS[preset].with_(fair_share=fair)
-    sim = Simulator(trace, jobs, make_policy(POLICY, options),
+    policy = make_policy(POLICY, options)
+    assert isinstance(policy, MalleTrainPolicy)
+    recorder = Recorder(policy)
+    sim = Simulator(trace, jobs, recorder,
                     provider_for(POLICIES[POLICY].curves), until_s=trace.start_s + days * DAY)
     t0 = time.perf_counter()
     res = sim.run()
@@ -239,7 +269,7 @@ def replay(scenario: str, preset: str, fair: bool, days: float) -> dict[str, flo
     node_s = [sum(r.node_s for r in res.jobs if r.job.user == u) for u in users]
     work = [sum(r.done / r.job.unit_rate() for r in res.jobs if r.job.user == u) for u in users]
     return {"users": len(users), "jain_node_s": jain(node_s), "jain_work": jain(work),
-            **share_figures(res), **waits(res, sc.watch),
+            **share_figures(recorder.rows, res.end_s), **waits(res, sc.watch),
             "work": float(summary["one_worker_seconds_total"]),  # type: ignore[arg-type]
             "finished": float(summary["jobs_finished"]),  # type: ignore[arg-type]
             "rescales": res.rescales + res.starts, "preempted": res.preemptions,
