@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from malletrain.core.options import REPLAY
+from malletrain.core.options import LIVE, REPLAY
 from malletrain.core.policies import make_policy
 from malletrain.errors import PermanentError
 from malletrain.sim.bounds.bound import upper_bound
@@ -141,3 +141,22 @@ def test_simulate_runs_a_jobs_file_with_users_and_refuses_its_bound(tmp_path, ca
     assert main(argv) == 0
     assert main([*argv, "--bound"]) != 0
     assert "several users" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fair", [True, False])
+def test_in_the_replay_b_gets_its_half_at_its_arrival(fair):
+    """Issue 47's A/B world in the simulator, the daemon's preset LIVE and the true curves:
+    A's four jobs hold all 16 nodes, B's job arrives at t=60 s; fair: B has 8 from that
+    decision on; user-blind (keep margin, start cost): nothing for the whole replay."""
+    curve = tuple((n, 100.0 * n * 0.97 ** (n.bit_length() - 1)) for n in (1, 2, 4, 8))
+    a = [replace(job(f"a{i}", hi=8, curve=curve, up=10.0, down=5.0), user="a") for i in range(4)]
+    b = replace(job("b0", submit=60.0, hi=8, curve=curve, up=10.0, down=5.0), user="b")
+    names = tuple(f"n{i}" for i in range(16))
+    tr = trace((0, list(range(16)), []), (600, [], []), (3600, [], []), names=names)
+    pol = make_policy("malletrain-known-curves", LIVE.with_(fair_share=fair))
+    res = Simulator(tr, [*a, b], pol, TrueCurves()).run()
+    b_sizes = [(c.time_s, c.nodes) for c in res.job_nodes if c.job == "b0"]
+    if fair:
+        assert b_sizes[0] == (60.0, 8) and all(n == 8 for _, n in b_sizes)
+    else:
+        assert b_sizes == []
