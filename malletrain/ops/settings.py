@@ -250,6 +250,11 @@ class StateSettings:
         "the database stays bounded however many jobs come and go.",
         min=0, max=10_000_000,
     ))
+    keep_ended_jobs_per_user: int = field(default=100, metadata=meta(
+        "Of these, at most this many per user (the newest): one user's jobs coming and going "
+        "never push other users' history out of `keep_ended_jobs`.",
+        min=0, max=10_000_000,
+    ))
 
 
 @dataclass(frozen=True)

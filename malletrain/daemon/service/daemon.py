@@ -218,10 +218,12 @@ class Daemon:
         live = [j for j in world.jobs if not j.state.terminal]  # one store read a tick
         self._publish_metrics(plan, slurm_up=not self.cache.stale, snap=snap, jobs=live)
         self._save_learned(live)
-        pruned = self.store.prune_ended(self.settings.state.keep_ended_jobs,
+        keep = self.settings.state
+        pruned = self.store.prune_ended(keep.keep_ended_jobs,
+                                        keep_per_user=keep.keep_ended_jobs_per_user,
                                         since_s=time.time() - SUBMISSION_HOLD_S)
         if pruned:
-            log.info("deleted %d ended job(s) beyond state.keep_ended_jobs", pruned)
+            log.info("deleted %d ended job(s) beyond state.keep_ended_jobs(_per_user)", pruned)
         laps.lap("publish")
         if self.metrics is not None:
             self.metrics.observe_tick(time.monotonic() - t0)
