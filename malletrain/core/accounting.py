@@ -78,6 +78,8 @@ class SiteLimits:
     user_max_nodes: int | None = None
     #: whether associations were read (a user without one may then use no QOS at all)
     from_accounting: bool = False
+    #: ``accounting.share_weights``: users' weights in the fair division (absent: 1)
+    share_weights: Mapping[str, float] = field(default_factory=dict)
 
     def account_of(self, user: str, asked: str | None) -> str:
         """The account a job runs under: its ``--account``, else the user's default."""

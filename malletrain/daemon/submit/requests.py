@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from malletrain.core.accounting import SiteLimits
 from malletrain.core.lifecycle import JobPhase
 from malletrain.daemon.jobs.dependency import parse_dependency
 from malletrain.daemon.jobs.spec import JobSpec, SpecError
@@ -67,7 +68,8 @@ class JobRow:
 class RequestHandler:
     def __init__(self, settings: Settings, store: Store, *, coordinator: Any, state_dir: Path,
                  rows: Callable[[], list[JobRow]], wake: Callable[[], None],
-                 privacy: Callable[[], Privacy] = Privacy) -> None:
+                 privacy: Callable[[], Privacy] = Privacy,
+                 site_limits: Callable[[], SiteLimits | None] = lambda: None) -> None:
         self.settings = settings  # replaced on reload
         self.store = store
         self.coordinator = coordinator
@@ -76,6 +78,8 @@ class RequestHandler:
         self.wake = wake
         #: Slurm's PrivateData and operators (the daemon's cache; open by default in tests)
         self.privacy = privacy
+        #: Slurm's associations and QOS as last read (``--qos`` is checked against them)
+        self.site_limits = site_limits
 
     def handle(self, peer: Peer, req: Mapping[str, Any]) -> dict[str, Any]:
         op = req.get("op")
@@ -101,6 +105,7 @@ class RequestHandler:
     def _submit(self, peer: Peer, req: Mapping[str, Any]) -> dict[str, Any]:
         spec = JobSpec.from_dict(req.get("spec"))
         self._check_limits(peer, spec)
+        qos = self._check_qos(peer, spec)
         self._check_dependency(peer, spec)
         rec = self.store.create_job(peer.uid, peer.user, spec)
         log.info("job %s submitted by %s (uid %d): %s, %d-%d nodes", rec.job_id, peer.user,
@@ -114,9 +119,24 @@ class RequestHandler:
             "job_secret": self.coordinator.job_secret(rec.job_id, owner=peer.uid),
             "state_dir": str(self.state_dir),
             "partition": slurm.scavenger_partition,
-            "qos": slurm.qos,
+            "qos": qos,
             "account": slurm.account,
         }
+
+    def _check_qos(self, peer: Peer, spec: JobSpec) -> str | None:
+        """The QOS the job's slots run under: the site's scavenger QOS, or the job's
+        ``--qos`` where the user's association may use it (sbatch's own check)."""
+        site = self.settings.slurm.qos
+        if spec.qos is None or spec.qos == site:
+            return site
+        if site is not None:
+            raise SpecError(f"--qos={spec.qos}: node slots run under this site's scavenger "
+                            f"QOS {site!r} (slurm.qos), which Slurm's preemption relies on")
+        limits = self.site_limits()
+        why = limits.qos_refusal(peer.user, spec.account, spec.qos) if limits else None
+        if why:
+            raise SpecError(why)
+        return spec.qos
 
     def _check_limits(self, peer: Peer, spec: JobSpec) -> None:
         lim = self.settings.limits

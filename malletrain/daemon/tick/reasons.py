@@ -4,6 +4,9 @@ For the jobs that wait for or hold scavenged nodes, after the tick's allocation:
 
 * ``Dependency``: it waits for its ``--dependency`` (it takes no part in the allocation);
 * ``MaxNodes``: it is planned at its ``--nodes`` maximum;
+* ``AccountLimit`` / ``QOSLimit``: a limit of its association or account (or the
+  settings' ``accounting.user_max_nodes``) / of its QOS holds it where it is
+  (``daemon.tick.limits``);
 * ``UserShare``: its user's jobs hold the user's part of the nodes on offer while other
   users have jobs too (``core.allocation.fairness``);
 * ``Resources``: every node on offer is planned for a job;
@@ -19,8 +22,11 @@ from malletrain.daemon.jobs.store import JobRecord
 
 
 def job_reasons(managed: Sequence[JobRecord], targets: Mapping[str, tuple[str, ...]],
-                offered: int, waiting: Mapping[str, str]) -> dict[str, str]:
-    """job id -> reason, for ``managed`` jobs and the ``waiting`` ones (their own reason)."""
+                offered: int, waiting: Mapping[str, str],
+                limited: Mapping[str, str] | None = None) -> dict[str, str]:
+    """job id -> reason, for ``managed`` jobs and the ``waiting`` ones (their own reason);
+    ``limited``: the jobs a Slurm limit holds (``daemon.tick.limits.limited_jobs``)."""
+    limited = limited or {}
     out = {job_id: f"Dependency ({why})" for job_id, why in waiting.items()}
     held: dict[str, int] = {}
     for job in managed:
@@ -30,6 +36,8 @@ def job_reasons(managed: Sequence[JobRecord], targets: Mapping[str, tuple[str, .
     for job in managed:
         if len(targets.get(job.job_id, ())) >= job.spec.max_nodes:
             out[job.job_id] = "MaxNodes"
+        elif job.job_id in limited:
+            out[job.job_id] = limited[job.job_id]
         elif len(held) > 1 and held[job.user] >= share:
             out[job.job_id] = "UserShare"
         elif planned >= offered:
