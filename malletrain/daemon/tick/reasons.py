@@ -33,12 +33,16 @@ def job_reasons(managed: Sequence[JobRecord], targets: Mapping[str, tuple[str, .
         held[job.user] = held.get(job.user, 0) + len(targets.get(job.job_id, ()))
     share = offered // max(1, len(held))
     planned = sum(held.values())
+    at_max = {j.job_id for j in managed if len(targets.get(j.job_id, ())) >= j.spec.max_nodes}
+    # users with a job that could take more: a share is what holds the others back only
+    # while one of them could use the nodes (not when all are at a limit or their maximum)
+    wanting = {j.user for j in managed if j.job_id not in at_max and j.job_id not in limited}
     for job in managed:
-        if len(targets.get(job.job_id, ())) >= job.spec.max_nodes:
+        if job.job_id in at_max:
             out[job.job_id] = "MaxNodes"
         elif job.job_id in limited:
             out[job.job_id] = limited[job.job_id]
-        elif len(held) > 1 and held[job.user] >= share:
+        elif len(held) > 1 and held[job.user] >= share and wanting - {job.user}:
             out[job.job_id] = "UserShare"
         elif planned >= offered:
             out[job.job_id] = "Resources"
