@@ -83,7 +83,7 @@ def test_garbled_output_is_refused_with_the_line(text, match):
 
 def test_two_clusters_need_the_cluster_named():
     two = golden_texts()["assoc"] + "other|root||||||||normal|\n"
-    with pytest.raises(SlurmParseError, match="set accounting.cluster"):
+    with pytest.raises(SlurmParseError, match=r"set accounting\.cluster"):
         parse_limits({**golden_texts(), "assoc": two})
     assert len(parse_limits({**golden_texts(), "assoc": two}, "other").associations) == 1
     assert parse_tres("cpu=16,gres/gpu:a100=4,node=2") == TresLimit(nodes=2, gpus=4)
