@@ -198,3 +198,48 @@ def test_decide_holds_every_recorded_limit_even_with_nodes_idle():
     assert plan.reasons["m1"] == plan.reasons["m9"] == "AccountLimit"
     plan = decide(dataclasses.replace(w, limits=None), make_policy("malletrain", LIVE))
     assert len(plan.targets["m1"]) == 8 and len(plan.targets["m9"]) == 8  # fair halves
+
+
+def test_qos_at_submit_is_checked_against_the_users_associations_as_sbatch_does(tmp_path):
+    from types import SimpleNamespace
+
+    from malletrain.daemon.jobs.spec import SpecError
+    from malletrain.daemon.jobs.store import Store
+    from malletrain.daemon.submit.channel import Peer
+    from malletrain.daemon.submit.requests import RequestHandler
+    from malletrain.ops.settings import Settings
+
+    site = parse_limits(golden_texts())
+    coordinator = SimpleNamespace(address="127.0.0.1:1", job_secret=lambda job_id, owner=-1: "s")
+    h = RequestHandler(Settings(), Store(tmp_path / "s.db"), coordinator=coordinator,
+                       state_dir=tmp_path, rows=lambda: [], wake=lambda: None,
+                       site_limits=lambda: site)
+
+    def submit(user: str, uid: int, qos: str) -> dict:
+        spec = {"script": "/x/t.py", "max_nodes": 2, "qos": qos}
+        return h.handle(Peer(uid=uid, gid=uid, pid=1, user=user), {"op": "submit", "spec": spec})
+
+    assert submit("mt-bob", 1002, "scav")["qos"] == "scav"  # the slots run under it
+    with pytest.raises(SpecError, match="'scav' is not among the QOS of user 'mt-alice'"):
+        submit("mt-alice", 1001, "scav")
+
+
+def test_a_nicer_job_gets_less_of_its_users_part_and_nothing_of_anothers():
+    from malletrain.core.model import AllocationInput, IdleNode, MalleableJob
+    from malletrain.core.options import CORE
+    from malletrain.daemon.tick.allocate import nice_weight
+
+    sqrt = ThroughputModel(tuple((n, 100.0 * n ** 0.5) for n in range(1, 9)))
+
+    def job(job_id: str, user: str, nice: int = 0) -> MalleableJob:
+        return MalleableJob(job_id, 1, 8, (), sqrt, 1.0, 1.0, user=user,
+                            weight=nice_weight(nice))
+
+    nodes = tuple(IdleNode(f"n{i}", 1e6) for i in range(8))
+    policy = make_policy("malletrain", CORE)
+    plain = policy.decide(AllocationInput(0.0, nodes, (job("a1", "a"), job("a2", "a"))))
+    nice = policy.decide(AllocationInput(0.0, nodes, (job("a1", "a"), job("a2", "a", 300))))
+    assert (plain.count("a1"), plain.count("a2")) == (4, 4)
+    assert nice.count("a2") < nice.count("a1") and nice.count("a1") + nice.count("a2") == 8
+    other = policy.decide(AllocationInput(0.0, nodes, (job("a1", "a", 300), job("b1", "b"))))
+    assert (other.count("a1"), other.count("b1")) == (4, 4)  # users' parts come first
