@@ -182,6 +182,7 @@ def test_decide_holds_bob_at_his_limit_and_gives_the_rest_to_others():
     plan = decide(_alice_and_bob("carol"), make_policy("malletrain", LIVE))
     assert len(plan.targets["m9"]) == 2 and len(plan.targets["m1"]) == 14
     assert plan.reasons["m9"] == "AccountLimit" and plan.reasons["m1"] == "Resources"
+    assert plan.entitled == {"carol": 14, "mt-bob": 2}  # `malletrain jobs --json`
 
 
 def test_decide_holds_every_recorded_limit_even_with_nodes_idle():
@@ -198,6 +199,7 @@ def test_decide_holds_every_recorded_limit_even_with_nodes_idle():
     assert plan.reasons["m1"] == plan.reasons["m9"] == "AccountLimit"
     plan = decide(dataclasses.replace(w, limits=None), make_policy("malletrain", LIVE))
     assert len(plan.targets["m1"]) == 8 and len(plan.targets["m9"]) == 8  # fair halves
+    assert plan.entitled == {"mt-alice": 8, "mt-bob": 8}
 
 
 def test_qos_at_submit_is_checked_against_the_users_associations_as_sbatch_does(tmp_path):

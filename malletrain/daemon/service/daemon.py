@@ -118,6 +118,7 @@ class Daemon:
         self._job_members: dict[str, int] = {}
         self._profile_points: dict[str, int] = {}
         self._reasons: dict[str, str] = {}
+        self._entitled: dict[str, int] = {}  # user -> nodes (the last plan's)
         #: for the arrival probe (daemon/observe/arrivals.py): the last snapshot's job ids, and
         #: whether any node is held (only then can a new job's start wait for the daemon)
         self.seen_job_ids: frozenset[int] = frozenset()
@@ -339,6 +340,7 @@ class Daemon:
                                   if j in world.busy}, **nodes}
             self._reasons = {**{j: self._reasons.get(j, "") for j in world.busy},
                              **plan.reasons}
+            self._entitled = dict(plan.entitled)
 
     def _job_done(self, job_id: str) -> None:
         rec = self.store.job(job_id)
@@ -379,7 +381,7 @@ class Daemon:
     def rows(self) -> list[JobRow]:
         with self._rows_lock:
             views = (dict(self._job_nodes), dict(self._job_members), dict(self._profile_points),
-                     dict(self._reasons))
+                     dict(self._reasons), dict(self._entitled))
         return job_rows(self.store.jobs(), *views)
 
     def close(self, timeout_s: float | None = None) -> None:

@@ -63,6 +63,10 @@ class JobRow:
     rate_target: float | None = None
     #: why it has the nodes it has, as the last tick saw it (``daemon.tick.reasons``)
     reason: str = ""
+    #: the nodes the job's user holds now, and the user's entitlement, by the last tick:
+    #: the user's fair part of the nodes on offer under its limits (``tick.reasons``)
+    user_nodes: int = 0
+    user_entitled: int = 0
 
 
 class RequestHandler:

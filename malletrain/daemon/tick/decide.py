@@ -21,10 +21,10 @@ from __future__ import annotations
 from malletrain.core.model import Policy
 from malletrain.daemon.tick.actions import Action, TickPlan
 from malletrain.daemon.tick.allocate import allocate, policy_jobs
-from malletrain.daemon.tick.limits import all_limits, limited_jobs, shared_caps
+from malletrain.daemon.tick.limits import all_limits, limited_jobs, most_nodes, shared_caps
 from malletrain.daemon.tick.membership import membership_actions
 from malletrain.daemon.tick.pool import build_pool
-from malletrain.daemon.tick.reasons import job_reasons
+from malletrain.daemon.tick.reasons import entitlements, job_reasons
 from malletrain.daemon.tick.reconcile import JobContext, reconcile
 from malletrain.daemon.tick.screen import screen
 from malletrain.daemon.tick.views import job_slots
@@ -63,4 +63,6 @@ def decide(world: World, policy: Policy) -> TickPlan:
         notes=tuple(notes), follow_up=pool.give_back.follow_up,
         reasons=job_reasons(screened.managed, allocation.targets, len(pool.offered),
                             screened.waiting, limited_jobs(limits, allocation.targets,
-                                                           shared_caps(limits, {}))))
+                                                           shared_caps(limits, {}))),
+        entitled=entitlements(screened.managed, allocation.targets, len(pool.offered),
+                              most_nodes(screened.managed, limits), weights))

@@ -121,3 +121,12 @@ def limited_jobs(limits: Mapping[str, JobLimits], targets: Mapping[str, Sequence
         if full:
             out[job_id] = _reason(full[0])
     return out
+
+
+def most_nodes(jobs: Iterable[JobRecord], limits: Mapping[str, JobLimits]) -> dict[str, int]:
+    """job id -> the most nodes it may hold: its ``--nodes`` maximum under its own cap."""
+    out = {}
+    for job in jobs:
+        cap = limits[job.job_id].max_nodes if job.job_id in limits else None
+        out[job.job_id] = job.spec.max_nodes if cap is None else min(cap, job.spec.max_nodes)
+    return out

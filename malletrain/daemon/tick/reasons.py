@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from malletrain.core.allocation.fairness import user_caps
 from malletrain.daemon.jobs.store import JobRecord
 
 
@@ -49,3 +50,19 @@ def job_reasons(managed: Sequence[JobRecord], targets: Mapping[str, tuple[str, .
         else:
             out[job.job_id] = "Value"
     return out
+
+
+def entitlements(managed: Sequence[JobRecord], targets: Mapping[str, tuple[str, ...]],
+                 offered: int, most: Mapping[str, int],
+                 weights: Mapping[str, float] | None = None) -> dict[str, int]:
+    """user -> the nodes the user is entitled to now (``malletrain jobs --json``): the
+    user's max-min fair part of the ``offered`` nodes (weighted by ``weights``) for the
+    most each of its jobs may hold (``most``: job id -> its ``--nodes`` maximum under its
+    own limits), what other users cannot use included. The knapsack then holds a user at
+    or below it; shared limits (an account's, a QOS's) may hold a user lower still."""
+    demand: dict[str, int] = {}
+    held: dict[str, int] = {}
+    for job in managed:
+        demand[job.user] = demand.get(job.user, 0) + most.get(job.job_id, job.spec.max_nodes)
+        held[job.user] = held.get(job.user, 0) + len(targets.get(job.job_id, ()))
+    return user_caps(demand, held, offered, dict(weights or {}))
