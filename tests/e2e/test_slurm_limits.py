@@ -56,6 +56,8 @@ def test_bob_is_held_at_his_account_limit_while_alice_uses_the_rest(bob_limited,
                    on_timeout=lambda: json.dumps(d.jobs(), indent=1) + d.log()[-3000:])
         rows = d.jobs()
         assert rows[bob]["reason"] == "AccountLimit", rows[bob]
+        assert (rows[bob]["user_nodes"], rows[bob]["user_entitled"]) == (2, 2), rows[bob]
+        assert rows[alice]["user_entitled"] == 6, rows[alice]
         table = d.cli("mt-bob", "jobs", "--socket", str(d.socket)).stdout
         assert "AccountLimit" in table
         d.cli("mt-alice", "cancel", "--socket", str(d.socket), alice)
