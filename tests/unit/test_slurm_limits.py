@@ -30,14 +30,18 @@ from malletrain.slurm.limits import LimitsReader
 from malletrain.slurm.parsers.parse_limits import COMMANDS, parse_limits, parse_tres
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "slurm"
+#: the same scenario recorded on every tested release (slurm/record-golden-limits)
+RELEASES = ("slurm", "slurm-24.11", "slurm-26.05")
 
 
-def golden_texts() -> dict[str, str]:
-    return {k: (GOLDEN / "limits" / f"{k}.txt").read_text() for k in COMMANDS}
+def golden_texts(release: str = "slurm") -> dict[str, str]:
+    d = GOLDEN.parent / release / "limits"
+    return {k: (d / f"{k}.txt").read_text() for k in COMMANDS}
 
 
-def test_the_recorded_associations_qos_and_default_accounts():
-    site = parse_limits(golden_texts())
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_recorded_associations_qos_and_default_accounts(release):
+    site = parse_limits(golden_texts(release))
     bob = site.association("mt-bob", "theory")
     assert bob is not None and bob.qos == ("normal", "scav") and bob.default_qos == ""
     assert bob.per_job == TresLimit(nodes=2)  # MaxTRES=node=2
@@ -104,16 +108,17 @@ class Replay:
         return subprocess.CompletedProcess(argv, rc, out, err)
 
 
-def _recorded(name: str) -> dict[str, list[tuple[int, str, str]]]:
-    d = GOLDEN / name
+def _recorded(name: str, release: str = "slurm") -> dict[str, list[tuple[int, str, str]]]:
+    d = GOLDEN.parent / release / name
     if name == "limits":
-        return {k: [(0, t, "")] for k, t in golden_texts().items()}
+        return {k: [(0, t, "")] for k, t in golden_texts(release).items()}
     return {k: [(int((d / f"{k}.rc").read_text()), (d / f"{k}.stdout").read_text(),
                  (d / f"{k}.stderr").read_text())] for k in COMMANDS}
 
 
-def test_auto_stops_asking_a_cluster_without_accounting():
-    run = Replay(_recorded("limits-off"))
+@pytest.mark.parametrize("release", RELEASES)
+def test_auto_stops_asking_a_cluster_without_accounting(release):
+    run = Replay(_recorded("limits-off", release))
     clock = [0.0]
     reader = LimitsReader(mode="auto", run=run, clock=lambda: clock[0])
     assert reader.current() is None and not reader.available
