@@ -250,3 +250,30 @@ def test_a_nicer_job_gets_less_of_its_users_part_and_nothing_of_anothers():
     assert nice.count("a2") < nice.count("a1") and nice.count("a1") + nice.count("a2") == 8
     other = policy.decide(AllocationInput(0.0, nodes, (job("a1", "a", 300), job("b1", "b"))))
     assert (other.count("a1"), other.count("b1")) == (4, 4)  # users' parts come first
+
+
+def test_a_cap_holds_across_node_types():
+    """With several node types each type is planned in turn (core.hetero): a cap shared by
+    jobs on two types holds on their sum."""
+    from malletrain.core.model import AllocationInput, IdleNode, MalleableJob
+    from malletrain.core.options import CORE
+
+    linear = ThroughputModel(tuple((n, 100.0 * n) for n in range(1, 5)))
+    nodes = tuple(IdleNode(f"{t}{i}", 1e6, node_type=t) for t in ("a100", "v100")
+                  for i in range(4))
+    jobs = tuple(MalleableJob(f"b{t}", 1, 4, (), linear, 1.0, 1.0, user="bob",
+                              allowed_types=frozenset({t}), limits=("assoc:x/bob",))
+                 for t in ("a100", "v100"))
+    policy = make_policy("malletrain", CORE)
+    free = policy.decide(AllocationInput(0.0, nodes, jobs))
+    capped = policy.decide(AllocationInput(0.0, nodes, jobs, caps={"assoc:x/bob": 3}))
+    assert free.count("ba100") + free.count("bv100") == 8
+    assert capped.count("ba100") + capped.count("bv100") == 3
+
+
+def test_a_running_job_above_a_new_limit_is_shrunk_to_it():
+    """An administrator lowers a limit below what a job holds: the plan that keeps every
+    running job's size (plan_check) is never taken over the cap."""
+    w = dataclasses.replace(_alice_and_bob("mt-alice"), limits=SiteLimits(user_max_nodes=2))
+    plan = decide(w, make_policy("malletrain", LIVE))
+    assert len(plan.targets["m1"]) == 2 and plan.reasons["m1"] == "AccountLimit"
