@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -85,15 +86,27 @@ class SiteLimits:
         """The account a job runs under: its ``--account``, else the user's default."""
         return asked or self.default_accounts.get(user, "")
 
+    @cached_property
+    def _users(self) -> dict[tuple[str, str], Association]:
+        """(user, account) -> the user's association (the one for all partitions first):
+        a tick asks per job, and a site has thousands of associations."""
+        out: dict[tuple[str, str], Association] = {}
+        for a in sorted(self.associations, key=lambda a: a.partition != ""):
+            if a.user:
+                out.setdefault((a.user, a.account), a)
+        return out
+
+    @cached_property
+    def _accounts(self) -> dict[str, Association]:
+        return {a.account: a for a in self.associations if not a.user}
+
     def association(self, user: str, account: str) -> Association | None:
         """The user's association in ``account`` (the one for all partitions first)."""
-        found = [a for a in self.associations if a.user == user and a.account == account]
-        found.sort(key=lambda a: a.partition != "")
-        return found[0] if found else None
+        return self._users.get((user, account))
 
     def account_chain(self, account: str) -> tuple[Association, ...]:
         """The account's own association and its parents' up to the root."""
-        own = {a.account: a for a in self.associations if not a.user}
+        own = self._accounts
         chain: list[Association] = []
         while account in own and own[account] not in chain:
             chain.append(own[account])
