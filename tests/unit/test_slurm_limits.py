@@ -277,3 +277,23 @@ def test_a_running_job_above_a_new_limit_is_shrunk_to_it():
     w = dataclasses.replace(_alice_and_bob("mt-alice"), limits=SiteLimits(user_max_nodes=2))
     plan = decide(w, make_policy("malletrain", LIVE))
     assert len(plan.targets["m1"]) == 2 and plan.reasons["m1"] == "AccountLimit"
+
+
+def test_a_sites_scavenger_qos_outranks_the_scripts(tmp_path):
+    from types import SimpleNamespace
+
+    from malletrain.daemon.jobs.store import Store
+    from malletrain.daemon.submit.channel import Peer
+    from malletrain.daemon.submit.requests import RequestHandler
+    from malletrain.ops.settings import Settings, SlurmSettings
+
+    store = Store(tmp_path / "s.db")
+    coordinator = SimpleNamespace(address="127.0.0.1:1", job_secret=lambda job_id, owner=-1: "s")
+    h = RequestHandler(Settings(slurm=SlurmSettings(qos="scavenger")), store,
+                       coordinator=coordinator, state_dir=tmp_path, rows=lambda: [],
+                       wake=lambda: None, site_limits=lambda: parse_limits(golden_texts()))
+    spec = {"script": "/x/t.py", "max_nodes": 2, "qos": "high"}
+    answer = h.handle(Peer(uid=1001, gid=1001, pid=1, user="mt-alice"),
+                      {"op": "submit", "spec": spec})
+    assert answer["qos"] == "scavenger"
+    assert store.job(answer["job_id"]).spec.qos == "scavenger"  # its limits are held

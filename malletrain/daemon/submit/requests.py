@@ -13,7 +13,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +110,8 @@ class RequestHandler:
         spec = JobSpec.from_dict(req.get("spec"))
         self._check_limits(peer, spec)
         qos = self._check_qos(peer, spec)
+        if spec.qos is not None and spec.qos != qos:  # the site's scavenger QOS holds
+            spec = replace(spec, qos=qos)
         self._check_dependency(peer, spec)
         rec = self.store.create_job(peer.uid, peer.user, spec)
         log.info("job %s submitted by %s (uid %d): %s, %d-%d nodes", rec.job_id, peer.user,
@@ -131,11 +133,10 @@ class RequestHandler:
         """The QOS the job's slots run under: the site's scavenger QOS, or the job's
         ``--qos`` where the user's association may use it (sbatch's own check)."""
         site = self.settings.slurm.qos
-        if spec.qos is None or spec.qos == site:
+        if spec.qos is None or site is not None:
+            # a site's scavenger QOS (slurm.qos) is what Slurm's preemption relies on: the
+            # slots run under it whatever the script says (`malletrain submit` warns)
             return site
-        if site is not None:
-            raise SpecError(f"--qos={spec.qos}: node slots run under this site's scavenger "
-                            f"QOS {site!r} (slurm.qos), which Slurm's preemption relies on")
         limits = self.site_limits()
         why = limits.qos_refusal(peer.user, spec.account, spec.qos) if limits else None
         if why:
