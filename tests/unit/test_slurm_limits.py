@@ -297,3 +297,18 @@ def test_a_sites_scavenger_qos_outranks_the_scripts(tmp_path):
                       {"op": "submit", "spec": spec})
     assert answer["qos"] == "scavenger"
     assert store.job(answer["job_id"]).spec.qos == "scavenger"  # its limits are held
+
+
+def test_the_accounting_settings_are_typed_and_each_problem_named():
+    from malletrain.ops.config_file import SettingsError, parse_settings
+
+    s = parse_settings("accounting:\n  mode: off\n  user_max_nodes: 4\n"
+                       "  share_weights: {mt-alice: 2.0}\n")
+    assert (s.accounting.mode, s.accounting.user_max_nodes) == ("off", 4)
+    assert s.accounting.share_weights == {"mt-alice": 2.0}
+    with pytest.raises(SettingsError) as err:
+        parse_settings("accounting:\n  mode: sometimes\n  refresh_s: 1\n"
+                       "  share_weights: {'a b': 2.0, c: 0}\n")
+    text = str(err.value)
+    assert "accounting.mode" in text and "accounting.refresh_s" in text
+    assert "accounting.share_weights" in text and "'a b' is not a user name" in text
