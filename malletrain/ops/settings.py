@@ -47,6 +47,7 @@ from typing import Literal
 
 from malletrain.core.options import LIVE, PolicyOptions
 from malletrain.core.profiling.profile import AdvisorSettings
+from malletrain.ops.settings_accounting import AccountingSettings
 from malletrain.ops.settings_fields import (
     CPU_NODE_TYPE,
     check_address,
@@ -369,6 +370,7 @@ class Settings:
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     limits: LimitsSettings = field(default_factory=LimitsSettings)
+    accounting: AccountingSettings = field(default_factory=AccountingSettings)
     daemon: DaemonSettings = field(default_factory=DaemonSettings)
 
 
