@@ -24,15 +24,9 @@ Usage (daemon)::
     policy = make_policy(settings.allocator.policy, settings.allocator.policy_options())
     advisor = ProfilingAdvisor(settings.allocator.advisor_settings())
 
-    # on SIGHUP, between ticks (malletrain.ops.service.reload_config wraps this with logging,
-    # metrics and sd_notify):
-    result = reload_settings(args.config, settings)
-    if result.error is not None:
-        log.error("config reload rejected, keeping the running config: %s", result.error)
-    else:
-        for field_path in result.needs_restart:
-            log.warning("%s changed but takes effect only after a restart", field_path)
-        settings = result.settings
+    # on SIGHUP, between ticks: reload_settings(args.config, settings) gives the new
+    # settings, or an error (the running ones are kept), and the fields needing a restart
+    # (malletrain.ops.service.reload_config wraps it with logging, metrics and sd_notify)
 
 Relative paths in the file (``state.database_path`` ...) are resolved against the
 directory of the config file, so a config and its state can travel together in tests.
