@@ -18,7 +18,8 @@ the second, conservative value table of ``explore_free_only`` with the rule on a
 The typed case gives the same inputs three node types (each job's curve scaled 0.5-3x per
 type) and times the per-type plan (``core.hetero``) beside the untyped one. The users case
 gives the jobs to 50 users in turn and times the fair-share division
-(``core.allocation.fairness``) beside the user-blind DP, interleaved.
+(``core.allocation.fairness``) beside the user-blind DP, interleaved; the limits case adds
+Slurm's per-user and per-account caps to it (``AllocationInput.caps``).
 
 Last line: ``allocator nodes=5000 jobs=500 p50_ms=<x> max_ms=<y> milp_ms=<z>``.
 """
@@ -156,6 +157,33 @@ def time_users(inputs: list[AllocationInput], users: int) -> None:
           f"{statistics.median(ms[False]):.1f} ms")
 
 
+def with_caps(inp: AllocationInput, users: int, accounts: int = 5) -> AllocationInput:
+    """``inp`` with Slurm's limits as the daemon passes them (``daemon/tick/limits.py``):
+    each user in one of ``accounts`` accounts, 40 nodes a user, 600 an account."""
+    jobs = tuple(replace(j, limits=(f"assoc:a{i % accounts}/u{i % users}",
+                                    f"assoc:a{i % accounts}"))
+                 for i, j in enumerate(inp.jobs))
+    caps = {k: 40 if "/" in k else 600 for j in jobs for k in j.limits}
+    return replace(inp, jobs=jobs, caps=caps)
+
+
+def time_caps(inputs: list[AllocationInput], users: int) -> None:
+    """Decision time with users' shares and Slurm's limits against the shares alone."""
+    owned = [with_users(inp, users) for inp in inputs]
+    capped = [with_caps(inp, users) for inp in owned]
+    pol = make_policy("malletrain", CORE)
+    pol.decide(owned[0])
+    ms: dict[bool, list[float]] = {False: [], True: []}
+    for plain, limited in zip(owned[1:], capped[1:], strict=True):
+        for caps, inp in ((False, plain), (True, limited)):
+            t0 = time.perf_counter()
+            pol.decide(inp)
+            ms[caps].append((time.perf_counter() - t0) * 1000)
+    print(f"dp with {users} users' shares and {len(capped[0].caps)} limits (40 nodes a user, "
+          f"600 an account): p50 {statistics.median(ms[True]):.1f} ms; the shares alone: "
+          f"p50 {statistics.median(ms[False]):.1f} ms")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--decisions", type=int, default=21)
@@ -183,6 +211,7 @@ def main() -> None:
     )
     time_types(inputs, args.seed)
     time_users(inputs, 50)
+    time_caps(inputs, 50)
     # the simulator's replay settings (preset REPLAY): same inputs
     replay = make_policy("malletrain", REPLAY)
     replay.decide(inputs[0])

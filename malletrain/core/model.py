@@ -99,6 +99,12 @@ class MalleableJob:
     #: Whose job it is: nodes are divided among users first (``core.allocation.fairness``);
     #: jobs with the same (or no) user share one part.
     user: str = ""
+    #: The limits the job's nodes count against (keys of ``AllocationInput.caps``: Slurm's
+    #: per-user, per-account and QOS limits, ``daemon/tick/limits.py``).
+    limits: tuple[str, ...] = ()
+    #: The job's weight among its user's jobs (``--nice``: below 1 for a nicer job): its
+    #: value is scaled by it, so it matters only within its user's part of the nodes.
+    weight: float = 1.0
     #: Seconds of progress (at the new rate) lost when the job starts from zero nodes:
     #: rendezvous, process start-up, first slow steps. ``None``: same as ``scale_up_s``
     #: (a start is a scale-up from nothing; the newcomers' start-up dominates both).
@@ -148,6 +154,11 @@ class AllocationInput:
     #: Price of a node-second per node type (absent: 0), in the plan's value units per
     #: node-second; the plan maximises value minus price x node-seconds over the horizon.
     prices: Mapping[str, float] = field(default_factory=dict)
+    #: Nodes the jobs carrying each key in ``MalleableJob.limits`` may hold together (the
+    #: nodes of jobs not in ``jobs`` already taken off); a key absent here binds nothing.
+    caps: Mapping[str, int] = field(default_factory=dict)
+    #: Weights of users' shares (a user not named: 1; ``accounting.share_weights``).
+    user_weights: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

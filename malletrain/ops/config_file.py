@@ -184,6 +184,8 @@ class _Converter:
             self.fail(path, f"must not be null (expected {self.expected(tp)})")
             return None
         if origin is Literal:
+            if isinstance(raw, bool) and {"on", "off"} <= set(args):
+                return "on" if raw else "off"  # YAML 1.1 reads a bare on/off as a boolean
             if isinstance(raw, str):
                 for choice in args:
                     if raw.lower() == str(choice).lower():

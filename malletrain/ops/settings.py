@@ -24,15 +24,9 @@ Usage (daemon)::
     policy = make_policy(settings.allocator.policy, settings.allocator.policy_options())
     advisor = ProfilingAdvisor(settings.allocator.advisor_settings())
 
-    # on SIGHUP, between ticks (malletrain.ops.service.reload_config wraps this with logging,
-    # metrics and sd_notify):
-    result = reload_settings(args.config, settings)
-    if result.error is not None:
-        log.error("config reload rejected, keeping the running config: %s", result.error)
-    else:
-        for field_path in result.needs_restart:
-            log.warning("%s changed but takes effect only after a restart", field_path)
-        settings = result.settings
+    # on SIGHUP, between ticks: reload_settings(args.config, settings) gives the new
+    # settings, or an error (the running ones are kept), and the fields needing a restart
+    # (malletrain.ops.service.reload_config wraps it with logging, metrics and sd_notify)
 
 Relative paths in the file (``state.database_path`` ...) are resolved against the
 directory of the config file, so a config and its state can travel together in tests.
@@ -47,6 +41,7 @@ from typing import Literal
 
 from malletrain.core.options import LIVE, PolicyOptions
 from malletrain.core.profiling.profile import AdvisorSettings
+from malletrain.ops.settings_accounting import AccountingSettings
 from malletrain.ops.settings_fields import (
     CPU_NODE_TYPE,
     check_address,
@@ -250,6 +245,11 @@ class StateSettings:
         "the database stays bounded however many jobs come and go.",
         min=0, max=10_000_000,
     ))
+    keep_ended_jobs_per_user: int = field(default=100, metadata=meta(
+        "Of these, at most this many per user (the newest): one user's jobs coming and going "
+        "never push other users' history out of `keep_ended_jobs`.",
+        min=0, max=10_000_000,
+    ))
 
 
 @dataclass(frozen=True)
@@ -364,6 +364,7 @@ class Settings:
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     limits: LimitsSettings = field(default_factory=LimitsSettings)
+    accounting: AccountingSettings = field(default_factory=AccountingSettings)
     daemon: DaemonSettings = field(default_factory=DaemonSettings)
 
 

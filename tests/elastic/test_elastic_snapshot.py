@@ -142,3 +142,18 @@ def test_a_jobs_directory_is_its_own_private_and_unguessable(tmp_path):
     theirs.chmod(0o755)
     with pytest.raises(OSError, match="lets others in"):
         snapshot.private_dir(tmp_path, "other", KEY, create=True)
+
+
+def test_a_snapshot_saved_before_the_per_job_directories_is_still_found(tmp_path):
+    """A job evicted to zero by the code before issue 49 saved in the shared directory
+    itself; after the upgrade it must resume from that file, not start over, and only if
+    it is this user's private file with the job's MAC (another user's copy is refused)."""
+    old = snapshot.save(tmp_path, "job", 40, _payload(4.0), KEY)  # the old layout
+    own = snapshot.private_dir(tmp_path, "job", KEY, create=True)
+    assert snapshot.find_newest(tmp_path, own, "job").path == old
+    newer = snapshot.save(own, "job", 50, _payload(5.0), KEY)
+    assert snapshot.find_newest(tmp_path, own, "job").path == newer
+    assert snapshot.find_newest(tmp_path, None, "job").step == 40
+    os.chown(old, pwd.getpwnam("nobody").pw_uid, -1)  # planted: not this user's
+    assert snapshot.find_newest(tmp_path, None, "job") is None
+    assert snapshot.find_newest(None, None, "job") is None

@@ -59,7 +59,8 @@ def test_errors_are_typed_and_the_server_survives(server):
         call(server.path, {"op": "later"})
     with pytest.raises(RetryableError, match="internal error: ZeroDivisionError"):
         call(server.path, {"op": "boom"})
-    for payload in (b"not json\n", b"[1, 2]\n", b'{"op": 5}\n', b"\n", b"\xff\xfe\n"):
+    for payload in (b"not json\n", b"[1, 2]\n", b'{"op": 5}\n', b"\n", b"\xff\xfe\n",
+                    b"[" * 100_000 + b"\n"):  # nested past the stack: an answer, no traceback
         ans = raw(server.path, payload)
         assert ans["ok"] is False and "bad request" in ans["error"]
     big = raw(server.path, b"{" + b" " * (MAX_REQUEST_BYTES + 10))

@@ -85,6 +85,27 @@ def test_prune_keeps_the_newest_ended_jobs_and_every_live_one(tmp_path):
     assert s.create_job(1001, "alice", SPEC).job_id == "m7"  # ids never reused
 
 
+def test_one_users_ended_jobs_never_push_another_users_history_out(tmp_path):
+    """Issue 49: keep_ended_jobs is shared; with only the overall bound, mt-bob's submit +
+    abort loop deletes alice's history. The per-user bound deletes bob's own oldest first."""
+    s = Store(tmp_path / "state.db")
+    for i in range(2):
+        s.create_job(1001, "alice", SPEC, now_s=float(i))
+        s.transition(f"m{i + 1}", JobPhase.FAILED, "failed", now_s=float(i) + 0.5)
+    for i in range(10):
+        rec = s.create_job(1002, "bob", SPEC, now_s=10.0 + i)
+        s.transition(rec.job_id, JobPhase.CANCELLED, "cancelled by bob", now_s=10.5 + i)
+    assert s.prune_ended(keep=8, keep_per_user=3, since_s=19.0) == 6
+    kept = [(j.user, j.job_id) for j in s.jobs()]
+    # alice's two stay; bob's newest 3 of those created before 19 s, and m12 (created at
+    # 19 s: still counted against his limits) is never deleted
+    assert kept == [("alice", "m1"), ("alice", "m2"), ("bob", "m9"), ("bob", "m10"),
+                    ("bob", "m11"), ("bob", "m12")]
+    assert s.prune_ended(keep=8, keep_per_user=3) == 1  # m9, once m12 is past its hold
+    assert s.prune_ended(keep=1, keep_per_user=3) == 4  # the overall bound still holds
+    assert [j.job_id for j in s.jobs()] == ["m12"]
+
+
 def test_the_job_list_rebuilds_only_what_changed_and_says_what_a_fresh_read_says(tmp_path):
     """``jobs()`` is read twice a tick for every job: its memo must never show a stale
     record, and must hand back the same record for a job whose rows did not change."""

@@ -92,3 +92,14 @@ def test_any_bytes_are_decoded_or_refused_with_a_record_error(raw):
     for decode in (r.decode_progress, r.decode_membership, r.decode_finish):
         with contextlib.suppress(r.RecordError):
             decode(raw)
+
+
+@pytest.mark.parametrize("raw", ["[" * 5000, '{"a":' * 5000, "[" * 100_000])
+def test_nesting_past_the_stack_is_a_record_error_not_a_recursion_error(raw):
+    """The combined load test's find (issue 49): a job's progress of 5,000 "[" raised
+    RecursionError out of the daemon's batched read of EVERY job's records, and another
+    user's job sat in `starting` for 4 minutes."""
+    for decode in (r.decode_progress, r.decode_membership, r.decode_finish,
+                   lambda x: r.decode_event(0, x)):
+        with pytest.raises(r.RecordError, match="not JSON"):
+            decode(raw)

@@ -201,10 +201,16 @@ def test_sbatch_time_and_warning_forms():
     text = "#!/bin/bash\n#SBATCH --time=UNLIMITED\n#SBATCH --signal=B:USR1@60\n" \
            "#SBATCH --requeue\n#SBATCH --qos=high\nsrun x\n"
     spec, opts = spec_from(text)
-    assert spec.time_limit_s is None
+    assert spec.time_limit_s is None and spec.qos == "high"  # --qos is held (issue 47)
     warnings = opts.warnings + spec_warnings(opts, spec)  # native: --signal means nothing
-    assert [w.split(": ", 2)[1] for w in warnings] == [
-        "--requeue ignored", "--qos ignored", "--signal ignored"]
+    assert [w.split(": ", 2)[1] for w in warnings] == ["--requeue ignored", "--signal ignored"]
+
+
+def test_nice_is_read_and_a_negative_one_refused_as_sbatch_does():
+    spec, _ = spec_from("#!/bin/bash\n#SBATCH --nice=150\nsrun x\n")
+    assert spec.nice == 150 and JobSpec.from_dict(spec.to_dict()) == spec
+    with pytest.raises(ScriptErrors, match="only Slurm's operators may give a negative"):
+        spec_from("#!/bin/bash\n#SBATCH --nice=-5\nsrun x\n")
 
 
 @pytest.mark.parametrize(("signal_opt", "expect"), [

@@ -277,10 +277,12 @@ class MalleTrainPolicy:
         return Solution(counts, objective, w, p, key, values, offer, table)
 
     def _counts(self, inp: AllocationInput, values: np.ndarray) -> tuple[np.ndarray, float]:
-        if not self.fair_share:
+        if not self.fair_share and not inp.caps:
             return solve_counts(values, len(inp.nodes))
-        return solve_fair(values, [j.user for j in inp.jobs], [len(j.nodes) for j in inp.jobs],
-                          len(inp.nodes))
+        # user-blind (fair_share off): Slurm's limits are still held, with one user's part
+        users = [j.user if self.fair_share else "" for j in inp.jobs]
+        return solve_fair(values, users, [len(j.nodes) for j in inp.jobs], len(inp.nodes),
+                          [j.limits for j in inp.jobs], inp.caps, inp.user_weights)
 
     def value_table(self, inp: AllocationInput, price_per_node_s: float = 0.0
                     ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
@@ -303,9 +305,12 @@ class MalleTrainPolicy:
         margins = np.array(
             [self.keep_margin + self.noise_margin * max(0.0, j.rate_noise) for j in inp.jobs]
         )
+        weights = np.array([j.weight for j in inp.jobs], dtype=float)
 
         def table(offer: NodeOffer) -> np.ndarray:
             values = offer_value_table(inp.jobs, offer, start, margins)
+            if (weights != 1.0).any():  # --nice: within the user's part (MalleableJob.weight)
+                values *= weights[:, None]
             if self.explore_free_only and offer.beyond_free:
                 no_exploration_beyond_free(values, inp.jobs, offer, start, margins)
             if price_per_node_s > 0 and values.shape[1] > 1:

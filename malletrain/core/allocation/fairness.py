@@ -9,34 +9,45 @@ throughput decide among one user's jobs, never across users: a user who submits 
 gets one user's part, not twenty jobs' worth, and a job whose reports claim a higher rate
 moves nodes only within its own user's part. A node left over after the equal division goes
 to the users holding the most nodes now, so that a steady state does not trade nodes back
-and forth. Pure.
+and forth. Slurm's limits (``AllocationInput.caps``: ``MaxTRESPerUser``, ``GrpTRES``, ...)
+cap what the users and accounts they bind may hold together before the division, so what
+a capped user cannot hold goes to the others too. Pure.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TypeVar
 
 import numpy as np
 
 from malletrain.core.allocation.knapsack import solve_counts
 
+#: The jobs of one user under one set of limits (user, the keys of the caps they count
+#: against): sized together by one count problem.
+Unit = tuple[str, tuple[str, ...]]
+K = TypeVar("K", str, Unit)
 
-def user_caps(demand: Mapping[str, int], held: Mapping[str, int], capacity: int
-              ) -> dict[str, int]:
-    """Max-min fair integer shares of ``capacity`` nodes, none above a user's ``demand``."""
+
+def user_caps(demand: Mapping[K, int], held: Mapping[K, int], capacity: int,
+              weights: Mapping[K, float] | None = None) -> dict[K, int]:
+    """Max-min fair integer shares of ``capacity`` nodes, none above a user's ``demand``;
+    with ``weights``, in proportion to them (a user not named: 1)."""
     caps = dict.fromkeys(demand, 0)
     left = capacity
     # ties: whoever holds more now keeps the odd node (then by name: deterministic)
     active = sorted((u for u in demand if demand[u] > 0), key=lambda u: (-held.get(u, 0), u))
     while left > 0 and active:
-        share = left // len(active)
-        if share == 0:
+        share = _shares(active, left, weights)
+        if not any(share.values()):
+            if weights:  # the odd nodes to the heaviest first
+                active.sort(key=lambda u: -weights.get(u, 1.0))
             for u in active[:left]:
                 caps[u] += 1
             break
-        still: list[str] = []
+        still: list[K] = []
         for u in active:
-            give = min(share, demand[u] - caps[u])
+            give = min(share[u], demand[u] - caps[u])
             caps[u] += give
             left -= give
             if caps[u] < demand[u]:
@@ -45,40 +56,97 @@ def user_caps(demand: Mapping[str, int], held: Mapping[str, int], capacity: int
     return caps
 
 
-def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int],
-               capacity: int) -> tuple[np.ndarray, float]:
-    """:func:`solve_counts` with each user's jobs held to the user's fair share.
+def _shares(active: Sequence[K], left: int, weights: Mapping[K, float] | None
+            ) -> dict[K, int]:
+    if not weights:
+        return dict.fromkeys(active, left // len(active))
+    total = sum(weights.get(u, 1.0) for u in active)
+    return {u: int(left * weights.get(u, 1.0) / total) for u in active}
 
-    ``users[j]`` and ``held[j]``: job j's user and the nodes it holds now. One user: exactly
-    :func:`solve_counts`. Each round solves every user's jobs within the user's cap; a user
-    whose best plan uses fewer nodes than its cap gives the rest back, and the caps are
-    divided again (at most one round per user).
+
+def cap_demand(demand: Mapping[Unit, int], held: Mapping[Unit, int],
+               caps: Mapping[str, int]) -> dict[Unit, int]:
+    """Each unit's demand held to the caps on its keys: the units carrying a key share the
+    key's cap max-min (the most specific keys first), so the units under every key add up
+    to at most its cap, whatever each unit's jobs are then given within its demand."""
+    out = dict(demand)
+    carriers: dict[str, list[Unit]] = {}
+    for unit in demand:
+        for key in unit[1]:
+            if key in caps:
+                carriers.setdefault(key, []).append(unit)
+    for key in sorted(carriers, key=lambda k: (len(carriers[k]), k)):
+        units = carriers[key]
+        share = user_caps({u: out[u] for u in units}, held, max(0, caps[key]))
+        for u in units:
+            out[u] = min(out[u], share[u])
+    return out
+
+
+def _unit_caps(demand: Mapping[Unit, int], held: Mapping[Unit, int],
+               user_cap: Mapping[str, int]) -> dict[Unit, int]:
+    """A user's fair part divided among its units (jobs under different limits), max-min."""
+    by_user: dict[str, list[Unit]] = {}
+    for unit in demand:
+        by_user.setdefault(unit[0], []).append(unit)
+    out: dict[Unit, int] = {}
+    for user, units in by_user.items():
+        if len(units) == 1:
+            out[units[0]] = min(user_cap[user], demand[units[0]])
+        else:
+            out.update(user_caps({u: demand[u] for u in units}, held, user_cap[user]))
+    return out
+
+
+def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int],
+               capacity: int, keys: Sequence[tuple[str, ...]] | None = None,
+               caps: Mapping[str, int] | None = None,
+               weights: Mapping[str, float] | None = None) -> tuple[np.ndarray, float]:
+    """:func:`solve_counts` with each user's jobs held to the user's fair share and to the
+    ``caps`` on their ``keys``.
+
+    ``users[j]`` and ``held[j]``: job j's user and the nodes it holds now; ``keys[j]``: the
+    limits its nodes count against (``AllocationInput.caps``: Slurm's per-user, per-account
+    and QOS limits); ``weights``: users' share weights (``AllocationInput.user_weights``).
+    One user and no caps: exactly :func:`solve_counts`. The jobs of one user
+    under the same keys are one *unit*, sized by one exact count problem. Each round solves
+    every unit within its cap; a unit whose best plan uses fewer nodes gives the rest back,
+    and the parts are divided again (at most one round per unit).
     """
-    groups: dict[str, list[int]] = {}
+    caps = caps or {}
+    units: dict[Unit, list[int]] = {}
     for j, user in enumerate(users):
-        groups.setdefault(user, []).append(j)
-    if len(groups) <= 1:
+        own = tuple(sorted(k for k in keys[j] if k in caps)) if keys and caps else ()
+        units.setdefault((user, own), []).append(j)
+    if len({u[0] for u in units}) <= 1 and not any(u[1] for u in units):
         return solve_counts(values, capacity)
     finite = np.isfinite(values)
     largest = np.where(finite.any(axis=1), values.shape[1] - 1 - np.argmax(finite[:, ::-1],
                                                                             axis=1), 0)
-    demand = {u: int(largest[idx].sum()) for u, idx in groups.items()}
-    holding = {u: int(sum(held[j] for j in idx)) for u, idx in groups.items()}
+    holding = {u: int(sum(held[j] for j in idx)) for u, idx in units.items()}
+    demand = cap_demand({u: int(largest[idx].sum()) for u, idx in units.items()}, holding,
+                        caps)
     counts = np.zeros(values.shape[0], dtype=int)
-    objective: dict[str, float] = {}
-    solved: dict[tuple[str, int], tuple[np.ndarray, float]] = {}
-    for _ in range(len(groups)):
-        caps = user_caps(demand, holding, capacity)
+    objective: dict[Unit, float] = {}
+    solved: dict[tuple[Unit, int], tuple[np.ndarray, float]] = {}
+    for _ in range(len(units)):
+        user_demand: dict[str, int] = {}
+        user_held: dict[str, int] = {}
+        for u in units:
+            user_demand[u[0]] = user_demand.get(u[0], 0) + demand[u]
+            user_held[u[0]] = user_held.get(u[0], 0) + holding[u]
+        unit_cap = _unit_caps(demand, holding,
+                              user_caps(user_demand, user_held, capacity, weights))
         gave_back = False
-        for u, idx in groups.items():
-            key = (u, caps[u])
+        for u, idx in units.items():
+            key = (u, unit_cap[u])
             if key not in solved:
-                solved[key] = solve_counts(values[idx], caps[u])
+                solved[key] = solve_counts(values[idx], unit_cap[u])
             c, obj = solved[key]
             counts[idx] = c
             objective[u] = obj
-            if int(c.sum()) < min(caps[u], demand[u]):
-                demand[u] = int(c.sum())  # more is worth nothing to this user now
+            if int(c.sum()) < unit_cap[u]:
+                demand[u] = int(c.sum())  # more is worth nothing to this unit now
                 gave_back = True
         if not gave_back:
             break

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
@@ -98,10 +98,11 @@ class _TypeSearch:
                 return t
         return None
 
-    def _sub(self, t: str, members: Iterable[int]) -> AllocationInput:
+    def _sub(self, t: str, members: Iterable[int],
+             caps: Mapping[str, int] | None = None) -> AllocationInput:
         jobs = tuple(v for j in sorted(members) if (v := self.views[t][j]) is not None)
         return AllocationInput(now_s=self.inp.now_s, nodes=self.pools[t], jobs=jobs,
-                               queued_jobs=self.inp.queued_jobs)
+                               queued_jobs=self.inp.queued_jobs, caps=dict(caps or {}))
 
     def _price(self, t: str) -> float:
         return max(0.0, float(self.inp.prices.get(t, 0.0)))
@@ -172,13 +173,19 @@ class _TypeSearch:
         """Node names per job for ``choice``; the objective net of the moves' costs."""
         assignments: dict[str, tuple[str, ...]] = {j.job_id: () for j in self.inp.jobs}
         objective = 0.0
+        caps = dict(self.inp.caps)  # Slurm's limits: what one type's jobs took is gone
         for t in self.pools:
             members = [j for j, c in enumerate(choice) if c == t]
             if not members:
                 continue
-            got, value = self.policy.assign(self._sub(t, members), self._price(t))
+            got, value = self.policy.assign(self._sub(t, members, caps), self._price(t))
             assignments.update(got)
             objective += value
+            for j in members:
+                job = self.inp.jobs[j]
+                for key in job.limits:
+                    if key in caps:
+                        caps[key] -= len(got.get(job.job_id, ()))
         now = [self._current(j) for j in range(len(choice))]
         objective -= sum(self._leave_cost(j, now[j], c) for j, c in enumerate(choice)
                          if assignments[self.inp.jobs[j].job_id])

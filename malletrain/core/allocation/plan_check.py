@@ -130,6 +130,18 @@ def _moves_across_users(inp: AllocationInput, planned: Mapping[str, int],
     return any(d > 0 for d in delta.values()) and any(d < 0 for d in delta.values())
 
 
+def _over_caps(inp: AllocationInput, counts: Mapping[str, int]) -> bool:
+    """Whether ``counts`` gives the jobs under some limit more than its cap (Slurm's limits,
+    ``AllocationInput.caps``): keeping a job's size never outranks them."""
+    if not inp.caps:
+        return False
+    used: dict[str, int] = {}
+    for job in inp.jobs:
+        for key in job.limits:
+            used[key] = used.get(key, 0) + counts[job.job_id]
+    return any(n > inp.caps[k] for k, n in used.items() if k in inp.caps)
+
+
 def better_plan(inp: AllocationInput, sol: Solution,
                 assignments: dict[str, tuple[str, ...]], fair: bool = False
                 ) -> tuple[dict[str, tuple[str, ...]], float]:
@@ -138,7 +150,7 @@ def better_plan(inp: AllocationInput, sol: Solution,
     counts, objective = no_shrink_counts(inp, sol)
     if objective <= _FORBIDDEN / 2:  # cannot happen while keeping is feasible; be safe
         return assignments, sol.objective
-    if fair and _moves_across_users(inp, sol.counts, counts):
+    if (fair and _moves_across_users(inp, sol.counts, counts)) or _over_caps(inp, counts):
         return assignments, sol.objective  # users' fair shares come first (.fairness)
     kept = sol.place(inp, counts)
     planned_value = realised_value(inp, sol, assignments)

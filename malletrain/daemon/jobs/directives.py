@@ -326,6 +326,7 @@ def build_spec(opts: Options, *, script: str, args: Sequence[str], cwd: str, pyt
     exclude = c.get("exclude", option_values.exclude) or ()
     dependency = c.get("dependency", option_values.dependency)
     array = c.get("array", option_values.array)
+    nice = c.get("nice", option_values.nice) or 0
     workers = tasks or gpus or 1
     if plan is not None:
         launch = plan.launch
@@ -339,7 +340,7 @@ def build_spec(opts: Options, *, script: str, args: Sequence[str], cwd: str, pyt
                 min_nodes=nodes[0], max_nodes=nodes[1], time_limit_s=time_s,
                 gpus_per_node=gpus, gpu_type=gpu_type, nproc_per_node=workers,
                 output=v.get("output"), error=v.get("error"), chdir=chdir, export=export,
-                environment=env, account=v.get("account"),
+                environment=env, account=v.get("account"), qos=v.get("qos"), nice=nice,
                 kind=v.get("kind", _kind_of(script)), python=python,
                 launcher=v.get("launcher", "srun"), slot_options=slot,
                 mode="restart" if plan else "native",

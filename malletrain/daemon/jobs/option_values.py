@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from malletrain.daemon.jobs.dependency import DependencyError, parse_dependency
-from malletrain.daemon.jobs.spec import MAX_EXCLUDED_NODES, MAX_RATE_TARGET, SpecError
+from malletrain.daemon.jobs.spec import MAX_EXCLUDED_NODES, MAX_NICE, MAX_RATE_TARGET, SpecError
 from malletrain.elastic.restart.arrays import ArrayError, parse_array
 from malletrain.slurm.errors import SlurmParseError
 from malletrain.slurm.hostlist import expand_hostlist
@@ -22,6 +22,18 @@ def rate(text: str, where: str) -> float:
         raise SpecError(f"{where}: {text!r} is not a rate in samples/s (a number above 0 "
                         f"and at most {MAX_RATE_TARGET:g})")
     return rate
+
+
+def nice(text: str, where: str) -> int:
+    """``--nice=N``: 0 to :data:`MAX_NICE`; sbatch refuses a negative one to non-operators
+    (``Nice value must be non-negative``), and so does malletrain (the user submits)."""
+    t = text.strip()
+    if t.startswith("-") and t[1:].isdigit():
+        raise SpecError(f"{where}: {text!r}: only Slurm's operators may give a negative "
+                        "--nice (sbatch refuses it too)")
+    if not t.isdigit() or int(t) > MAX_NICE:
+        raise SpecError(f"{where}: {text!r} must be an integer from 0 to {MAX_NICE}")
+    return int(t)
 
 
 def exclude(text: str, where: str) -> tuple[str, ...]:

@@ -46,7 +46,7 @@ _TABLE: tuple[Rule, ...] = (
     Rule("--export", _USE), Rule("--account", _USE, "-A"), Rule("--kind", _USE),
     Rule("--launcher", _USE), Rule("--signal", _USE), Rule("--rate-target", _USE),
     Rule("--exclude", _USE, "-x"), Rule("--array", _USE, "-a"),
-    Rule("--dependency", _USE, "-d"),
+    Rule("--dependency", _USE, "-d"), Rule("--qos", _USE, "-q"), Rule("--nice", _USE),
     # -- honoured by Slurm on every node slot
     *(Rule(o, _SLOT, s) for o, s in (
         ("--cpus-per-task", "-c"), ("--mem", None), ("--mem-per-cpu", None),
@@ -60,14 +60,12 @@ _TABLE: tuple[Rule, ...] = (
     Rule("--partition", _IGNORE, "-p",
          why="malleable jobs run their node slots in the scavenger partition"),
     Rule("--exclusive", _IGNORE, value=False, why="node slots always hold a whole node"),
-    Rule("--qos", _IGNORE, "-q", why="the administrator sets the scavenger QOS"),
     Rule("--requeue", _IGNORE, value=False,
          why="node slots are always requeued by the daemon"),
     *(Rule(o, _IGNORE, s, why=w) for o, s, w in (
         ("--mail-type", None, "malletrain sends no mail; watch `malletrain jobs`"),
         ("--mail-user", None, "malletrain sends no mail; watch `malletrain jobs`"),
         ("--open-mode", None, "node slots append to the output files"),
-        ("--nice", None, "node slots only use idle nodes"),
         ("--priority", None, "node slots only use idle nodes"),
         ("--wckey", None, "not used by node slots"),
         ("--switches", None, "the daemon chooses the nodes"),

@@ -21,6 +21,8 @@ from malletrain.errors import PermanentError
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
 #: ``@`` included: centres name accounts per partition that way (IDRIS: ``six@v100``)
 _ACCOUNT_RE = re.compile(r"^[A-Za-z0-9_.+@-]{1,64}$")
+#: sbatch takes a nice value up to this (``NICE_OFFSET - 3``, src/common/slurm_protocol_defs.h)
+MAX_NICE = 2147483645
 _NODE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 #: Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
@@ -152,6 +154,10 @@ class JobSpec:
     export: str = "ALL"
     environment: Mapping[str, str] = field(default_factory=dict)
     account: str | None = None
+    #: ``--qos``: the QOS whose limits the job is held to (one its association may use)
+    qos: str | None = None
+    #: ``--nice``: 0 or more; a nicer job gets less of its user's nodes (tick/allocate.py)
+    nice: int = 0
     #: Profiles are pooled per kind (default: the script's file name).
     kind: str = "default"
     #: The Python interpreter that runs the workers on the nodes (the submitter's by default).
@@ -228,7 +234,7 @@ class JobSpec:
                 ):
                     raise SpecError("spec.environment: expected an object of strings")
                 kw[key] = dict(value)
-            elif key in ("min_nodes", "max_nodes", "gpus_per_node", "nproc_per_node",
+            elif key in ("min_nodes", "max_nodes", "gpus_per_node", "nproc_per_node", "nice",
                          "time_limit_s", "stop_grace_s", "tasks_per_node", "array_task_id",
                          "array_job_id"):
                 if value is None and key in ("time_limit_s", "tasks_per_node",
@@ -247,7 +253,8 @@ class JobSpec:
                                           or not isinstance(value, (int, float))):
                     raise SpecError("spec.rate_target: expected a number or null")
                 kw[key] = None if value is None else float(value)
-            elif key in ("output", "error", "account", "gpu_type", "dependency", "array"):
+            elif key in ("output", "error", "account", "qos", "gpu_type", "dependency",
+                         "array"):
                 if value is not None and not isinstance(value, str):
                     raise SpecError(f"spec.{key}: expected a string or null")
                 kw[key] = value
@@ -334,6 +341,10 @@ def _check_spec(s: JobSpec) -> None:
             raise SpecError(f"environment: {var} contains a NUL byte or is too long")
     if s.account is not None and not _ACCOUNT_RE.match(s.account):
         raise SpecError(f"account: {s.account!r} is not a valid Slurm account name")
+    if s.qos is not None and not _ACCOUNT_RE.match(s.qos):
+        raise SpecError(f"--qos: {s.qos!r} is not a valid Slurm QOS name")
+    if not 0 <= s.nice <= MAX_NICE:  # sbatch: only operators may give a negative nice
+        raise SpecError(f"--nice: {s.nice} must be between 0 and {MAX_NICE}")
 
 
 def _check_slot_fields(s: JobSpec) -> None:

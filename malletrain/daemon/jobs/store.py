@@ -232,19 +232,20 @@ class Store:
             recs = [r for r in recs if not r.state.terminal]
         return recs
 
-    def prune_ended(self, keep: int, *, since_s: float | None = None) -> int:
-        """Delete all but the newest ``keep`` ended jobs (and their rows); returns how many.
-        Jobs submitted since ``since_s`` are never deleted: they still count against their
-        user's limits (:meth:`count_jobs`).
+    def prune_ended(self, keep: int, *, keep_per_user: int | None = None,
+                    since_s: float | None = None) -> int:
+        """Delete all but the newest ``keep`` ended jobs (and their rows), and of each user
+        all but their newest ``keep_per_user``; returns how many.  Jobs submitted since
+        ``since_s`` are never deleted: they still count against their user's limits
+        (:meth:`count_jobs`).
 
         Without it the database, and every tick's read of it, grows with every job ever
-        submitted (issue 15: bounded resources).
+        submitted (issue 15: bounded resources); without the per-user bound, one user's
+        submit-and-end loop pushes every other user's history out of the ``keep`` newest.
         """
         with self._lock:  # a read first: most ticks have nothing to delete
-            old = [r[0] for r in self._db.execute(
-                f"SELECT job_id FROM jobs WHERE state IN ({_TERMINAL_MARKS}) AND created_s < ? "
-                "ORDER BY seq DESC LIMIT -1 OFFSET ?",
-                (*_TERMINAL, float("inf") if since_s is None else since_s, keep))]
+            old = self._ended_beyond(keep, keep_per_user,
+                                     float("inf") if since_s is None else since_s)
         if not old:
             return 0
         with self._tx() as db:
@@ -254,6 +255,19 @@ class Store:
                 for table in ("slots", "history", "actions", "jobs"):
                     db.execute(f"DELETE FROM {table} WHERE job_id IN ({marks})", part)
         return len(old)
+
+    def _ended_beyond(self, keep: int, keep_per_user: int | None, before_s: float) -> list[str]:
+        """The ended jobs created before ``before_s`` beyond the newest ``keep_per_user`` of
+        their user, then beyond the newest ``keep`` of those left (SQLite's window
+        functions: one query)."""
+        per_user = keep_per_user if keep_per_user is not None else -1
+        ranked = ("SELECT job_id, seq, ROW_NUMBER() OVER (PARTITION BY uid ORDER BY seq DESC) "
+                  f"AS own FROM jobs WHERE state IN ({_TERMINAL_MARKS}) AND created_s < ?")
+        return [r[0] for r in self._db.execute(
+            "SELECT job_id FROM (SELECT job_id, own, "
+            "ROW_NUMBER() OVER (ORDER BY (? >= 0 AND own > ?), seq DESC) AS overall "
+            f"FROM ({ranked})) WHERE (? >= 0 AND own > ?) OR overall > ?",
+            (per_user, per_user, *_TERMINAL, before_s, per_user, per_user, keep))]
 
     def count_jobs(self, uid: int | None = None, *, since_s: float | None = None) -> int:
         """Jobs not yet in a terminal state (all users, or one), and with ``since_s`` every

@@ -48,6 +48,7 @@ from malletrain.ops.metrics import Metrics, PhaseClock
 from malletrain.ops.settings import Settings
 from malletrain.slurm.backend import SlurmBackend
 from malletrain.slurm.cache import SnapshotCache
+from malletrain.slurm.limits import LimitsReader
 from malletrain.slurm.privacy import PrivacyCache
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,13 @@ def decide_settings(settings: Settings, **overrides: float) -> DecideSettings:
         node_prices=settings.allocator.prices_by_node_type(),
     )
     return replace(base, **overrides)  # type: ignore[arg-type]
+
+
+def limits_reader(settings: Settings) -> LimitsReader:
+    """Slurm's limits as the settings' ``accounting:`` section asks them read."""
+    acct = settings.accounting
+    return LimitsReader(mode=acct.mode, refresh_s=acct.refresh_s, cluster=acct.cluster,
+                        user_max_nodes=acct.user_max_nodes, share_weights=acct.share_weights)
 
 
 class Daemon:
@@ -110,6 +118,7 @@ class Daemon:
         self._job_members: dict[str, int] = {}
         self._profile_points: dict[str, int] = {}
         self._reasons: dict[str, str] = {}
+        self._entitled: dict[str, int] = {}  # user -> nodes (the last plan's)
         #: for the arrival probe (daemon/observe/arrivals.py): the last snapshot's job ids, and
         #: whether any node is held (only then can a new job's start wait for the daemon)
         self.seen_job_ids: frozenset[int] = frozenset()
@@ -123,9 +132,11 @@ class Daemon:
         self.state_dir = settings.state.snapshot_dir / self.instance
         prepare_state_dir(self.state_dir)
         self.privacy = PrivacyCache(backend.privacy)
+        self.limits = limits_reader(settings)
         self.requests = RequestHandler(
             settings, self.store, coordinator=self.coordinator, state_dir=self.state_dir,
-            rows=self.rows, wake=wake or (lambda: None), privacy=self.privacy.get)
+            rows=self.rows, wake=wake or (lambda: None), privacy=self.privacy.get,
+            site_limits=self.limits.held)
         self._reconcile_interrupted()
 
     def _live_job_ids(self) -> list[tuple[str, int]]:
@@ -147,6 +158,8 @@ class Daemon:
         old = self.settings.allocator
         self.settings = settings
         self.requests.settings = settings
+        self.limits = limits_reader(settings)
+        self.requests.site_limits = self.limits.held
         new = settings.allocator
         if (new.policy, new.policy_options()) != (old.policy, old.policy_options()):
             self.learned.save_policy(self.policy)
@@ -218,10 +231,12 @@ class Daemon:
         live = [j for j in world.jobs if not j.state.terminal]  # one store read a tick
         self._publish_metrics(plan, slurm_up=not self.cache.stale, snap=snap, jobs=live)
         self._save_learned(live)
-        pruned = self.store.prune_ended(self.settings.state.keep_ended_jobs,
+        keep = self.settings.state
+        pruned = self.store.prune_ended(keep.keep_ended_jobs,
+                                        keep_per_user=keep.keep_ended_jobs_per_user,
                                         since_s=time.time() - SUBMISSION_HOLD_S)
         if pruned:
-            log.info("deleted %d ended job(s) beyond state.keep_ended_jobs", pruned)
+            log.info("deleted %d ended job(s) beyond state.keep_ended_jobs(_per_user)", pruned)
         laps.lap("publish")
         if self.metrics is not None:
             self.metrics.observe_tick(time.monotonic() - t0)
@@ -280,6 +295,7 @@ class Daemon:
             models=models,
             settings=decide_settings(self.settings, **self._decide_overrides),
             hole_start_s=self._last_plan.hole_start_s if self._last_plan else {},
+            limits=self.limits.current(),
         )
 
     def _log_plan(self, plan: TickPlan, world: World) -> None:
@@ -326,6 +342,7 @@ class Daemon:
                                   if j in world.busy}, **nodes}
             self._reasons = {**{j: self._reasons.get(j, "") for j in world.busy},
                              **plan.reasons}
+            self._entitled = dict(plan.entitled)
 
     def _job_done(self, job_id: str) -> None:
         rec = self.store.job(job_id)
@@ -366,7 +383,7 @@ class Daemon:
     def rows(self) -> list[JobRow]:
         with self._rows_lock:
             views = (dict(self._job_nodes), dict(self._job_members), dict(self._profile_points),
-                     dict(self._reasons))
+                     dict(self._reasons), dict(self._entitled))
         return job_rows(self.store.jobs(), *views)
 
     def close(self, timeout_s: float | None = None) -> None:

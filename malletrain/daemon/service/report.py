@@ -48,9 +48,15 @@ def metrics_snapshot(plan: TickPlan, snap: ClusterSnapshot, jobs: Sequence[JobRe
 
 def job_rows(jobs: Sequence[JobRecord], job_nodes: Mapping[str, tuple[str, ...]],
              job_members: Mapping[str, int], points: Mapping[str, int],
-             reasons: Mapping[str, str]) -> list[JobRow]:
+             reasons: Mapping[str, str], entitled: Mapping[str, int] | None = None
+             ) -> list[JobRow]:
     """One row per job: its record, and the nodes, members, profile points and reason the
-    last tick saw (an ended job shows none)."""
+    last tick saw (an ended job shows none), with its user's nodes and entitlement."""
+    entitled = entitled or {}
+    user_nodes: dict[str, int] = {}
+    for j in jobs:
+        if not j.state.terminal:
+            user_nodes[j.user] = user_nodes.get(j.user, 0) + len(job_nodes.get(j.job_id, ()))
     return [JobRow(
         job_id=j.job_id, user=j.user, name=j.spec.name, state=j.state.value,
         nodes=job_nodes.get(j.job_id, ()) if not j.state.terminal else (),
@@ -63,4 +69,5 @@ def job_rows(jobs: Sequence[JobRecord], job_nodes: Mapping[str, tuple[str, ...]]
         preemptions=j.preemptions, message=j.lifecycle.history[-1].reason,
         rate_target=j.spec.rate_target,
         reason=reasons.get(j.job_id, "") if j.state.active else "",
+        user_nodes=user_nodes.get(j.user, 0), user_entitled=entitled.get(j.user, 0),
     ) for j in jobs]

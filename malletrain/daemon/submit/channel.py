@@ -200,7 +200,10 @@ def _read_message(conn: socket.socket, deadline_s: float | None = None) -> Any:
     line = bytes(buf).split(b"\n", 1)[0]
     if not line:
         raise ValueError("empty request")
-    return json.loads(line.decode("utf-8"))
+    try:
+        return json.loads(line.decode("utf-8"))
+    except RecursionError:  # "[" x 5000 nests past the stack: a bad request, not a traceback
+        raise ValueError("request nested too deeply") from None
 
 
 # ----------------------------------------------------------------------------- client

@@ -322,6 +322,9 @@ def _submit_one(sock: Path, spec: JobSpec, read: ReadScript) -> tuple[str, list[
 
     answer = _call(sock, {"op": "submit", "spec": spec.to_dict()}, idempotent=False)
     job_id = str(answer["job_id"])
+    if spec.qos is not None and answer.get("qos") != spec.qos:
+        print(f"malletrain submit: warning: --qos={spec.qos} ignored: node slots run under "
+              f"this site's scavenger QOS {answer.get('qos')}", file=sys.stderr)
     backend = CliBackend()
     slurm_ids: list[int] = []
     try:

@@ -13,10 +13,11 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from malletrain.core.accounting import SiteLimits
 from malletrain.core.lifecycle import JobPhase
 from malletrain.daemon.jobs.dependency import parse_dependency
 from malletrain.daemon.jobs.spec import JobSpec, SpecError
@@ -62,12 +63,17 @@ class JobRow:
     rate_target: float | None = None
     #: why it has the nodes it has, as the last tick saw it (``daemon.tick.reasons``)
     reason: str = ""
+    #: the nodes the job's user holds now, and the user's entitlement, by the last tick:
+    #: the user's fair part of the nodes on offer under its limits (``tick.reasons``)
+    user_nodes: int = 0
+    user_entitled: int = 0
 
 
 class RequestHandler:
     def __init__(self, settings: Settings, store: Store, *, coordinator: Any, state_dir: Path,
                  rows: Callable[[], list[JobRow]], wake: Callable[[], None],
-                 privacy: Callable[[], Privacy] = Privacy) -> None:
+                 privacy: Callable[[], Privacy] = Privacy,
+                 site_limits: Callable[[], SiteLimits | None] = lambda: None) -> None:
         self.settings = settings  # replaced on reload
         self.store = store
         self.coordinator = coordinator
@@ -76,6 +82,8 @@ class RequestHandler:
         self.wake = wake
         #: Slurm's PrivateData and operators (the daemon's cache; open by default in tests)
         self.privacy = privacy
+        #: Slurm's associations and QOS as last read (``--qos`` is checked against them)
+        self.site_limits = site_limits
 
     def handle(self, peer: Peer, req: Mapping[str, Any]) -> dict[str, Any]:
         op = req.get("op")
@@ -101,6 +109,9 @@ class RequestHandler:
     def _submit(self, peer: Peer, req: Mapping[str, Any]) -> dict[str, Any]:
         spec = JobSpec.from_dict(req.get("spec"))
         self._check_limits(peer, spec)
+        qos = self._check_qos(peer, spec)
+        if spec.qos is not None and spec.qos != qos:  # the site's scavenger QOS holds
+            spec = replace(spec, qos=qos)
         self._check_dependency(peer, spec)
         rec = self.store.create_job(peer.uid, peer.user, spec)
         log.info("job %s submitted by %s (uid %d): %s, %d-%d nodes", rec.job_id, peer.user,
@@ -114,9 +125,23 @@ class RequestHandler:
             "job_secret": self.coordinator.job_secret(rec.job_id, owner=peer.uid),
             "state_dir": str(self.state_dir),
             "partition": slurm.scavenger_partition,
-            "qos": slurm.qos,
+            "qos": qos,
             "account": slurm.account,
         }
+
+    def _check_qos(self, peer: Peer, spec: JobSpec) -> str | None:
+        """The QOS the job's slots run under: the site's scavenger QOS, or the job's
+        ``--qos`` where the user's association may use it (sbatch's own check)."""
+        site = self.settings.slurm.qos
+        if spec.qos is None or site is not None:
+            # a site's scavenger QOS (slurm.qos) is what Slurm's preemption relies on: the
+            # slots run under it whatever the script says (`malletrain submit` warns)
+            return site
+        limits = self.site_limits()
+        why = limits.qos_refusal(peer.user, spec.account, spec.qos) if limits else None
+        if why:
+            raise SpecError(why)
+        return spec.qos
 
     def _check_limits(self, peer: Peer, spec: JobSpec) -> None:
         lim = self.settings.limits

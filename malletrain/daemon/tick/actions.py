@@ -107,6 +107,8 @@ class TickPlan:
     notes: tuple[str, ...] = ()
     #: job id -> why it has the nodes it has (:mod:`.reasons`), for ``malletrain jobs``
     reasons: Mapping[str, str] = field(default_factory=dict)
+    #: user -> the nodes the user is entitled to now (:func:`.reasons.entitlements`)
+    entitled: Mapping[str, int] = field(default_factory=dict)
     #: Held nodes are being given back ahead of a foreign job (``yield_ahead``). Slurm's
     #: backfill plan moves every pass while that job waits, and may name more of our nodes
     #: next: the loop should look again soon instead of after a whole tick interval. Also

@@ -21,9 +21,10 @@ from __future__ import annotations
 from malletrain.core.model import Policy
 from malletrain.daemon.tick.actions import Action, TickPlan
 from malletrain.daemon.tick.allocate import allocate, policy_jobs
+from malletrain.daemon.tick.limits import all_limits, limited_jobs, most_nodes, shared_caps
 from malletrain.daemon.tick.membership import membership_actions
 from malletrain.daemon.tick.pool import build_pool
-from malletrain.daemon.tick.reasons import job_reasons
+from malletrain.daemon.tick.reasons import entitlements, job_reasons
 from malletrain.daemon.tick.reconcile import JobContext, reconcile
 from malletrain.daemon.tick.screen import screen
 from malletrain.daemon.tick.views import job_slots
@@ -39,9 +40,12 @@ def decide(world: World, policy: Policy) -> TickPlan:
               if j.job_id in world.busy}
     gpu_types = frozenset(n.node_type for n in pool.free + pool.held + pool.leaving
                           if n.node_type)
+    limits = all_limits(screened.managed, world.limits)
     jobs = policy_jobs(world.now_s, free, slots, pool.holdings.held, world.models, gpu_types,
-                       frozenset(pool.offered))
-    allocation = allocate(world.now_s, pool, jobs, policy, pinned, world.settings.node_prices)
+                       frozenset(pool.offered), limits)
+    weights = world.limits.share_weights if world.limits else None
+    allocation = allocate(world.now_s, pool, jobs, policy, pinned, world.settings.node_prices,
+                          shared_caps(limits, pinned), weights)
     actions: list[Action] = [a for a in screened.actions if a.job_id not in world.busy]
     notes = [n for js in slots.values() for n in js.changed] + list(pool.give_back.notes)
     windows = pool.windows
@@ -58,4 +62,7 @@ def decide(world: World, policy: Policy) -> TickPlan:
         free_nodes=pool.free, held_nodes=pool.held, hole_start_s=pool.hole_start_s,
         notes=tuple(notes), follow_up=pool.give_back.follow_up,
         reasons=job_reasons(screened.managed, allocation.targets, len(pool.offered),
-                            screened.waiting))
+                            screened.waiting, limited_jobs(limits, allocation.targets,
+                                                           shared_caps(limits, {}))),
+        entitled=entitlements(screened.managed, allocation.targets, len(pool.offered),
+                              most_nodes(screened.managed, limits), weights))

@@ -4,6 +4,9 @@ For the jobs that wait for or hold scavenged nodes, after the tick's allocation:
 
 * ``Dependency``: it waits for its ``--dependency`` (it takes no part in the allocation);
 * ``MaxNodes``: it is planned at its ``--nodes`` maximum;
+* ``AccountLimit`` / ``QOSLimit``: a limit of its association or account (or the
+  settings' ``accounting.user_max_nodes``) / of its QOS holds it where it is
+  (``daemon.tick.limits``);
 * ``UserShare``: its user's jobs hold the user's part of the nodes on offer while other
   users have jobs too (``core.allocation.fairness``);
 * ``Resources``: every node on offer is planned for a job;
@@ -15,25 +18,51 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from malletrain.core.allocation.fairness import user_caps
 from malletrain.daemon.jobs.store import JobRecord
 
 
 def job_reasons(managed: Sequence[JobRecord], targets: Mapping[str, tuple[str, ...]],
-                offered: int, waiting: Mapping[str, str]) -> dict[str, str]:
-    """job id -> reason, for ``managed`` jobs and the ``waiting`` ones (their own reason)."""
+                offered: int, waiting: Mapping[str, str],
+                limited: Mapping[str, str] | None = None) -> dict[str, str]:
+    """job id -> reason, for ``managed`` jobs and the ``waiting`` ones (their own reason);
+    ``limited``: the jobs a Slurm limit holds (``daemon.tick.limits.limited_jobs``)."""
+    limited = limited or {}
     out = {job_id: f"Dependency ({why})" for job_id, why in waiting.items()}
     held: dict[str, int] = {}
     for job in managed:
         held[job.user] = held.get(job.user, 0) + len(targets.get(job.job_id, ()))
     share = offered // max(1, len(held))
     planned = sum(held.values())
+    at_max = {j.job_id for j in managed if len(targets.get(j.job_id, ())) >= j.spec.max_nodes}
+    # users with a job that could take more: a share is what holds the others back only
+    # while one of them could use the nodes (not when all are at a limit or their maximum)
+    wanting = {j.user for j in managed if j.job_id not in at_max and j.job_id not in limited}
     for job in managed:
-        if len(targets.get(job.job_id, ())) >= job.spec.max_nodes:
+        if job.job_id in at_max:
             out[job.job_id] = "MaxNodes"
-        elif len(held) > 1 and held[job.user] >= share:
+        elif job.job_id in limited:
+            out[job.job_id] = limited[job.job_id]
+        elif len(held) > 1 and held[job.user] >= share and wanting - {job.user}:
             out[job.job_id] = "UserShare"
         elif planned >= offered:
             out[job.job_id] = "Resources"
         else:
             out[job.job_id] = "Value"
     return out
+
+
+def entitlements(managed: Sequence[JobRecord], targets: Mapping[str, tuple[str, ...]],
+                 offered: int, most: Mapping[str, int],
+                 weights: Mapping[str, float] | None = None) -> dict[str, int]:
+    """user -> the nodes the user is entitled to now (``malletrain jobs --json``): the
+    user's max-min fair part of the ``offered`` nodes (weighted by ``weights``) for the
+    most each of its jobs may hold (``most``: job id -> its ``--nodes`` maximum under its
+    own limits), what other users cannot use included. The knapsack then holds a user at
+    or below it; shared limits (an account's, a QOS's) may hold a user lower still."""
+    demand: dict[str, int] = {}
+    held: dict[str, int] = {}
+    for job in managed:
+        demand[job.user] = demand.get(job.user, 0) + most.get(job.job_id, job.spec.max_nodes)
+        held[job.user] = held.get(job.user, 0) + len(targets.get(job.job_id, ()))
+    return user_caps(demand, held, offered, dict(weights or {}))

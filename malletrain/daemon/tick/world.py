@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from malletrain.core.accounting import SiteLimits
 from malletrain.core.cluster import ClusterSnapshot
 from malletrain.core.model import ThroughputModel
 from malletrain.daemon.jobs.store import JobRecord, SlotRecord
@@ -114,6 +115,9 @@ class World:
     #: and get no actions, so no other job is planned onto a node such a job may still take
     #: or leave (the daemon saw ten times the placements and parks without this).
     busy: frozenset[str] = frozenset()
+    #: Slurm's limits on users, accounts and QOS (``sacctmgr``, read every
+    #: ``accounting.refresh_s``) or the settings' per-user cap; None: no limits known.
+    limits: SiteLimits | None = None
 
     def coord_of(self, job_id: str) -> CoordView:
         return self.coord.get(job_id, _NOTHING_SAID)

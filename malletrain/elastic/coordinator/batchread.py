@@ -77,11 +77,14 @@ def read_jobs(store: AuthClient, job_store: Callable[[str], JobStore],
             continue
         epoch, start, n_new = span
         cfgs = second[start:start + EPOCH_WINDOW + 1]
-        js.absorb_events(second[start + EPOCH_WINDOW + 1:start + EPOCH_WINDOW + 1 + n_new])
         try:
+            js.absorb_events(second[start + EPOCH_WINDOW + 1:start + EPOCH_WINDOW + 1 + n_new])
             out[js.job_id] = _job_read(js, epoch, cfgs, first[4 * i + 2], first[4 * i + 3])
         except r.RecordError as exc:
             out[js.job_id] = exc
+        except Exception as exc:  # whatever a job's own bytes do, they stay that job's
+            out[js.job_id] = r.RecordError(
+                f"unreadable record ({type(exc).__name__}: {exc})"[:200])
     return out
 
 

@@ -59,8 +59,8 @@ def _load(raw: bytes | str, what: str, keys: frozenset[str], optional: frozenset
         raise RecordError(f"{what}: {len(raw)} bytes, more than {MAX_RECORD_BYTES}")
     try:
         d = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RecordError(f"{what}: not JSON ({exc})") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # "[" x 5000 nests
+        raise RecordError(f"{what}: not JSON ({type(exc).__name__}: {exc})"[:200]) from None
     if not isinstance(d, dict):
         raise RecordError(f"{what}: not a JSON object")
     missing = keys - d.keys()

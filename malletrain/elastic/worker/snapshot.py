@@ -134,6 +134,16 @@ def find_latest(state_dir: Path | None, job_id: str) -> SnapshotRef | None:
     return best
 
 
+def find_newest(state_dir: Path | None, own_dir: Path | None, job_id: str
+                ) -> SnapshotRef | None:
+    """The newest snapshot of ``job_id`` in its own directory (:func:`private_dir`) or
+    directly in ``state_dir``, where the code before the per-job directories saved it: a
+    job evicted to zero across an upgrade resumes instead of starting over. The same checks
+    hold for both (this user's private file here, the job's MAC at :func:`load`)."""
+    refs = [r for r in (find_latest(own_dir, job_id), find_latest(state_dir, job_id)) if r]
+    return max(refs, key=lambda r: r.step, default=None)
+
+
 def save(state_dir: Path, job_id: str, step: int, payload: dict[str, Any],
          secret: bytes) -> Path:
     """Atomically write ``payload`` (tagged with job id and step, MAC'ed); returns the path."""

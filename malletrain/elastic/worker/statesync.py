@@ -80,7 +80,8 @@ class StateSync(WorkerState):
 
     def _gather_state(self) -> tuple[list[list[int]], snapshot.SnapshotRef | None]:
         """Every rank's [has state, step, newest snapshot step, dirty], and our snapshot."""
-        snap = snapshot.find_latest(self._snapshot_dir(create=False), self.config.job_id)
+        snap = snapshot.find_newest(self.config.state_dir, self._snapshot_dir(create=False),
+                                    self.config.job_id)
         mine = torch.tensor(
             [int(self.has_state), self.step, -1 if snap is None else snap.step,
              int(self._dirty)],
@@ -218,6 +219,9 @@ class StateSync(WorkerState):
     def _remove_snapshots(self) -> None:
         """The job finished: its snapshots, and its directory once empty, go."""
         own = self._snapshot_dir(create=False)
+        if self.config.state_dir is not None and self.config.state_dir.is_dir():
+            # one saved before the per-job directories (an upgrade): this user's only
+            snapshot.remove_older(self.config.state_dir, self.config.job_id, keep_step=None)
         if own is not None:
             snapshot.remove_older(own, self.config.job_id, keep_step=None)
             with contextlib.suppress(OSError):  # not empty: a member saved late

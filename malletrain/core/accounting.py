@@ -1,0 +1,141 @@
+"""Slurm's limits on users, accounts and QOS, as the daemon holds them (issue 47). Pure data.
+
+Read from Slurm's accounting (``sacctmgr show assoc | qos | user``:
+:mod:`malletrain.slurm.parsers.parse_limits`) or, on a site without accounting, made from
+the settings (``accounting.user_max_nodes``). The tick turns them into node caps on each
+user's and account's share of the nodes on offer (``daemon/tick/limits.py``), which the
+fair division intersects with (:mod:`malletrain.core.allocation.fairness`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+
+
+@dataclass(frozen=True)
+class TresLimit:
+    """One Slurm limit's node, GPU and running-job counts (``None``: no limit)."""
+
+    nodes: int | None = None
+    gpus: int | None = None
+    jobs: int | None = None
+
+    def node_cap(self, gpus_per_node: int) -> int | None:
+        """The nodes this limit allows to slots of ``gpus_per_node`` GPUs each.
+
+        Why a job count caps nodes: each node slot of a malleable job is one single-node
+        Slurm job of the user (docs/architecture.md), so Slurm counts a job on ``n`` nodes as
+        ``n`` running jobs against ``MaxJobs``/``GrpJobs``/``MaxJobsPerUser``."""
+        caps = [c for c in (self.nodes, self.jobs) if c is not None]
+        if self.gpus is not None and gpus_per_node > 0:
+            caps.append(self.gpus // gpus_per_node)
+        return min(caps) if caps else None
+
+
+NO_LIMIT = TresLimit()
+
+
+@dataclass(frozen=True)
+class Association:
+    """One line of ``sacctmgr show assoc``: an account's own (``user`` empty) or a user's in
+    an account. Slurm copies an account's ``MaxTRES``/``MaxJobs`` into its users' lines (as
+    shown); ``GrpTRES``/``GrpJobs`` bind the whole sub-tree and are not copied."""
+
+    account: str
+    user: str = ""
+    partition: str = ""
+    parent: str = ""
+    #: ``MaxTRES``: each job of the association (a malleable job is one job to its user)
+    per_job: TresLimit = NO_LIMIT
+    #: ``GrpTRES``/``GrpJobs``, and on a user's line ``MaxJobs``: all running jobs together
+    total: TresLimit = NO_LIMIT
+    qos: tuple[str, ...] = ()
+    default_qos: str = ""
+
+
+@dataclass(frozen=True)
+class Qos:
+    """One line of ``sacctmgr show qos``."""
+
+    name: str
+    per_user: TresLimit = NO_LIMIT      # MaxTRESPerUser, MaxJobsPerUser
+    per_account: TresLimit = NO_LIMIT   # MaxTRESPerAccount, MaxJobsPerAccount
+    total: TresLimit = NO_LIMIT         # GrpTRES, GrpJobs
+    per_job: TresLimit = NO_LIMIT       # MaxTRES
+
+
+@dataclass(frozen=True)
+class SiteLimits:
+    """Everything the decision holds of the site's limits: one cluster's associations, its
+    QOS and its users' default accounts, or the settings' fallback for a site without
+    accounting."""
+
+    associations: tuple[Association, ...] = ()
+    qos: Mapping[str, Qos] = field(default_factory=dict)
+    default_accounts: Mapping[str, str] = field(default_factory=dict)
+    #: ``accounting.user_max_nodes``: every user's node cap where accounting sets none
+    user_max_nodes: int | None = None
+    #: whether associations were read (a user without one may then use no QOS at all)
+    from_accounting: bool = False
+    #: ``accounting.share_weights``: users' weights in the fair division (absent: 1)
+    share_weights: Mapping[str, float] = field(default_factory=dict)
+
+    def account_of(self, user: str, asked: str | None) -> str:
+        """The account a job runs under: its ``--account``, else the user's default."""
+        return asked or self.default_accounts.get(user, "")
+
+    @cached_property
+    def _users(self) -> dict[tuple[str, str], Association]:
+        """(user, account) -> the user's association (the one for all partitions first):
+        a tick asks per job, and a site has thousands of associations."""
+        out: dict[tuple[str, str], Association] = {}
+        for a in sorted(self.associations, key=lambda a: a.partition != ""):
+            if a.user:
+                out.setdefault((a.user, a.account), a)
+        return out
+
+    @cached_property
+    def _accounts(self) -> dict[str, Association]:
+        return {a.account: a for a in self.associations if not a.user}
+
+    def association(self, user: str, account: str) -> Association | None:
+        """The user's association in ``account`` (the one for all partitions first)."""
+        return self._users.get((user, account))
+
+    def account_chain(self, account: str) -> tuple[Association, ...]:
+        """The account's own association and its parents' up to the root."""
+        own = self._accounts
+        chain: list[Association] = []
+        while account in own and own[account] not in chain:
+            chain.append(own[account])
+            account = own[account].parent
+        return tuple(chain)
+
+    def qos_of(self, user: str, account: str, asked: str | None) -> str:
+        """The QOS a job runs under: its ``--qos``, else the association's default (Slurm
+        takes ``normal`` where the association names none and may use it)."""
+        if asked:
+            return asked
+        assoc = self.association(user, account)
+        if assoc is None:
+            return ""
+        if assoc.default_qos:
+            return assoc.default_qos
+        return "normal" if "normal" in assoc.qos else ""
+
+    def qos_refusal(self, user: str, account: str | None, qos: str) -> str | None:
+        """Why ``user`` may not submit with ``--qos=qos`` (sbatch's check), or None."""
+        if not self.from_accounting:
+            return None
+        acct = self.account_of(user, account)
+        assoc = self.association(user, acct)
+        if assoc is None:
+            return (f"user {user!r} has no association in account {acct!r} "
+                    "(sacctmgr show assoc): Slurm would refuse the job")
+        if qos not in assoc.qos:
+            allowed = ",".join(assoc.qos) or "none"
+            return (f"Invalid qos specification: {qos!r} is not among the QOS of user "
+                    f"{user!r} in account {acct!r} ({allowed})")
+        return None

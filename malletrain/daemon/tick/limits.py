@@ -1,0 +1,132 @@
+"""Slurm's limits in the tick: which caps each managed job's nodes count against. Pure.
+
+From the site's limits (:class:`~malletrain.core.accounting.SiteLimits`: ``sacctmgr``'s
+associations and QOS, read every ``accounting.refresh_s``, or the settings' per-user cap)
+each job gets
+
+* a cap on its own size: ``MaxTRES`` of its association and of its QOS (Slurm's limits
+  per job; a malleable job is one job to its user);
+* the keys of the caps its nodes count against with the other jobs under them: its
+  user's association (``GrpTRES``, ``GrpJobs``, ``MaxJobs``), its account and the
+  account's parents (``GrpTRES``, ``GrpJobs``), its QOS per user, per account and in total
+  (``MaxTRESPerUser``, ``MaxJobsPerUser``, ``MaxTRESPerAccount``, ``GrpTRES``, ...), and the
+  settings' ``accounting.user_max_nodes``.
+
+Node and GPU counts become nodes by the job's GPUs per node; job counts are nodes too,
+since each node slot is one Slurm job (:meth:`TresLimit.node_cap`). The allocation holds
+the caps (:mod:`malletrain.core.allocation.fairness`) and ``malletrain jobs`` says
+``AccountLimit`` or ``QOSLimit`` for a job held at one (:func:`limited_jobs`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from malletrain.core.accounting import SiteLimits, TresLimit
+from malletrain.daemon.jobs.store import JobRecord
+
+ACCOUNT_LIMIT = "AccountLimit"
+QOS_LIMIT = "QOSLimit"
+
+
+@dataclass(frozen=True)
+class JobLimits:
+    """One job's limits: its own largest size and the caps it shares."""
+
+    account: str = ""
+    qos: str = ""
+    #: the most nodes the job may hold (``None``: no limit) and the reason that says so
+    max_nodes: int | None = None
+    max_reason: str = ""
+    #: key -> the nodes the jobs under it may hold together (for this job's GPUs per node)
+    caps: Mapping[str, int] = field(default_factory=dict)
+
+
+def _reason(key: str) -> str:
+    return QOS_LIMIT if key.startswith("qos:") else ACCOUNT_LIMIT
+
+
+def _add(caps: dict[str, int], key: str, limit: TresLimit, gpus_per_node: int) -> None:
+    cap = limit.node_cap(gpus_per_node)
+    if cap is not None:
+        caps[key] = cap
+
+
+def job_limits(job: JobRecord, site: SiteLimits) -> JobLimits:
+    """The limits of one job under the site's associations and QOS."""
+    user, gpn = job.user, job.spec.gpus_per_node
+    caps: dict[str, int] = {}
+    if site.user_max_nodes is not None:
+        caps[f"site:user:{user}"] = site.user_max_nodes
+    account = site.account_of(user, job.spec.account)
+    qos_name = site.qos_of(user, account, job.spec.qos)
+    per_job: list[tuple[int, str]] = []
+    assoc = site.association(user, account)
+    if assoc is not None:
+        _add(caps, f"assoc:{account}/{user}", assoc.total, gpn)
+        if (n := assoc.per_job.node_cap(gpn)) is not None:
+            per_job.append((n, ACCOUNT_LIMIT))
+    for acct in site.account_chain(account):
+        _add(caps, f"assoc:{acct.account}", acct.total, gpn)
+    qos = site.qos.get(qos_name)
+    if qos is not None:
+        _add(caps, f"qos:{qos_name}/user:{user}", qos.per_user, gpn)
+        _add(caps, f"qos:{qos_name}/account:{account}", qos.per_account, gpn)
+        _add(caps, f"qos:{qos_name}", qos.total, gpn)
+        if (n := qos.per_job.node_cap(gpn)) is not None:
+            per_job.append((n, QOS_LIMIT))
+    biggest, why = min(per_job) if per_job else (None, "")
+    return JobLimits(account=account, qos=qos_name, max_nodes=biggest, max_reason=why,
+                     caps=caps)
+
+
+def all_limits(jobs: Iterable[JobRecord], site: SiteLimits | None) -> dict[str, JobLimits]:
+    """job id -> its limits (none without a site's limits)."""
+    if site is None:
+        return {}
+    return {j.job_id: job_limits(j, site) for j in jobs}
+
+
+def shared_caps(limits: Mapping[str, JobLimits], pinned: Mapping[str, Sequence[str]]
+                ) -> dict[str, int]:
+    """The caps the policy holds: each key's tightest cap among its jobs (GPU limits are
+    tighter for jobs with more GPUs a node), less the nodes of the ``pinned`` jobs (busy
+    this tick) under it, which the policy does not see."""
+    caps: dict[str, int] = {}
+    for lim in limits.values():
+        for key, cap in lim.caps.items():
+            caps[key] = min(cap, caps.get(key, cap))
+    for job_id, nodes in pinned.items():
+        for key in limits[job_id].caps if job_id in limits else ():
+            caps[key] -= len(nodes)
+    return {k: max(0, v) for k, v in caps.items()}
+
+
+def limited_jobs(limits: Mapping[str, JobLimits], targets: Mapping[str, Sequence[str]],
+                 caps: Mapping[str, int]) -> dict[str, str]:
+    """job id -> ``AccountLimit``/``QOSLimit`` for each job a limit holds after the plan:
+    at its own cap, or under a key whose jobs (pinned ones too: ``targets`` has them) hold
+    its whole cap (``caps``: :func:`shared_caps` with nothing pinned)."""
+    used: dict[str, int] = {}
+    for job_id, lim in limits.items():
+        for key in lim.caps:
+            used[key] = used.get(key, 0) + len(targets.get(job_id, ()))
+    out: dict[str, str] = {}
+    for job_id, lim in limits.items():
+        if lim.max_nodes is not None and len(targets.get(job_id, ())) >= lim.max_nodes:
+            out[job_id] = lim.max_reason
+            continue
+        full = sorted(k for k in lim.caps if k in caps and used.get(k, 0) >= caps[k])
+        if full:
+            out[job_id] = _reason(full[0])
+    return out
+
+
+def most_nodes(jobs: Iterable[JobRecord], limits: Mapping[str, JobLimits]) -> dict[str, int]:
+    """job id -> the most nodes it may hold: its ``--nodes`` maximum under its own cap."""
+    out = {}
+    for job in jobs:
+        cap = limits[job.job_id].max_nodes if job.job_id in limits else None
+        out[job.job_id] = job.spec.max_nodes if cap is None else min(cap, job.spec.max_nodes)
+    return out

@@ -1,0 +1,61 @@
+"""The ``accounting:`` section of the settings: Slurm's limits on users and accounts.
+
+Kept apart from :mod:`malletrain.ops.settings` (which holds the tree) so that each module
+stays readable; the fields follow the same metadata rules (:func:`.settings_fields.meta`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from malletrain.ops.settings_fields import meta
+
+AccountingMode = Literal["auto", "on", "off"]
+_USER_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
+MAX_SHARE_WEIGHT = 1000.0
+
+
+def check_share_weights(value: Mapping[str, float]) -> str | None:
+    for user, weight in value.items():
+        if not _USER_RE.match(user):
+            return f"{user!r} is not a user name"
+        if not 0 < weight <= MAX_SHARE_WEIGHT:
+            return f"{user}: a weight is above 0 and at most {MAX_SHARE_WEIGHT:g}, got {weight:g}"
+    return None
+
+
+def check_cluster(value: str) -> str | None:
+    if value and not _USER_RE.match(value):
+        return f"{value!r} is not a Slurm cluster name"
+    return None
+
+
+@dataclass(frozen=True)
+class AccountingSettings:
+    """Slurm's per-user, per-account and QOS limits, held in every decision."""
+
+    mode: AccountingMode = field(default="auto", metadata=meta(
+        "Read the limits of Slurm's associations and QOS (sacctmgr show assoc / qos / "
+        "user): auto = where the site runs slurmdbd (a cluster without it says so and is "
+        "read no more), on = always (a failed read is logged and the last good limits "
+        "kept), off = never (only user_max_nodes below)."))
+    refresh_s: float = field(default=60.0, metadata=meta(
+        "Seconds between two reads of the limits: they change when an administrator runs "
+        "sacctmgr, not every tick.",
+        min=5, max=86_400))
+    cluster: str = field(default="", metadata=meta(
+        "The cluster whose associations hold (Slurm's ClusterName); empty: the only one "
+        "slurmdbd knows (several: an error that asks for this).",
+        check=check_cluster))
+    user_max_nodes: int | None = field(default=None, metadata=meta(
+        "Scavenged nodes one user's malleable jobs may hold together, for sites without "
+        "accounting (with accounting, held beside Slurm's limits); null = none.",
+        min=1, max=1_000_000))
+    share_weights: Mapping[str, float] = field(default_factory=dict, metadata=meta(
+        "Weights of users' shares of the idle nodes (user: weight; a user not named: 1). "
+        "A user of weight 2 is entitled to twice the nodes of a user of weight 1 while "
+        "both can use them.",
+        check=check_share_weights))

@@ -1,0 +1,69 @@
+"""Slurm's limits through the real daemon on the dev cluster (issue 47): an administrator
+gives mt-bob at most 2 nodes a job (``sacctmgr -i modify user mt-bob set MaxTRES=node=2``,
+real slurmdbd); the daemon reads it with ``sacctmgr`` and holds bob's job at 2 nodes, saying
+``AccountLimit``, while alice's job uses the 6 others (her fair half would be 4)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from .harness import Daemon, check_python_reachable, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slurm, pytest.mark.torch]
+
+SAMPLES = 10_000_000  # no job finishes: both are cancelled at the end
+ACCOUNT = "mtlimits"
+
+
+@pytest.fixture
+def bob_limited(clean_cluster):
+    """mt-bob's association in a fresh account, with MaxTRES=node=2; removed afterwards
+    (the session's cluster is shared by every test)."""
+    c = clean_cluster
+    c.run("sacctmgr", "-i", "add", "account", ACCOUNT, "Description=limits test",
+          "Organization=tests")
+    try:
+        c.run("sacctmgr", "-i", "add", "user", "mt-bob", f"account={ACCOUNT}",
+              f"DefaultAccount={ACCOUNT}")
+        c.run("sacctmgr", "-i", "modify", "user", "mt-bob", "set", "MaxTRES=node=2")
+        yield c
+    finally:
+        c.run("sacctmgr", "-i", "delete", "user", "mt-bob", check=False)
+        c.run("sacctmgr", "-i", "delete", "account", ACCOUNT, check=False)
+
+
+def test_bob_is_held_at_his_account_limit_while_alice_uses_the_rest(bob_limited, workdir):
+    c = bob_limited
+    check_python_reachable("mt-alice", c.env)
+    d = Daemon(workdir, c.conf_path, c.env)
+    config = yaml.safe_load(d.config.read_text())
+    config["accounting"] = {"mode": "on", "refresh_s": 5}
+    d.config.write_text(yaml.safe_dump(config))
+    d.start()
+    try:
+        alice = d.submit_example("mt-alice", "a0", "1-8", SAMPLES)
+        bob = d.submit_example("mt-bob", "b0", "1-8", SAMPLES)
+
+        def held():
+            rows = d.jobs()
+            return (len(rows[bob]["nodes"]) == 2 and rows[bob]["samples_total"] > 0
+                    and len(rows[alice]["nodes"]) == 6)
+
+        wait_until(held, 75, what="bob training on 2 nodes, alice on the 6 others",
+                   on_timeout=lambda: json.dumps(d.jobs(), indent=1) + d.log()[-3000:])
+        rows = d.jobs()
+        assert rows[bob]["reason"] == "AccountLimit", rows[bob]
+        assert (rows[bob]["user_nodes"], rows[bob]["user_entitled"]) == (2, 2), rows[bob]
+        assert rows[alice]["user_entitled"] == 6, rows[alice]
+        table = d.cli("mt-bob", "jobs", "--socket", str(d.socket)).stdout
+        assert "AccountLimit" in table
+        d.cli("mt-alice", "cancel", "--socket", str(d.socket), alice)
+        d.cli("mt-bob", "cancel", "--socket", str(d.socket), bob)
+        assert "Traceback" not in d.log()
+    finally:
+        d.stop()
+        d.stop_coordinator()
+        c.scancel_all()
