@@ -149,13 +149,14 @@ def test_the_reader_turns_factors_into_weights_and_keeps_the_last_good(release):
     assert plain.current() is not None and plain.current().weight("mt-alice") == 1.0
 
 
-def test_without_accounting_sshare_is_not_read_and_users_weigh_alike():
+@pytest.mark.parametrize("release", RELEASES)
+def test_without_accounting_sshare_is_not_read_and_users_weigh_alike(release):
     """Without slurmdbd (priority/basic) sshare answers nothing and exit 0, as recorded:
     no factors (every user weighs the floor: alike); sacctmgr's refusal stops the reads."""
-    d = GOLDEN / "slurm" / "sshare-off"
+    d = GOLDEN / release / "sshare-off"
     assert int((d / "sshare.rc").read_text()) == 0
     assert parse_sshare((d / "sshare.stdout").read_text()) == ()
-    off = GOLDEN / "slurm" / "limits-off"
+    off = GOLDEN / release / "limits-off"
     answers = {k: (int((off / f"{k}.rc").read_text()), "", (off / f"{k}.stderr").read_text())
                for k in COMMANDS}
     answers["sshare"] = (int((d / "sshare.rc").read_text()), "",
