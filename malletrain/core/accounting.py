@@ -67,6 +67,44 @@ class Qos:
 
 
 @dataclass(frozen=True)
+class FairShare:
+    """One line of ``sshare``: an account's own (``user`` empty, no ``factor``) or a user's
+    association in an account. ``factor`` is Slurm's fair-share factor in [0, 1] (1: the
+    association used nothing of its share; its past usage decays with
+    ``PriorityDecayHalfLife``, so the factor already carries Slurm's decay)."""
+
+    account: str
+    user: str = ""
+    raw_shares: int | None = None      # None: ``parent`` or the root
+    norm_shares: float = 0.0
+    raw_usage: int = 0
+    effective_usage: float = 0.0
+    factor: float | None = None
+
+
+#: The least share weight a user gets from Slurm's fair-share factor: a user who used far
+#: more than its share (factor near 0) still gets a part of the idle nodes, so nobody
+#: starves (``accounting.fair_share_floor``).
+DEFAULT_FAIR_SHARE_FLOOR = 0.05
+
+
+def fair_share_weights(rows: tuple[FairShare, ...], default_accounts: Mapping[str, str],
+                       floor: float = DEFAULT_FAIR_SHARE_FLOOR) -> dict[str, float]:
+    """user -> share weight: the fair-share factor of the user's association in its default
+    account (else the highest of its associations), never below ``floor``. A user ``sshare``
+    does not list is left out of the map: it weighs ``floor`` (:meth:`SiteLimits.weight`)."""
+    own: dict[str, float] = {}
+    best: dict[str, float] = {}
+    for row in rows:
+        if not row.user or row.factor is None:
+            continue
+        best[row.user] = max(best.get(row.user, 0.0), row.factor)
+        if default_accounts.get(row.user) == row.account:
+            own[row.user] = row.factor
+    return {user: max(floor, own.get(user, factor)) for user, factor in best.items()}
+
+
+@dataclass(frozen=True)
 class SiteLimits:
     """Everything the decision holds of the site's limits: one cluster's associations, its
     QOS and its users' default accounts, or the settings' fallback for a site without
@@ -81,6 +119,15 @@ class SiteLimits:
     from_accounting: bool = False
     #: ``accounting.share_weights``: users' weights in the fair division (absent: 1)
     share_weights: Mapping[str, float] = field(default_factory=dict)
+    #: the weight of a user ``share_weights`` does not name: 1, or with
+    #: ``accounting.share_weights_from: sshare`` the floor (a user sshare does not list)
+    default_weight: float = 1.0
+    #: ``accounting.account_weights``: where set, nodes go to accounts first, then users
+    account_weights: Mapping[str, float] = field(default_factory=dict)
+
+    def weight(self, user: str) -> float:
+        """The user's weight in the fair division of the idle nodes."""
+        return self.share_weights.get(user, self.default_weight)
 
     def account_of(self, user: str, asked: str | None) -> str:
         """The account a job runs under: its ``--account``, else the user's default."""

@@ -99,6 +99,9 @@ class MalleableJob:
     #: Whose job it is: nodes are divided among users first (``core.allocation.fairness``);
     #: jobs with the same (or no) user share one part.
     user: str = ""
+    #: The Slurm account it runs under: with ``AllocationInput.account_weights``, nodes are
+    #: divided among accounts before their users (Slurm's fair-share tree).
+    account: str = ""
     #: The limits the job's nodes count against (keys of ``AllocationInput.caps``: Slurm's
     #: per-user, per-account and QOS limits, ``daemon/tick/limits.py``).
     limits: tuple[str, ...] = ()
@@ -159,6 +162,9 @@ class AllocationInput:
     caps: Mapping[str, int] = field(default_factory=dict)
     #: Weights of users' shares (a user not named: 1; ``accounting.share_weights``).
     user_weights: Mapping[str, float] = field(default_factory=dict)
+    #: Weights of accounts' shares (``accounting.account_weights``; a named account or not:
+    #: 1 where absent); empty: no account level, users share the nodes directly.
+    account_weights: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -14,17 +14,22 @@ from typing import Literal
 from malletrain.ops.settings_fields import meta
 
 AccountingMode = Literal["auto", "on", "off"]
+ShareWeightsFrom = Literal["config", "sshare"]
 _USER_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 MAX_SHARE_WEIGHT = 1000.0
 
 
-def check_share_weights(value: Mapping[str, float]) -> str | None:
+def check_share_weights(value: Mapping[str, float], what: str = "user") -> str | None:
     for user, weight in value.items():
         if not _USER_RE.match(user):
-            return f"{user!r} is not a user name"
+            return f"{user!r} is not {'an' if what == 'account' else 'a'} {what} name"
         if not 0 < weight <= MAX_SHARE_WEIGHT:
             return f"{user}: a weight is above 0 and at most {MAX_SHARE_WEIGHT:g}, got {weight:g}"
     return None
+
+
+def check_account_weights(value: Mapping[str, float]) -> str | None:
+    return check_share_weights(value, "account")
 
 
 def check_cluster(value: str) -> str | None:
@@ -59,3 +64,19 @@ class AccountingSettings:
         "A user of weight 2 is entitled to twice the nodes of a user of weight 1 while "
         "both can use them.",
         check=check_share_weights))
+    share_weights_from: ShareWeightsFrom = field(default="config", metadata=meta(
+        "Where users' share weights come from: config = share_weights above (equal where "
+        "empty); sshare = Slurm's fair-share factor of each user (sshare, read with the "
+        "limits; its past usage decays as PriorityDecayHalfLife says), never below "
+        "fair_share_floor, times the user's share_weights entry (1 where not named). Needs "
+        "accounting (mode auto or on) and priority/multifactor; without them, equal."))
+    fair_share_floor: float = field(default=0.05, metadata=meta(
+        "With share_weights_from sshare: the least weight a user gets (a factor near 0 "
+        "still gets a part of the idle nodes: nobody starves); a user sshare does not "
+        "list weighs this much.",
+        min=0.001, max=1.0))
+    account_weights: Mapping[str, float] = field(default_factory=dict, metadata=meta(
+        "Weights of accounts' shares (account: weight; an account not named: 1). Where set, "
+        "the idle nodes are divided among accounts first, then among each account's users "
+        "(Slurm's fair-share tree, one level); empty: among users only.",
+        check=check_account_weights))

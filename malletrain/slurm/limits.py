@@ -21,9 +21,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from malletrain.core.accounting import SiteLimits
+from malletrain.core.accounting import DEFAULT_FAIR_SHARE_FLOOR, SiteLimits, fair_share_weights
 from malletrain.slurm.errors import SlurmCommandError, SlurmUnavailableError
 from malletrain.slurm.parsers.parse_limits import COMMANDS, NO_ACCOUNTING_MARKERS, parse_limits
+from malletrain.slurm.parsers.parse_sshare import COMMAND as SSHARE
+from malletrain.slurm.parsers.parse_sshare import parse_sshare
 from malletrain.slurm.refresh import BackgroundRefresh
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,9 @@ class LimitsReader:
     def __init__(self, *, mode: str = "auto", refresh_s: float = 60.0, cluster: str = "",
                  user_max_nodes: int | None = None,
                  share_weights: Mapping[str, float] | None = None,
+                 share_weights_from: str = "config",
+                 fair_share_floor: float = DEFAULT_FAIR_SHARE_FLOOR,
+                 account_weights: Mapping[str, float] | None = None,
                  run: Runner = subprocess.run,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.mode = mode
@@ -50,7 +55,12 @@ class LimitsReader:
         self._run = run
         self._clock = clock
         self._fallback = SiteLimits(user_max_nodes=user_max_nodes,
-                                    share_weights=dict(share_weights or {}))
+                                    share_weights=dict(share_weights or {}),
+                                    account_weights=dict(account_weights or {}))
+        #: with ``share_weights_from: sshare``, the fair-share factors are read too
+        self.commands = ({**COMMANDS, "sshare": SSHARE} if share_weights_from == "sshare"
+                         else dict(COMMANDS))
+        self.fair_share_floor = fair_share_floor
         self._limits: SiteLimits | None = None
         self._read_at: float | None = None
         self._asked_at: float | None = None
@@ -78,7 +88,8 @@ class LimitsReader:
         if self._limits is not None:
             return self._limits
         fb = self._fallback
-        return fb if fb.user_max_nodes is not None or fb.share_weights else None
+        return (fb if fb.user_max_nodes is not None or fb.share_weights
+                or fb.account_weights else None)
 
     def _maybe_read(self) -> None:
         if self.available:
@@ -86,20 +97,20 @@ class LimitsReader:
             now = self._clock()
             if self._asked_at is None:
                 self._asked_at = now
-                self._refresh.start(COMMANDS, {})
-                self._refresh.wait(READ_TIMEOUT_S * len(COMMANDS))
+                self._refresh.start(self.commands, {})
+                self._refresh.wait(READ_TIMEOUT_S * len(self.commands))
                 self._take()
             elif now - self._asked_at >= self.refresh_s:
                 self._asked_at = now
-                self._refresh.start(COMMANDS, {})
+                self._refresh.start(self.commands, {})
 
     def _take(self) -> None:
         done = self._refresh.take()
         if done:
             texts = {k: text for k, (_, text) in done.items()}
-            self._limits = dataclasses.replace(
+            self._limits = self._with_weights(
                 parse_limits(texts, self.cluster, self._fallback.user_max_nodes),
-                share_weights=self._fallback.share_weights)
+                texts.get("sshare"))
             self._read_at = min(t for t, _ in done.values())
         elif isinstance(self.last_error, NoAccountingError) and self.mode == "auto":
             log.info("accounting.mode auto: %s; Slurm's limits are not read",
@@ -111,8 +122,25 @@ class LimitsReader:
                     f"holding those of {self._clock() - self._read_at:.0f} s ago")
             log.warning("Slurm's limits not read (%s); %s", self.last_error, held)
 
+    def _with_weights(self, limits: SiteLimits, sshare: str | None) -> SiteLimits:
+        """The settings' weights on the limits read; with ``sshare``'s answer, each user's
+        fair-share factor (floored) times its configured weight, and the floor for a user
+        sshare does not list."""
+        fb = self._fallback
+        if sshare is None:
+            return dataclasses.replace(limits, share_weights=fb.share_weights,
+                                       account_weights=fb.account_weights)
+        factors = fair_share_weights(parse_sshare(sshare), limits.default_accounts,
+                                     self.fair_share_floor)
+        weights = {u: f * fb.share_weights.get(u, 1.0) for u, f in factors.items()}
+        return dataclasses.replace(limits, share_weights=weights,
+                                   default_weight=self.fair_share_floor,
+                                   account_weights=fb.account_weights)
+
     def _check(self, texts: Mapping[str, str]) -> None:
         parse_limits(texts, self.cluster)
+        if "sshare" in texts:
+            parse_sshare(texts["sshare"])
 
     def _fetch(self, commands: Mapping[str, Sequence[str]]) -> dict[str, str]:
         out = {}

@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from malletrain.core.allocation.fairness import solve_fair
+from malletrain.core.allocation.fairness import fair_tree, solve_fair
 from malletrain.core.allocation.finish import SlotOutlook, finish_weights, slot_rate
 from malletrain.core.allocation.hetero import decide_by_type, is_typed
 from malletrain.core.allocation.knapsack import solve_counts
@@ -281,8 +281,11 @@ class MalleTrainPolicy:
             return solve_counts(values, len(inp.nodes))
         # user-blind (fair_share off): Slurm's limits are still held, with one user's part
         users = [j.user if self.fair_share else "" for j in inp.jobs]
-        return solve_fair(values, users, [len(j.nodes) for j in inp.jobs], len(inp.nodes),
-                          [j.limits for j in inp.jobs], inp.caps, inp.user_weights)
+        tree = fair_tree(inp) if self.fair_share and inp.account_weights else None
+        return solve_fair(values, tree.members if tree else users,
+                          [len(j.nodes) for j in inp.jobs], len(inp.nodes),
+                          [j.limits for j in inp.jobs], inp.caps,
+                          tree.weights if tree else inp.user_weights, tree)
 
     def value_table(self, inp: AllocationInput, price_per_node_s: float = 0.0
                     ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:

@@ -17,11 +17,13 @@ a capped user cannot hold goes to the others too. Pure.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
 
 from malletrain.core.allocation.knapsack import solve_counts
+from malletrain.core.model import AllocationInput
 
 #: The jobs of one user under one set of limits (user, the keys of the caps they count
 #: against): sized together by one count problem.
@@ -40,8 +42,9 @@ def user_caps(demand: Mapping[K, int], held: Mapping[K, int], capacity: int,
     while left > 0 and active:
         share = _shares(active, left, weights)
         if not any(share.values()):
-            if weights:  # the odd nodes to the heaviest first
-                active.sort(key=lambda u: -weights.get(u, 1.0))
+            if weights:  # the odd nodes to users with none first (a light user is not
+                # rounded down to nothing), then to the heaviest
+                active.sort(key=lambda u: (caps[u] > 0, -weights.get(u, 1.0)))
             for u in active[:left]:
                 caps[u] += 1
             break
@@ -62,6 +65,48 @@ def _shares(active: Sequence[K], left: int, weights: Mapping[K, float] | None
         return dict.fromkeys(active, left // len(active))
     total = sum(weights.get(u, 1.0) for u in active)
     return {u: int(left * weights.get(u, 1.0) / total) for u in active}
+
+
+@dataclass(frozen=True)
+class FairTree:
+    """Slurm's fair-share tree, one level: accounts above their users. A member is one user
+    in one account (``account/user``: a user with jobs in two accounts is a member of each,
+    as in Slurm's tree), ``weights`` its user's weight, ``parents`` its account."""
+
+    members: tuple[str, ...]             # per job: its member
+    weights: Mapping[str, float]         # member -> its user's weight
+    parents: Mapping[str, str]           # member -> account
+    account_weights: Mapping[str, float]  # account -> weight (absent: 1)
+
+
+def fair_tree(inp: AllocationInput) -> FairTree:
+    """The jobs' members of the account tree (``AllocationInput.account_weights`` set)."""
+    members = tuple(f"{j.account}/{j.user}" for j in inp.jobs)
+    weights = {m: inp.user_weights.get(j.user, 1.0)
+               for m, j in zip(members, inp.jobs, strict=True)}
+    parents = {m: j.account for m, j in zip(members, inp.jobs, strict=True)}
+    return FairTree(members, weights, parents, inp.account_weights)
+
+
+def tree_caps(demand: Mapping[str, int], held: Mapping[str, int], capacity: int,
+              weights: Mapping[str, float] | None, parents: Mapping[str, str],
+              account_weights: Mapping[str, float]) -> dict[str, int]:
+    """Nested max-min: ``capacity`` divided among accounts (weighted by
+    ``account_weights``, each at most its members' demand together), then each account's
+    part among its members (weighted by ``weights``). Work-conserving at both levels: an
+    account's part never exceeds what its members can use, so its members use it all."""
+    acct_demand: dict[str, int] = {}
+    acct_held: dict[str, int] = {}
+    for m, d in demand.items():
+        a = parents.get(m, "")
+        acct_demand[a] = acct_demand.get(a, 0) + d
+        acct_held[a] = acct_held.get(a, 0) + held.get(m, 0)
+    acct_cap = user_caps(acct_demand, acct_held, capacity, account_weights)
+    out: dict[str, int] = {}
+    for a, cap in acct_cap.items():
+        members = {m: d for m, d in demand.items() if parents.get(m, "") == a}
+        out.update(user_caps(members, held, cap, weights))
+    return out
 
 
 def cap_demand(demand: Mapping[Unit, int], held: Mapping[Unit, int],
@@ -101,13 +146,15 @@ def _unit_caps(demand: Mapping[Unit, int], held: Mapping[Unit, int],
 def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int],
                capacity: int, keys: Sequence[tuple[str, ...]] | None = None,
                caps: Mapping[str, int] | None = None,
-               weights: Mapping[str, float] | None = None) -> tuple[np.ndarray, float]:
+               weights: Mapping[str, float] | None = None,
+               tree: FairTree | None = None) -> tuple[np.ndarray, float]:
     """:func:`solve_counts` with each user's jobs held to the user's fair share and to the
     ``caps`` on their ``keys``.
 
     ``users[j]`` and ``held[j]``: job j's user and the nodes it holds now; ``keys[j]``: the
     limits its nodes count against (``AllocationInput.caps``: Slurm's per-user, per-account
-    and QOS limits); ``weights``: users' share weights (``AllocationInput.user_weights``).
+    and QOS limits); ``weights``: users' share weights (``AllocationInput.user_weights``);
+    ``tree``: accounts above users (``users`` are then its members, :func:`tree_caps`).
     One user and no caps: exactly :func:`solve_counts`. The jobs of one user
     under the same keys are one *unit*, sized by one exact count problem. Each round solves
     every unit within its cap; a unit whose best plan uses fewer nodes gives the rest back,
@@ -135,8 +182,10 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int],
         for u in units:
             user_demand[u[0]] = user_demand.get(u[0], 0) + demand[u]
             user_held[u[0]] = user_held.get(u[0], 0) + holding[u]
-        unit_cap = _unit_caps(demand, holding,
-                              user_caps(user_demand, user_held, capacity, weights))
+        parts = (tree_caps(user_demand, user_held, capacity, weights, tree.parents,
+                           tree.account_weights) if tree else
+                 user_caps(user_demand, user_held, capacity, weights))
+        unit_cap = _unit_caps(demand, holding, parts)
         gave_back = False
         for u, idx in units.items():
             key = (u, unit_cap[u])

@@ -75,7 +75,10 @@ def limits_reader(settings: Settings) -> LimitsReader:
     """Slurm's limits as the settings' ``accounting:`` section asks them read."""
     acct = settings.accounting
     return LimitsReader(mode=acct.mode, refresh_s=acct.refresh_s, cluster=acct.cluster,
-                        user_max_nodes=acct.user_max_nodes, share_weights=acct.share_weights)
+                        user_max_nodes=acct.user_max_nodes, share_weights=acct.share_weights,
+                        share_weights_from=acct.share_weights_from,
+                        fair_share_floor=acct.fair_share_floor,
+                        account_weights=acct.account_weights)
 
 
 class Daemon:

@@ -94,7 +94,8 @@ def policy_jobs(now_s: float, managed: tuple[JobRecord, ...], slots: Mapping[str
             submit_order=job.seq, start_s=model.start_s, rate_noise=model.rate_noise,
             type_throughput=model.by_type, allowed_types=allowed_types(job.spec, gpu_types),
             rate_target=rate_target(job, now_s), excluded_nodes=excluded,
-            spread_factor=model.spread_factor, user=job.user, limits=tuple(lim.caps),
+            spread_factor=model.spread_factor, user=job.user, account=lim.account,
+            limits=tuple(lim.caps),
             weight=nice_weight(job.spec.nice)))
     return tuple(out)
 
@@ -103,11 +104,13 @@ def allocate(now_s: float, pool: Pool, jobs: tuple[MalleableJob, ...], policy: P
              pinned: Mapping[str, tuple[str, ...]] | None = None,
              prices: Mapping[str, float] | None = None,
              caps: Mapping[str, int] | None = None,
-             weights: Mapping[str, float] | None = None) -> Allocation:
+             weights: Mapping[str, float] | None = None,
+             account_weights: Mapping[str, float] | None = None) -> Allocation:
     """The policy's targets for ``jobs``; ``pinned`` jobs keep what they hold, and their
     nodes are not offered to the others. ``prices``: per node type, per node-second
     (``allocator.node_prices``); ``caps``: Slurm's limits (``AllocationInput.caps``);
-    ``weights``: users' share weights."""
+    ``weights``: users' share weights; ``account_weights``: accounts' (the fair-share
+    tree: accounts first, then users)."""
     pinned = pinned or {}
     if not jobs:
         return Allocation(None, dict(pinned))
@@ -115,7 +118,8 @@ def allocate(now_s: float, pool: Pool, jobs: tuple[MalleableJob, ...], policy: P
     nodes = tuple(n for n in pool.free + pool.held + pool.leaving if n.name not in taken)
     plan = policy.decide(AllocationInput(now_s=now_s, nodes=nodes, jobs=jobs,
                                          prices=dict(prices or {}), caps=dict(caps or {}),
-                                         user_weights=dict(weights or {})))
+                                         user_weights=dict(weights or {}),
+                                         account_weights=dict(account_weights or {})))
     offered = pool.offered - taken
     # zero-window leftovers are offered to keep the hole model honest, never to be used
     targets = {k: tuple(n for n in v if n in offered) for k, v in plan.assignments.items()}

@@ -43,9 +43,12 @@ def decide(world: World, policy: Policy) -> TickPlan:
     limits = all_limits(screened.managed, world.limits)
     jobs = policy_jobs(world.now_s, free, slots, pool.holdings.held, world.models, gpu_types,
                        frozenset(pool.offered), limits)
-    weights = world.limits.share_weights if world.limits else None
+    site = world.limits
+    weights = ({j.user: site.weight(j.user) for j in screened.managed}
+               if site is not None else None)
+    account_weights = site.account_weights if site is not None else None
     allocation = allocate(world.now_s, pool, jobs, policy, pinned, world.settings.node_prices,
-                          shared_caps(limits, pinned), weights)
+                          shared_caps(limits, pinned), weights, account_weights)
     actions: list[Action] = [a for a in screened.actions if a.job_id not in world.busy]
     notes = [n for js in slots.values() for n in js.changed] + list(pool.give_back.notes)
     windows = pool.windows
@@ -65,4 +68,6 @@ def decide(world: World, policy: Policy) -> TickPlan:
                             screened.waiting, limited_jobs(limits, allocation.targets,
                                                            shared_caps(limits, {}))),
         entitled=entitlements(screened.managed, allocation.targets, len(pool.offered),
-                              most_nodes(screened.managed, limits), weights))
+                              most_nodes(screened.managed, limits), weights,
+                              {k: lim.account for k, lim in limits.items()},
+                              account_weights))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from malletrain.core.allocation.fairness import user_caps
+from malletrain.core.allocation.fairness import tree_caps, user_caps
 from malletrain.daemon.jobs.store import JobRecord
 
 
@@ -54,15 +54,35 @@ def job_reasons(managed: Sequence[JobRecord], targets: Mapping[str, tuple[str, .
 
 def entitlements(managed: Sequence[JobRecord], targets: Mapping[str, tuple[str, ...]],
                  offered: int, most: Mapping[str, int],
-                 weights: Mapping[str, float] | None = None) -> dict[str, int]:
+                 weights: Mapping[str, float] | None = None,
+                 accounts: Mapping[str, str] | None = None,
+                 account_weights: Mapping[str, float] | None = None) -> dict[str, int]:
     """user -> the nodes the user is entitled to now (``malletrain jobs --json``): the
     user's max-min fair part of the ``offered`` nodes (weighted by ``weights``) for the
     most each of its jobs may hold (``most``: job id -> its ``--nodes`` maximum under its
     own limits), what other users cannot use included. The knapsack then holds a user at
-    or below it; shared limits (an account's, a QOS's) may hold a user lower still."""
+    or below it; shared limits (an account's, a QOS's) may hold a user lower still. With
+    ``account_weights``, the accounts' parts first (``accounts``: job id -> its account),
+    then each account's users' (:func:`tree_caps`); a user in two accounts: the sum."""
+    tree = bool(account_weights)
+    accounts = accounts or {}
     demand: dict[str, int] = {}
     held: dict[str, int] = {}
+    parents: dict[str, str] = {}
     for job in managed:
-        demand[job.user] = demand.get(job.user, 0) + most.get(job.job_id, job.spec.max_nodes)
-        held[job.user] = held.get(job.user, 0) + len(targets.get(job.job_id, ()))
-    return user_caps(demand, held, offered, dict(weights or {}))
+        account = accounts.get(job.job_id, "")
+        key = f"{account}/{job.user}" if tree else job.user
+        parents[key] = account
+        demand[key] = demand.get(key, 0) + most.get(job.job_id, job.spec.max_nodes)
+        held[key] = held.get(key, 0) + len(targets.get(job.job_id, ()))
+    if not tree:
+        return user_caps(demand, held, offered, dict(weights or {}))
+    weights = weights or {}
+    parts = tree_caps(demand, held, offered,
+                      {k: weights.get(k.split("/", 1)[1], 1.0) for k in demand}, parents,
+                      dict(account_weights or {}))
+    out: dict[str, int] = {}
+    for key, part in parts.items():
+        user = key.split("/", 1)[1]
+        out[user] = out.get(user, 0) + part
+    return out
