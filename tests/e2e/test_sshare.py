@@ -5,13 +5,11 @@ minute: up to a minute), so her FairShare drops below bob's. The daemon reads ``
 (``accounting.share_weights_from: sshare``) and ``malletrain jobs --json`` shows bob
 entitled to more of the idle nodes than alice, in the direction of the factors read live.
 
-Outside the default run (79 s measured, most of it waiting for Slurm's decay period):
-``MALLETRAIN_TEST_SLOW=1 pytest tests/e2e/test_sshare.py``."""
+About 80 s, most of it waiting for Slurm's decay period (it cannot be forced)."""
 
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import yaml
@@ -20,10 +18,7 @@ from malletrain.slurm.parsers.parse_sshare import COMMAND, parse_sshare
 
 from .harness import Daemon, check_python_reachable, wait_until
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slurm, pytest.mark.torch,
-              pytest.mark.skipif(not os.environ.get("MALLETRAIN_TEST_SLOW"),
-                                 reason="waits up to a minute for Slurm's decay: "
-                                 "MALLETRAIN_TEST_SLOW=1 runs it")]
+pytestmark = [pytest.mark.e2e, pytest.mark.slurm, pytest.mark.torch]
 
 SAMPLES = 10_000_000  # no job finishes: both are cancelled at the end
 ACCOUNT = "mtshare"
