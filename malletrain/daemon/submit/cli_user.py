@@ -31,6 +31,7 @@ from malletrain.daemon.jobs.directives import (
     script_mode,
     spec_warnings,
 )
+from malletrain.daemon.jobs.sbatch_options import RULE_TABLE, SPANK_FLAGS, SPANK_OPTIONS
 from malletrain.daemon.jobs.slots import node_command, render_slot, slot_extra_args
 from malletrain.daemon.jobs.spec import MAX_SCRIPT_BYTES, JobSpec, SpecError
 from malletrain.daemon.submit.channel import CLIENT_RETRY_S, call
@@ -110,6 +111,43 @@ def _add_job_options(sub: argparse.ArgumentParser) -> None:
                      help="start after other malleable jobs, e.g. afterok:m12")
     sub.add_argument("--launcher", choices=("torchrun", "srun"),
                      help="start the K workers of a node with srun (default) or torchrun")
+    _add_other_sbatch_options(sub)
+
+
+#: sbatch options `submit` defines itself, with another meaning or none here
+_OWN = frozenset({"--help", "--test-only", "--parsable", "--version"})
+
+
+def _other_sbatch_options(taken: set[str]) -> list[tuple[str, str | None, bool]]:
+    """(long, short, takes a value) of every sbatch option and SPANK option not defined
+    above: on the command line as in an ``#SBATCH`` line, so that a user overrides a
+    script's ``--partition``, ``--gpus-per-task`` or ``--mem-per-gpu`` as with sbatch."""
+    out = []
+    for rule in RULE_TABLE:
+        if rule.long in taken or rule.long in _OWN:
+            continue
+        short = rule.short if rule.short and rule.short not in taken else None
+        out.append((rule.long, short, rule.value))
+    out += [(o, None, o not in SPANK_FLAGS) for o in sorted(SPANK_OPTIONS) if o not in taken]
+    return out
+
+
+def _dest(long: str) -> str:
+    return "sbatch_" + long.removeprefix("--").replace("-", "_")
+
+
+def _add_other_sbatch_options(sub: argparse.ArgumentParser) -> None:
+    """Each is collected in order as ``--opt=value`` tokens and read with sbatch's table
+    (:func:`parse_option_tokens`), which warns, passes to the slots, or refuses it."""
+    taken = {s for a in sub._actions for s in a.option_strings}
+    for long, short, value in _other_sbatch_options(taken):
+        names = [long] + ([short] if short else [])
+        if value:
+            sub.add_argument(*names, dest=_dest(long), action="append", metavar="VALUE",
+                             help=argparse.SUPPRESS)
+        else:
+            sub.add_argument(*names, dest=_dest(long), action="append_const", const=None,
+                             help=argparse.SUPPRESS)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -196,6 +234,9 @@ def _read_spec(args: argparse.Namespace) -> ReadScript:
         value = getattr(args, attr)
         if value is not None:
             tokens.append(f"{opt}={value}")
+    for long, _short, _value in _other_sbatch_options(set()):
+        for value in getattr(args, _dest(long), None) or ():
+            tokens.append(long if value is None else f"{long}={value}")
     opts = merge(read_directives(text, str(path)), parse_option_tokens(tokens, "command line"))
     plan, problems = script_mode(text, str(path))
     opts = replace(opts, problems=opts.problems + problems)
