@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -37,8 +38,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from malletrain.devstack import PYTHON, LocalCluster, LocalDaemon, as_user, run  # noqa: E402
 from yield_trace import regular_traces  # noqa: E402
+
+from malletrain.devstack import PYTHON, LocalCluster, LocalDaemon, as_user, run  # noqa: E402
 
 CORPUS = REPO / "tests" / "data" / "sbatch"
 STANDINS = REPO / "tests" / "data" / "standins"
@@ -61,9 +63,6 @@ class Case:
 CASES: tuple[Case, ...] = (
     Case("pytorch-examples--ddp-tutorial-series--sbatch_run.sh", "head-IP srun, torchrun",
          ("--ntasks-per-node=1", "-c", "1"), ("/shared/examples/multinode_torchrun.py",)),
-    Case("LUMI-AI-Guide--run_ddp_srun_4.sh", "singularity + bash -c, SLURM_PROCID",
-         ("--ntasks-per-node=1", "-c", "1", "--mem-per-gpu=100M", "-A", "mt"),
-         ("ddp_visiontransformer.py",)),
     Case("ml-engineering--srun-launcher.slurm", "srun bash -c, RANK=$SLURM_PROCID",
          ("--ntasks-per-node=1", "-c", "1"), ("torch-distributed-gpu-test.py",)),
     Case("multi_gpu_training--job.slurm", "srun python, module/conda, 2 tasks per node",
@@ -72,6 +71,8 @@ CASES: tuple[Case, ...] = (
          ("--ntasks-per-node=1", "-c", "1"), ("/shared/examples/mingpt/main.py",)),
     Case("pytorch-ddp-examples--run-ddp-gpu8.sh", "CSC torchrun, 4 per node",
          ("-c", "1", "-A", "mt"), ("mnist_ddp.py",)),
+    Case("ml-engineering--lightning-launcher.slurm", "Lightning: srun bash -c python",
+         ("--ntasks-per-node=1", "-c", "1"), ("torch-distributed-gpu-test.py",)),
     Case("pytorch-ddp-examples--run-accelerate-gpu8.sh",
          "singularity_wrapper + bash -c, accelerate launch",
          ("-c", "1", "--mem=500M", "-A", "mt"), ("mnist_accelerate.py",)),
@@ -79,11 +80,30 @@ CASES: tuple[Case, ...] = (
          ("-c", "1", "-A", "mt"), ("mnist_lightning_ddp.py",)),
     Case("pytorch-ddp-examples--run-deepspeed-gpu8.sh", "DeepSpeed: srun python --deepspeed",
          ("-c", "1", "-A", "mt"), ("mnist_deepspeed.py",)),
-    Case("ml-engineering--lightning-launcher.slurm", "Lightning: srun bash -c python",
-         ("--ntasks-per-node=1", "-c", "1"), ("torch-distributed-gpu-test.py",)),
     Case("ml-engineering--torchrun-launcher.slurm", "srun bash -c torch.distributed.run",
          ("-c", "1"), ("torch-distributed-gpu-test.py",)),
+    Case("LUMI-AI-Guide--run_ddp_srun_4.sh", "singularity run + bash -c, SLURM_PROCID",
+         ("--ntasks-per-node=1", "-c", "1", "--mem-per-gpu=100M", "-A", "mt"),
+         ("ddp_visiontransformer.py",)),
 )
+
+
+HOSTS_MARK = "# malletrain dev cluster: its node names, as a real cluster's resolve"
+
+
+def node_names_resolve(nodes: int = NODES, hosts: Path = Path("/etc/hosts")) -> None:
+    """The dev cluster's nodes are ``n1``..``nN`` on this host, names nothing resolves, where
+    a real cluster's node names resolve: scripts hand ``$(scontrol show hostnames ... | head
+    -n 1)`` to their program as ``MASTER_ADDR``. A stand-in: a line in /etc/hosts naming them
+    127.0.0.1 (added once, never removed: other dev clusters on this host name theirs alike)."""
+    names = [f"n{i}" for i in range(1, nodes + 1)]
+    text = hosts.read_text()
+    known = {w for line in text.splitlines() for w in line.split("#")[0].split()[1:]}
+    if set(names) <= known:
+        return
+    with hosts.open("a") as f:
+        f.write(("" if text.endswith("\n") else "\n") + f"127.0.0.1 {' '.join(names)} "
+                f"{HOSTS_MARK}\n")
 
 
 def records(path: Path) -> list[dict]:
@@ -104,6 +124,7 @@ class Outcome:
 
     finished: bool
     worlds: tuple[int, ...]  # world sizes of its starts, in order
+    nodes: tuple[int, ...]  # node counts of its starts, in order
     restarts: int
     samples_lost: int
     started_over: bool
@@ -117,7 +138,8 @@ class Outcome:
                 lost += max(0, best - r["samples"])
             best = max(best, r.get("samples", 0))
         return Outcome(bool(recs) and recs[-1]["event"] == "done",
-                       tuple(s["world"] for s in starts), max(0, len(starts) - 1), lost,
+                       tuple(s["world"] for s in starts),
+                       tuple(s.get("nodes", 0) for s in starts), max(0, len(starts) - 1), lost,
                        [s["samples"] for s in starts].count(0) > 1)
 
 
@@ -203,7 +225,7 @@ def run_group(cluster_dir: Path, daemon: LocalDaemon, staged: Sequence[Staged], 
     diag = lambda: diagnostics(daemon, staged)  # noqa: E731
 
     def grown(s: Staged) -> bool:  # an epoch checkpointed at 2 nodes or more
-        return any(r["event"] == "epoch" and r["world"] >= 2 for r in records(s.log))
+        return any(r["event"] == "epoch" and r.get("nodes", 0) >= 2 for r in records(s.log))
 
     wait_until(lambda: all(grown(s) for s in staged), 300, "every script to grow",
                on_timeout=diag)
@@ -222,7 +244,7 @@ def run_group(cluster_dir: Path, daemon: LocalDaemon, staged: Sequence[Staged], 
     wait_until(lambda: state() in ("", "COMPLETED"), 120, "the regular job to end")
 
     def regrown(s: Staged) -> bool:
-        return any(r["event"] == "step" and r["world"] >= 2
+        return any(r["event"] == "step" and r.get("nodes", 0) >= 2
                    for r in records(s.log)[marks[s.case.file]:])
 
     wait_until(lambda: all(regrown(s) or s.outcome().finished for s in staged), 300,
@@ -251,10 +273,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     cases = [c for c in CASES if not args.only or any(c.file.startswith(o) for o in args.only)]
     base = Path(tempfile.mkdtemp(prefix="malletrain-corpus-e2e-", dir="/tmp"))
     base.chmod(0o755)
+    node_names_resolve()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up as on ^C
     cluster = LocalCluster(base / "cluster", args.port, NODES)
     cluster.up(gpus=GPUS)
     daemon = LocalDaemon(base / "work", cluster.env, cluster.slurm_conf).start()
-    print(f"{'script':52} {'style':44} fin  sizes       preempt restarts lost  wait_s yield_s")
+    print(f"{'script':52} {'style':44} fin  {'nodes x ranks per start':23} preempt "
+          "restarts lost  wait_s yield_s")
     failures = 0
     try:
         for k in range(0, len(cases), args.group):
@@ -276,10 +301,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 o = res.outcomes[s.case.file]
                 ok = o.finished and not o.started_over and res.states[s.case.file] == "completed"
                 failures += not ok
-                sizes = "→".join(map(str, o.worlds))
+                sizes = "→".join(f"{n}x{w // max(n, 1)}" for n, w in zip(o.nodes, o.worlds,
+                                                                          strict=True))
                 yield_text = "-" if res.yield_s is None else f"{res.yield_s:.2f}"
                 print(f"{s.case.file[:52]:52} {s.case.style[:44]:44} {'yes' if ok else 'NO ':4}"
-                      f" {sizes:11} {res.preemptions[s.case.file]:7} {o.restarts:8} "
+                      f" {sizes:23} {res.preemptions[s.case.file]:7} {o.restarts:8} "
                       f"{o.samples_lost:5} {res.regular_wait_s:6.1f} {yield_text:>7}",
                       flush=True)
             print(f"  (group of {len(staged)}: {time.monotonic() - t0:.0f} s)", flush=True)

@@ -15,7 +15,7 @@ on the dev cluster. It is copied to each path a script runs and accepts any argu
 Like the real programs it checkpoints every epoch in its working directory (``ckpt.pt``),
 resumes from it, and on SIGTERM/SIGUSR1 saves at the next step and exits. Rank 0 writes one
 JSON line per event to ``train.jsonl`` there (start, step, epoch, stopped, done; each with
-the world size and samples so far), which the tests read. ``STANDIN_EPOCHS`` (default 3) and
+the world size, the step's node count and samples so far), which the tests read. ``STANDIN_EPOCHS`` (default 3) and
 ``STANDIN_STEP_SLEEP`` (seconds, default 0.05) set the length.
 """
 
@@ -98,9 +98,11 @@ def main() -> int:
     ddp = DistributedDataParallel(model)
     log = open("train.jsonl", "a", buffering=1) if rank == 0 else None  # noqa: SIM115
 
+    nodes = int(os.environ.get("SLURM_STEP_NUM_NODES") or os.environ.get("SLURM_NNODES") or 0)
+
     def write(**record: object) -> None:
         if log is not None:
-            log.write(json.dumps(dict(record, t=time.time(), world=world)) + "\n")
+            log.write(json.dumps(dict(record, t=time.time(), world=world, nodes=nodes)) + "\n")
 
     def state() -> dict[str, object]:
         return {"model": model.state_dict(), "opt": opt.state_dict(), "epoch": epoch,
