@@ -28,7 +28,7 @@ from malletrain.devstack import LocalCluster, LocalDaemon
 from .harness import check_python_reachable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from corpus_e2e import CASES, GPUS, Staged, node_names_resolve, run_group  # noqa: E402
+from corpus_e2e import CASES, GPUS, Staged, node_names_resolve, run_group
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm, pytest.mark.torch]
 

@@ -15,8 +15,9 @@ on the dev cluster. It is copied to each path a script runs and accepts any argu
 Like the real programs it checkpoints every epoch in its working directory (``ckpt.pt``),
 resumes from it, and on SIGTERM/SIGUSR1 saves at the next step and exits. Rank 0 writes one
 JSON line per event to ``train.jsonl`` there (start, step, epoch, stopped, done; each with
-the world size, the step's node count and samples so far), which the tests read. ``STANDIN_EPOCHS`` (default 3) and
-``STANDIN_STEP_SLEEP`` (seconds, default 0.05) set the length.
+the world size, the step's node count and samples so far), which the tests read.
+``STANDIN_EPOCHS`` (default 3) and ``STANDIN_STEP_SLEEP`` (seconds, default 0.05) set the
+length.
 """
 
 from __future__ import annotations
