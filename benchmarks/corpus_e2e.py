@@ -3,9 +3,10 @@
 Each script of ``CASES`` is a file of ``tests/data/sbatch/`` (byte for byte) submitted by
 mt-alice with ``malletrain submit``, with sbatch-style command-line options where the 8-node
 CPU dev cluster needs them (``-N 1-3``; ``-c``/``--mem*`` that fit a 2-CPU, 1000 MB node;
-``--ntasks-per-node=1`` where a script starts one process per GPU), as one would override
-them with sbatch. The dev cluster has fake GPUs (``dev-cluster up --gpus a100:8,v100:8``:
-empty device files slurmd counts), so the scripts' GPU requests are honoured as written.
+``--ntasks-per-node=1`` where a script starts one process per GPU; ``--gres=gpu:a100:4``
+where it asks for V100s), as one would override them with sbatch. The dev cluster has fake
+GPUs (``dev-cluster up --gpus a100:8``: empty device files slurmd counts), so the scripts'
+GPU requests are honoured as written.
 
 What the dev cluster lacks is on PATH from ``tests/data/standins/bin`` (``singularity``,
 ``module``, ``conda``, ...), and the public training programs the scripts name are all one
@@ -45,7 +46,7 @@ from malletrain.devstack import PYTHON, LocalCluster, LocalDaemon, as_user, run 
 CORPUS = REPO / "tests" / "data" / "sbatch"
 STANDINS = REPO / "tests" / "data" / "standins"
 TRAINER = STANDINS / "train_standin.py"
-GPUS = "a100:8,v100:8"
+GPUS = "a100:8"
 NODES = 8
 
 
@@ -70,16 +71,16 @@ CASES: tuple[Case, ...] = (
     Case("pytorch-examples--minGPT-ddp--sbatch_run.sh", "head-IP srun, torchrun",
          ("--ntasks-per-node=1", "-c", "1"), ("/shared/examples/mingpt/main.py",)),
     Case("pytorch-ddp-examples--run-ddp-gpu8.sh", "CSC torchrun, 4 per node",
-         ("-c", "1", "-A", "mt"), ("mnist_ddp.py",)),
+         ("-c", "1", "-A", "mt", "--gres=gpu:a100:4"), ("mnist_ddp.py",)),
     Case("ml-engineering--lightning-launcher.slurm", "Lightning: srun bash -c python",
          ("--ntasks-per-node=1", "-c", "1"), ("torch-distributed-gpu-test.py",)),
     Case("pytorch-ddp-examples--run-accelerate-gpu8.sh",
          "singularity_wrapper + bash -c, accelerate launch",
-         ("-c", "1", "--mem=500M", "-A", "mt"), ("mnist_accelerate.py",)),
+         ("-c", "1", "--mem=500M", "-A", "mt", "--gres=gpu:a100:4"), ("mnist_accelerate.py",)),
     Case("pytorch-ddp-examples--run-lightning-gpu8.sh", "Lightning: srun python, 4 per node",
-         ("-c", "1", "-A", "mt"), ("mnist_lightning_ddp.py",)),
+         ("-c", "1", "-A", "mt", "--gres=gpu:a100:4"), ("mnist_lightning_ddp.py",)),
     Case("pytorch-ddp-examples--run-deepspeed-gpu8.sh", "DeepSpeed: srun python --deepspeed",
-         ("-c", "1", "-A", "mt"), ("mnist_deepspeed.py",)),
+         ("-c", "1", "-A", "mt", "--gres=gpu:a100:4"), ("mnist_deepspeed.py",)),
     Case("ml-engineering--torchrun-launcher.slurm", "srun bash -c torch.distributed.run",
          ("-c", "1"), ("torch-distributed-gpu-test.py",)),
     Case("LUMI-AI-Guide--run_ddp_srun_4.sh", "singularity run + bash -c, SLURM_PROCID",
