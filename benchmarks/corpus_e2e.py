@@ -15,8 +15,11 @@ per epoch), copied to the path each script runs.
 
 Scripts run a group at a time (the 8 nodes shared): they grow, a regular 7-node job of
 mt-bob preempts them, they shrink, regrow when it ends, and finish. Per script: finished?,
-sizes seen, preemptions, restarts, samples lost (trained after the last checkpoint before a
-restart, so trained again), and the regular job's wait. Run as root::
+sizes seen (nodes x ranks per node at each start of the training program), times nodes were
+taken from it (Slurm's preemption, or the daemon giving them back ahead of the regular job),
+restarts, samples lost (trained after the last checkpoint before a restart, so trained
+again), and the regular job's wait (polled, s) with malletrain's part of it (yield_s: from
+the slot's SIGTERM to its end, in slurmctld's and slurmd's millisecond logs). Run as root::
 
     python benchmarks/corpus_e2e.py [--group 3] [--only NAME ...] [--keep]
 """
@@ -214,22 +217,33 @@ def diagnostics(daemon: LocalDaemon, staged: Sequence[Staged]) -> str:
 class GroupResult:
     outcomes: dict[str, Outcome]
     states: dict[str, str]
+    #: node slots taken from the job: `malletrain jobs`'s PREEMPT (Slurm preempted them)
+    #: plus its DOWN (the daemon gave them back ahead of the regular job)
     preemptions: dict[str, int]
     regular_wait_s: float
     yield_s: float | None
+    messages: dict[str, str]  # `malletrain jobs`'s MESSAGE of each script's job at its end
+
+
+_ENDED = ("completed", "failed", "cancelled")
 
 
 def run_group(cluster_dir: Path, daemon: LocalDaemon, staged: Sequence[Staged], epochs: int,
               regular_nodes: int = 7) -> GroupResult:
-    """Grow, preemption by mt-bob's regular job, regrow, finish; for every script at once."""
-    ids = [submit(daemon, s, epochs) for s in staged]
+    """Grow, preemption by mt-bob's regular job, regrow, finish; for every script at once.
+    A script whose job ends (fails) is not waited for; the table says so."""
+    ids = dict(zip((s.case.file for s in staged), (submit(daemon, s, epochs) for s in staged),
+                   strict=True))
     diag = lambda: diagnostics(daemon, staged)  # noqa: E731
+
+    def ended(s: Staged) -> bool:
+        return jobs(daemon)[ids[s.case.file]]["state"] in _ENDED
 
     def grown(s: Staged) -> bool:  # an epoch checkpointed at 2 nodes or more
         return any(r["event"] == "epoch" and r.get("nodes", 0) >= 2 for r in records(s.log))
 
-    wait_until(lambda: all(grown(s) for s in staged), 300, "every script to grow",
-               on_timeout=diag)
+    wait_until(lambda: all(grown(s) or ended(s) for s in staged), 300,
+               "every script to grow", on_timeout=diag)
     argv = ["sbatch", "--parsable", "-p", "batch", "-N", str(regular_nodes), "-t", "3",
             "-o", "/dev/null", "--wrap", "srun sleep 20"]
     batch = int(run(as_user("mt-bob", argv), daemon.env).stdout.strip().split(";")[0])
@@ -248,19 +262,20 @@ def run_group(cluster_dir: Path, daemon: LocalDaemon, staged: Sequence[Staged], 
         return any(r["event"] == "step" and r.get("nodes", 0) >= 2
                    for r in records(s.log)[marks[s.case.file]:])
 
-    wait_until(lambda: all(regrown(s) or s.outcome().finished for s in staged), 300,
-               "every script to grow back", on_timeout=diag)
-    wait_until(lambda: all(jobs(daemon)[j]["state"] in ("completed", "failed", "cancelled")
-                           for j in ids), 600, "every script to end", on_timeout=diag)
+    wait_until(lambda: all(regrown(s) or s.outcome().finished or ended(s) for s in staged),
+               300, "every script to grow back", on_timeout=diag)
+    wait_until(lambda: all(ended(s) for s in staged), 600, "every script to end",
+               on_timeout=diag)
     rows = jobs(daemon)
     traces = regular_traces(cluster_dir / "log", {batch})
     yields = [t.yield_s for t in traces if t.yield_s is not None]
+    by_file = {f: rows[j] for f, j in ids.items()}
     return GroupResult(
         {s.case.file: s.outcome() for s in staged},
-        {s.case.file: rows[j]["state"] for s, j in zip(staged, ids, strict=True)},
-        {s.case.file: rows[j]["preemptions"] + rows[j]["rescales_down"]
-         for s, j in zip(staged, ids, strict=True)},
-        wait_s, max(yields) if yields else None)
+        {f: r["state"] for f, r in by_file.items()},
+        {f: r["preemptions"] + r["rescales_down"] for f, r in by_file.items()},
+        wait_s, max(yields) if yields else None,
+        {f: r.get("message", "") for f, r in by_file.items()})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -279,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cluster = LocalCluster(base / "cluster", args.port, NODES)
     cluster.up(gpus=GPUS)
     daemon = LocalDaemon(base / "work", cluster.env, cluster.slurm_conf).start()
-    print(f"{'script':52} {'style':44} fin  {'nodes x ranks per start':23} preempt "
+    print(f"{'script':52} {'style':44} fin  {'nodes x ranks per start':23} taken "
           "restarts lost  wait_s yield_s")
     failures = 0
     try:
@@ -306,9 +321,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                                           strict=True))
                 yield_text = "-" if res.yield_s is None else f"{res.yield_s:.2f}"
                 print(f"{s.case.file[:52]:52} {s.case.style[:44]:44} {'yes' if ok else 'NO ':4}"
-                      f" {sizes:23} {res.preemptions[s.case.file]:7} {o.restarts:8} "
+                      f" {sizes:23} {res.preemptions[s.case.file]:5} {o.restarts:8} "
                       f"{o.samples_lost:5} {res.regular_wait_s:6.1f} {yield_text:>7}",
                       flush=True)
+                if not ok:
+                    print(f"  {s.case.file}: {res.states[s.case.file]}: "
+                          f"{res.messages[s.case.file]}", flush=True)
             print(f"  (group of {len(staged)}: {time.monotonic() - t0:.0f} s)", flush=True)
     finally:
         daemon.stop()
