@@ -48,9 +48,11 @@ def metrics_snapshot(plan: TickPlan, snap: ClusterSnapshot, jobs: Sequence[JobRe
 
 def job_rows(jobs: Sequence[JobRecord], job_nodes: Mapping[str, tuple[str, ...]],
              job_members: Mapping[str, int], points: Mapping[str, int],
-             reasons: Mapping[str, str]) -> list[JobRow]:
-    """One row per job: its record, and the nodes, members, profile points and reason the
-    last tick saw (an ended job shows none)."""
+             reasons: Mapping[str, str], failures: Mapping[str, str] | None = None
+             ) -> list[JobRow]:
+    """One row per job: its record, and the nodes, members, profile points, reason and
+    last failure the last tick saw (an ended job shows none; its MESSAGE says why)."""
+    failures = failures or {}
     return [JobRow(
         job_id=j.job_id, user=j.user, name=j.spec.name, state=j.state.value,
         nodes=job_nodes.get(j.job_id, ()) if not j.state.terminal else (),
@@ -63,4 +65,5 @@ def job_rows(jobs: Sequence[JobRecord], job_nodes: Mapping[str, tuple[str, ...]]
         preemptions=j.preemptions, message=j.lifecycle.history[-1].reason,
         rate_target=j.spec.rate_target,
         reason=reasons.get(j.job_id, "") if j.state.active else "",
+        failure=failures.get(j.job_id, "") if j.state.active else "",
     ) for j in jobs]

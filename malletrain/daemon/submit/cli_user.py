@@ -398,7 +398,8 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
             str(len(nodes)), f"{r['min_nodes']}-{r['max_nodes']}", str(r["samples_total"]),
             f"{float(r['samples_per_s']):.1f}", str(r["profile_points"]),
             f"{r['rescales_up']}/{r['rescales_down']}", str(r["preemptions"]),
-            str(r.get("reason") or "-"), ",".join(nodes) or "-",
+            "StepFailed" if r.get("failure") else str(r.get("reason") or "-"),
+            ",".join(nodes) or "-",
         ))
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()

@@ -62,6 +62,9 @@ class JobRow:
     rate_target: float | None = None
     #: why it has the nodes it has, as the last tick saw it (``daemon.tick.reasons``)
     reason: str = ""
+    #: the training code's last failure on a node (restart mode: the step that failed and
+    #: why, e.g. ``srun: error: ...``); "" if none
+    failure: str = ""
 
 
 class RequestHandler:
