@@ -225,6 +225,7 @@ class GroupResult:
     regular_wait_s: float
     yield_s: float | None
     messages: dict[str, str]  # `malletrain jobs`'s MESSAGE of each script's job at its end
+    regrew: dict[str, bool]  # trained on 2 nodes or more after the regular job's start
 
 
 _ENDED = ("completed", "failed", "cancelled")
@@ -266,6 +267,7 @@ def run_group(cluster_dir: Path, daemon: LocalDaemon, staged: Sequence[Staged], 
 
     wait_until(lambda: all(regrown(s) or s.outcome().finished or ended(s) for s in staged),
                300, "every script to grow back", on_timeout=diag)
+    regrew = {s.case.file: regrown(s) for s in staged}
     wait_until(lambda: all(ended(s) for s in staged), 600, "every script to end",
                on_timeout=diag)
     rows = jobs(daemon)
@@ -277,7 +279,7 @@ def run_group(cluster_dir: Path, daemon: LocalDaemon, staged: Sequence[Staged], 
         {f: r["state"] for f, r in by_file.items()},
         {f: r["preemptions"] + r["rescales_down"] for f, r in by_file.items()},
         wait_s, max(yields) if yields else None,
-        {f: r.get("message", "") for f, r in by_file.items()})
+        {f: r.get("message", "") for f, r in by_file.items()}, regrew)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -296,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cluster = LocalCluster(base / "cluster", args.port, NODES)
     cluster.up(gpus=GPUS)
     daemon = LocalDaemon(base / "work", cluster.env, cluster.slurm_conf).start()
-    print(f"{'script':52} {'style':44} fin  {'nodes x ranks per start':23} taken "
+    print(f"{'script':52} {'style':44} fin regrew {'nodes x ranks per start':23} taken "
           "restarts lost  wait_s yield_s")
     failures = 0
     try:
@@ -322,7 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sizes = "→".join(f"{n}x{w // max(n, 1)}" for n, w in zip(o.nodes, o.worlds,
                                                                           strict=True))
                 yield_text = "-" if res.yield_s is None else f"{res.yield_s:.2f}"
+                regrew = "yes" if res.regrew[s.case.file] else "no"
                 print(f"{s.case.file[:52]:52} {s.case.style[:44]:44} {'yes' if ok else 'NO ':4}"
+                      f"{regrew:6}"
                       f" {sizes:23} {res.preemptions[s.case.file]:5} {o.restarts:8} "
                       f"{o.samples_lost:5} {res.regular_wait_s:6.1f} {yield_text:>7}",
                       flush=True)

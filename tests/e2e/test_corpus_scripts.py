@@ -62,7 +62,7 @@ def test_three_public_scripts_at_once_grow_are_preempted_regrow_and_finish(gpu_s
     staged = [Staged(c, base / "scripts") for c in CASES if c.file in AT_ONCE]
     assert len(staged) == len(AT_ONCE)
     try:
-        res = run_group(cluster.base, daemon, staged, epochs=3)
+        res = run_group(cluster.base, daemon, staged, epochs=5)
     finally:
         for s in staged:
             s.remove_placed()
@@ -71,6 +71,7 @@ def test_three_public_scripts_at_once_grow_are_preempted_regrow_and_finish(gpu_s
         assert res.states[s.case.file] == "completed", (s.case.file, res)
         assert o.finished and not o.started_over, (s.case.file, o)
         assert o.restarts >= 1 and max(o.nodes) >= 2, (s.case.file, o)
+        assert res.regrew[s.case.file], (s.case.file, o)  # 2+ nodes after the regular job
     assert sum(res.preemptions.values()) >= 1, res
     assert res.regular_wait_s < 30, f"the regular job waited {res.regular_wait_s:.1f} s"
     assert res.yield_s is not None and res.yield_s < 1.0, res
