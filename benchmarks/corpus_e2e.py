@@ -232,7 +232,7 @@ _ENDED = ("completed", "failed", "cancelled")
 
 
 def run_group(cluster_dir: Path, daemon: LocalDaemon, staged: Sequence[Staged], epochs: int,
-              regular_nodes: int = 7) -> GroupResult:
+              regular_nodes: int = 7, regular_s: int = 10) -> GroupResult:
     """Grow, preemption by mt-bob's regular job, regrow, finish; for every script at once.
     A script whose job ends (fails) is not waited for; the table says so."""
     ids = dict(zip((s.case.file for s in staged), (submit(daemon, s, epochs) for s in staged),
@@ -248,7 +248,7 @@ def run_group(cluster_dir: Path, daemon: LocalDaemon, staged: Sequence[Staged], 
     wait_until(lambda: all(grown(s) or ended(s) for s in staged), 300,
                "every script to grow", on_timeout=diag)
     argv = ["sbatch", "--parsable", "-p", "batch", "-N", str(regular_nodes), "-t", "3",
-            "-o", "/dev/null", "--wrap", "srun sleep 20"]
+            "-o", "/dev/null", "--wrap", f"srun sleep {regular_s}"]
     batch = int(run(as_user("mt-bob", argv), daemon.env).stdout.strip().split(";")[0])
     submitted = time.monotonic()
 
@@ -286,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--group", type=int, default=3, help="scripts run at once")
     ap.add_argument("--only", nargs="*", default=None, help="file names (prefixes)")
-    ap.add_argument("--epochs", type=int, default=6)
+    ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--port", type=int, default=23100)
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args(argv)

@@ -62,7 +62,7 @@ def test_three_public_scripts_at_once_grow_are_preempted_regrow_and_finish(gpu_s
     staged = [Staged(c, base / "scripts") for c in CASES if c.file in AT_ONCE]
     assert len(staged) == len(AT_ONCE)
     try:
-        res = run_group(cluster.base, daemon, staged, epochs=5)
+        res = run_group(cluster.base, daemon, staged, epochs=8)
     finally:
         for s in staged:
             s.remove_placed()
