@@ -85,7 +85,7 @@ class Daemon:
         self.settings = settings
         self.backend = backend
         self.cache = SnapshotCache(backend, max_age_s=600.0)
-        self.store = Store(settings.state.database_path)
+        self.store = Store(settings.state.database_path, settings.state.first_job_number)
         self.metrics = metrics
         self.coordinator = (coordinator if coordinator is not None
                             else ensure_coordinator(settings, self.store.realm,
