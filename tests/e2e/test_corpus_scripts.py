@@ -9,15 +9,18 @@ submitted by mt-alice with the sbatch options a user gives for this cluster
 (:data:`benchmarks.corpus_e2e.CASES`); the programs they start are one stand-in CPU DDP
 trainer, what the cluster lacks is on PATH (``tests/data/standins/``). A regular 7-node job
 of mt-bob takes nodes back; every script finishes from its checkpoints, never starting
-over, and the regular job waits < 30 s, malletrain's part of it < 1 s (Slurm's logs).
+over, and the regular job waits < 30 s, malletrain's part of it < 1 s (Slurm's logs). Then
+a step that cannot run shows in `malletrain jobs` within 30 s.
 ``benchmarks/corpus_e2e.py`` runs all the scripts of CASES the same way.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +28,7 @@ import pytest
 
 from malletrain.devstack import LocalCluster, LocalDaemon
 
-from .harness import check_python_reachable
+from .harness import check_python_reachable, wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from corpus_e2e import CASES, GPUS, Staged, node_names_resolve, run_group
@@ -75,3 +78,30 @@ def test_three_public_scripts_at_once_grow_are_preempted_regrow_and_finish(gpu_s
     assert sum(res.preemptions.values()) >= 1, res
     assert res.regular_wait_s < 30, f"the regular job waited {res.regular_wait_s:.1f} s"
     assert res.yield_s is not None and res.yield_s < 1.0, res
+
+    # a step that cannot run: said at once in the job's output and, within 30 s, in
+    # `malletrain jobs` (REASON StepFailed, the line in --json's failure)
+    bad = base / "bad"
+    bad.mkdir()
+    (bad / "pty.sh").write_text("#!/bin/bash\nsrun --pty bash\n")
+    shutil.chown(bad, "mt-alice", "mt-alice")
+    job = daemon.cli("mt-alice", "submit", "--socket", str(daemon.socket), "--parsable", "-N",
+                     "1", "-o", str(bad / "out-%j.txt"), str(bad / "pty.sh")).stdout.strip()
+    submitted = time.monotonic()
+
+    def failure() -> str:
+        row = next(r for r in json.loads(daemon.cli(None, "jobs", "--socket",
+                                                    str(daemon.socket), "--json").stdout)
+                   if r["job_id"] == job)
+        return str(row["failure"])
+
+    wait_until(lambda: failure(), 60, what="the step's failure in malletrain jobs",
+               on_timeout=lambda: daemon.log()[-2000:])
+    took_s = time.monotonic() - submitted
+    assert failure().startswith("srun: error: --pty cannot run in a malleable job"), failure()
+    assert took_s < 30, f"the failure showed after {took_s:.1f} s"
+    table = daemon.cli(None, "jobs", "--socket", str(daemon.socket)).stdout
+    assert any(line.startswith(job) and "StepFailed" in line for line in table.splitlines())
+    outs = "".join(p.read_text() for p in bad.glob("out-*.txt"))
+    assert "srun: error: --pty cannot run in a malleable job" in outs
+    daemon.cli("mt-alice", "cancel", "--socket", str(daemon.socket), job)
