@@ -4,7 +4,8 @@ Three scripts of the corpus (``tests/data/sbatch/``, byte for byte), of three la
 run AT ONCE on the 8 nodes of a dev cluster with fake GPUs (their GPU requests honoured as
 written): the head-IP ``srun`` of pytorch/examples' DDP tutorial (``srun -w $head hostname
 --ip-address`` beside ``srun torchrun``), ml-engineering's ``srun bash -c "RANK=\\$SLURM_PROCID
-..."``, and Princeton's ``srun python`` with ``module``/``conda``/``get_free_port``. Each is
+..."``, and LUMI's ``srun singularity run $SIF bash -c "export RANK=\\$SLURM_PROCID && python
+..."`` (``module``, ``MASTER_PORT="1${SLURM_JOB_ID:0-4}"``), one rank per node each. Each is
 submitted by mt-alice with the sbatch options a user gives for this cluster
 (:data:`benchmarks.corpus_e2e.CASES`); the programs they start are one stand-in CPU DDP
 trainer, what the cluster lacks is on PATH (``tests/data/standins/``). A regular 7-node job
@@ -36,7 +37,7 @@ from corpus_e2e import CASES, GPUS, Staged, node_names_resolve, run_group
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm, pytest.mark.torch]
 
 AT_ONCE = ("pytorch-examples--ddp-tutorial-series--sbatch_run.sh",
-           "ml-engineering--srun-launcher.slurm", "multi_gpu_training--job.slurm")
+           "ml-engineering--srun-launcher.slurm", "LUMI-AI-Guide--run_ddp_srun_4.sh")
 
 
 @pytest.fixture
@@ -65,7 +66,7 @@ def test_three_public_scripts_at_once_grow_are_preempted_regrow_and_finish(gpu_s
     staged = [Staged(c, base / "scripts") for c in CASES if c.file in AT_ONCE]
     assert len(staged) == len(AT_ONCE)
     try:
-        res = run_group(cluster.base, daemon, staged, epochs=8)
+        res = run_group(cluster.base, daemon, staged, epochs=6)
     finally:
         for s in staged:
             s.remove_placed()
@@ -100,6 +101,7 @@ def test_three_public_scripts_at_once_grow_are_preempted_regrow_and_finish(gpu_s
     took_s = time.monotonic() - submitted
     assert failure().startswith("srun: error: --pty cannot run in a malleable job"), failure()
     assert took_s < 30, f"the failure showed after {took_s:.1f} s"
+    print(f"the step's failure showed in malletrain jobs after {took_s:.1f} s")
     table = daemon.cli(None, "jobs", "--socket", str(daemon.socket)).stdout
     assert any(line.startswith(job) and "StepFailed" in line for line in table.splitlines())
     outs = "".join(p.read_text() for p in bad.glob("out-*.txt"))
