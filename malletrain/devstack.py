@@ -78,10 +78,13 @@ class LocalCluster:
         return self.env["SLURM_CONF"]
 
     def up(self, *, accounting: bool = True, users: tuple[str, ...] = TEST_USERS,
-           epilog: bool = False) -> None:
+           epilog: bool = False, gpus: str = "") -> None:
         """Start it (wiping any previous state). ``epilog``: run a site-like Epilog
-        (``dev-cluster up --epilog``; docs/slurm-backend.md §9)."""
+        (``dev-cluster up --epilog``; docs/slurm-backend.md §9). ``gpus``: fake GPUs on
+        every node, ``TYPE:COUNT[,...]`` (``dev-cluster up --gpus``)."""
         argv = [str(DEV_CLUSTER), "up", "--nodes", str(self.nodes)]
+        if gpus:
+            argv += ["--gpus", gpus]
         if accounting:
             argv.append("--accounting")
         if epilog:

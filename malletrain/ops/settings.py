@@ -3,9 +3,8 @@
 Why this shape (kopf's frozen settings): the daemon reads its configuration once at
 start and again only on SIGHUP, so every tick sees one consistent, immutable value
 and nothing can change a setting behind the loop's back. Every field has a default,
-so an empty file (or no ``malletrain.yaml`` sections at all) is a valid
-configuration for a laptop-sized dev cluster; ``configs/malletrain.yaml`` documents
-every field with production values.
+so an empty file (or no ``malletrain.yaml`` sections at all) is a valid configuration for
+a laptop-sized dev cluster; ``configs/malletrain.yaml`` documents every field.
 
 Validation is strict and complete: unknown keys, wrong types, out-of-range values and
 malformed YAML all raise :class:`SettingsError` (a :class:`~malletrain.errors.ConfigError`)
@@ -247,9 +246,10 @@ class StateSettings:
     ))
     keep_ended_jobs_per_user: int = field(default=100, metadata=meta(
         "Of these, at most this many per user (the newest): one user's jobs coming and going "
-        "never push other users' history out of `keep_ended_jobs`.",
-        min=0, max=10_000_000,
-    ))
+        "never push other users' history out of `keep_ended_jobs`.", min=0, max=10_000_000))
+    first_job_number: int = field(default=1000, metadata=meta(
+        "The first job's number in a new database (Slurm's FirstJobId): scripts take ports "
+        "from $SLURM_JOB_ID's last 4 digits.", min=1, max=1_000_000_000, restart=True))
 
 
 @dataclass(frozen=True)

@@ -136,3 +136,23 @@ def test_srun_launcher_maps_slurm_task_ids_to_torchrun_variables(tmp_path):
     rank, size, args, name = json.loads(out)
     assert (rank, size, name) == ("2", "3", "__main__")
     assert args == [str(script), "--lr", "0.1; rm -rf / $(x)"]
+
+
+def test_a_restart_mode_slot_holds_the_tasks_its_steps_start_on_the_node():
+    """`--ntasks-per-node=4 -c 1` in a batch script: each slot asks Slurm for 4 tasks of 1
+    CPU, so a node that cannot hold them is refused at submission (as sbatch refuses the
+    script) rather than every step failing on it ("More processors requested than
+    permitted", seen with pytorch-ddp-examples--run-lightning-gpu8.sh on 2-CPU nodes)."""
+    from dataclasses import replace
+
+    from malletrain.daemon.jobs.slots import slot_extra_args
+
+    restart = replace(SPEC, mode="restart", tasks_per_node=4,
+                      slot_options=("--cpus-per-task=1",))
+    assert slot_extra_args(restart) == ("--ntasks-per-node=4", "--cpus-per-task=1")
+    argv = render_slot(restart, "m7", 0, coordinator="c:1", secret=SECRET, state_dir="/s",
+                       partition="scavenger", script_text="#!/bin/bash\nsrun true\n").render()
+    assert "--ntasks-per-node=4" in argv
+    # one task per node, and native mode (its slot's own srun starts the workers): unchanged
+    assert slot_extra_args(replace(restart, tasks_per_node=1)) == ("--cpus-per-task=1",)
+    assert slot_extra_args(replace(restart, mode="native")) == ("--cpus-per-task=1",)

@@ -255,3 +255,15 @@ def test_a_submission_counts_against_the_limits_for_a_while_even_once_ended(tmp_
     # pruning never deletes what still counts
     assert s.prune_ended(keep=0, since_s=140.0) == 1
     assert s.count_jobs(1001, since_s=140.0) == 2
+
+
+def test_job_numbers_start_where_the_site_says_and_a_database_keeps_its_own(tmp_path):
+    """``state.first_job_number`` (Slurm's FirstJobId): a batch shell's $SLURM_JOB_ID is
+    the job's number, and LUMI's `MASTER_PORT="1${SLURM_JOB_ID:0-4}"` needs 4 digits."""
+    from malletrain.ops.settings import StateSettings
+
+    assert StateSettings().first_job_number == 1000
+    db = tmp_path / "state.db"
+    assert Store(db, first_job_number=1000).create_job(1001, "a", SPEC).job_id == "m1000"
+    # reopened with another first number: the numbering goes on, ids are never reused
+    assert Store(db, first_job_number=5).create_job(1001, "a", SPEC).job_id == "m1001"

@@ -103,3 +103,20 @@ def test_nesting_past_the_stack_is_a_record_error_not_a_recursion_error(raw):
                    lambda x: r.decode_event(0, x)):
         with pytest.raises(r.RecordError, match="not JSON"):
             decode(raw)
+def test_a_departure_says_what_failed_in_one_printable_line():
+    """Restart mode's node agent departs "crashed" with the failed step's line; the daemon
+    shows it in `malletrain jobs`, so it is one printable line of bounded length."""
+    from malletrain.elastic.protocol.keys import departures
+
+    raw = r.encode_event("depart", "s0-r0", 1.0, {"reason": "crashed", "epoch": 2, "step": 0,
+                                                   "detail": "srun: error: --pty: not here"})
+    (d,) = departures([r.decode_event(0, raw)])
+    assert (d.reason, d.detail) == ("crashed", "srun: error: --pty: not here")
+    for bad in ("x" * (r.MAX_DETAIL + 1), "two\nlines", "\x1b[31mred", 7):
+        raw = r.encode_event("depart", "s0-r0", 1.0, {"reason": "crashed", "detail": bad})
+        with pytest.raises(r.RecordError, match="detail"):
+            r.decode_event(0, raw)
+    # an old departure without one reads as before
+    (d,) = departures([r.decode_event(0, r.encode_event("depart", "s0-r0", 1.0,
+                                                        {"reason": "sigterm"}))])
+    assert d.detail == ""

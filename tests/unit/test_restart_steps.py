@@ -166,3 +166,21 @@ def test_anything_else_runs_as_written():
     for cmd in (["hostname", "--ip-address"], ["bash", "-c", "echo hi; torchrun x.py"],
                 ["shifter", "bash", "-c", "python train.py"]):
         assert command(SPEC, cmd, {}, 1, 0) == cmd
+
+
+def test_a_step_that_cannot_run_is_noted_for_the_agent_and_said_in_the_output(tmp_path,
+                                                                             capsys):
+    """`srun --pty bash` in a batch shell: `srun: error:` in the job's output at once, and
+    the same line in the agent's run directory, which its departure carries to `malletrain
+    jobs` (only the lines after the launch's start: an earlier generation's are not its)."""
+    from malletrain.elastic.restart import srun
+
+    env = {"MALLETRAIN_GENERATION": VIEW.to_json(), "MALLETRAIN_RUN_DIR": str(tmp_path)}
+    srun.note_failure(env, "srun: step 0 (x) exited with code 143 on n4")  # a stop, before
+    start = srun.failures_size(tmp_path)
+    assert srun.last_failure(tmp_path, start) == ""
+    assert srun.run(["--pty", "bash"], env) == 1
+    said = "srun: error: --pty cannot run in a malleable job"
+    assert capsys.readouterr().err.startswith(said)
+    assert srun.last_failure(tmp_path, start).startswith(said)
+    assert srun.last_failure(tmp_path / "none", 0) == ""  # no run dir: nothing, no error

@@ -82,3 +82,29 @@ def test_a_script_without_a_launcher_runs_and_one_of_another_language_is_refused
     res, script = submit(tmp_path, "#!/usr/bin/perl\nprint 1;\n")
     assert res.returncode == 1
     assert res.stderr.startswith(f"{script}:1: a '/usr/bin/perl' script")
+
+
+def test_any_sbatch_option_on_the_command_line_overrides_the_script_as_with_sbatch(tmp_path):
+    """A public script asks for what this cluster has not (`--mem-per-gpu=60G`, a
+    partition, 8 tasks per node); the user overrides it on the command line, as with sbatch,
+    with options `submit` has no flag of its own for, in one or two words or a short form."""
+    text = ("#!/bin/bash\n#SBATCH --partition=standard-g\n#SBATCH --nodes=4\n"
+            "#SBATCH --gpus-per-node=8\n#SBATCH --ntasks-per-node=8\n"
+            "#SBATCH --mem-per-gpu=60G\nsrun python train.py\n")
+    res, _ = submit(tmp_path, text, "--json", "-N", "1-3", "--mem-per-gpu", "100M",
+                    "-p", "batch", "--ntasks-per-node=1", "--exclusive", "-q", "low",
+                    "--container-image=img.sqsh")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert (out["min_nodes"], out["max_nodes"], out["tasks_per_node"]) == (1, 3, 1)
+    # the slot's sbatch reads the last --mem-per-gpu, the command line's
+    assert out["slot_options"][-3:-1] == ["--mem-per-gpu=60G", "--mem-per-gpu=100M"]
+    assert out["slot_options"][-1] == "--container-image=img.sqsh"
+    warned = [w for w in out["warnings"] if w.startswith("command line:")]
+    assert [w.split(": ")[1].split()[0] for w in warned] == [
+        "--partition", "--exclusive", "--qos", "--container-image"]
+    # refused options are refused with sbatch's table's reason, not argparse's
+    res, _ = submit(tmp_path, text, "-w", "n1", "--begin=now")
+    assert res.returncode == 1
+    assert "command line: --nodelist cannot be used for a malleable job" in res.stderr
+    assert "command line: --begin cannot be used for a malleable job" in res.stderr

@@ -131,6 +131,9 @@ _TABLE: tuple[Rule, ...] = (
         ("--wait", "-W", "a malleable job's length depends on the idle nodes"))),
 )
 
+#: every rule, in the table's order
+RULE_TABLE: tuple[Rule, ...] = _TABLE
+
 #: option (long or short form) -> its rule
 RULES: Mapping[str, Rule] = {
     name: rule for rule in _TABLE for name in (rule.long, rule.short) if name

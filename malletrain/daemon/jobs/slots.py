@@ -234,13 +234,21 @@ def render_slot(
 
 def slot_extra_args(spec: JobSpec) -> tuple[str, ...]:
     """What every node slot carries beyond the pool's own options: the GPUs (with their
-    type) and the user's per-node options (memory, CPUs, constraints, ``--gres``)."""
+    type) and the user's per-node options (memory, CPUs, constraints, ``--gres``).
+
+    Restart mode: the script's tasks per node too, so that the slot holds what the
+    script's ``srun`` steps start on its node (``--ntasks-per-node=4 -c 10``: 40 CPUs), and
+    Slurm refuses at submission, as sbatch would the script, what no node can hold; without
+    it a step's ``srun`` fails on the node: "More processors requested than permitted"."""
     gpus: tuple[str, ...] = ()
     has_gres = any(o.startswith("--gres=") for o in spec.slot_options)
     if spec.gpus_per_node and not has_gres:
         kind = f"{spec.gpu_type}:" if spec.gpu_type else ""
         gpus = (f"--gpus-per-node={kind}{spec.gpus_per_node}",)
-    return gpus + tuple(spec.slot_options)
+    tasks: tuple[str, ...] = ()
+    if spec.mode == "restart" and spec.tasks_per_node and spec.tasks_per_node > 1:
+        tasks = (f"--ntasks-per-node={spec.tasks_per_node}",)
+    return gpus + tasks + tuple(spec.slot_options)
 
 
 class SlotStatus(StrEnum):

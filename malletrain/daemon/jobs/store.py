@@ -111,7 +111,9 @@ _SLOT_FIELDS = frozenset({"placed_node", "placed_at_s", "leaving_since_s", "last
 class Store:
     """Typed access to the state database. Thread-safe."""
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, first_job_number: int = 1) -> None:
+        """``first_job_number``: the first job's number in a new database (Slurm's
+        FirstJobId; ``state.first_job_number``)."""
         self.path = Path(path)
         if str(path) != ":memory:":
             prepare_private(self.path)  # 0600, its WAL and SHM too, whatever the umask
@@ -128,7 +130,8 @@ class Store:
             self._db.executescript(_SCHEMA)
             self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)",
                              (str(SCHEMA_VERSION),))
-            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('next_seq', '1')")
+            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('next_seq', ?)",
+                             (str(first_job_number),))
             # names this database in every job secret: job ids restart at m1 with a new
             # database, and m1 must not get the secret an earlier m1's user already knows
             self._db.execute("INSERT OR IGNORE INTO meta VALUES ('realm', ?)",

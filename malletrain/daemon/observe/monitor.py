@@ -112,6 +112,8 @@ class JobMonitor:
             sigtermed=frozenset(d.member_id for d in gone if d.reason == "sigterm"),
             crashed=frozenset(d.member_id for d in gone if d.reason == "crashed"),
             state_lost=frozenset(d.member_id for d in gone if d.reason == "state_lost"),
+            failure=next((d.detail for d in reversed(gone)
+                          if d.reason == "crashed" and d.detail), ""),
             samples_total=prog.samples_total if prog else None,
             samples_per_s=prog.samples_per_s if prog else 0.0,
             progress_at_s=prog.time_s if prog else None,

@@ -96,7 +96,7 @@ class Daemon:
         self.settings = settings
         self.backend = backend
         self.cache = SnapshotCache(backend, max_age_s=600.0)
-        self.store = Store(settings.state.database_path)
+        self.store = Store(settings.state.database_path, settings.state.first_job_number)
         self.metrics = metrics
         self.coordinator = (coordinator if coordinator is not None
                             else ensure_coordinator(settings, self.store.realm,
@@ -120,6 +120,7 @@ class Daemon:
         self._job_nodes: dict[str, tuple[str, ...]] = {}
         self._job_members: dict[str, int] = {}
         self._profile_points: dict[str, int] = {}
+        self._failures: dict[str, str] = {}  # job -> its code's last failure (CoordView)
         self._reasons: dict[str, str] = {}
         self._entitled: dict[str, int] = {}  # user -> nodes (the last plan's)
         #: for the arrival probe (daemon/observe/arrivals.py): the last snapshot's job ids, and
@@ -277,6 +278,7 @@ class Daemon:
         jobs = [replace(j, **written[j.job_id]) if j.job_id in written else j for j in jobs]
         with self._rows_lock:
             self._job_members = {jid: len(cv.members) for jid, cv in coord.items()}
+            self._failures = {jid: cv.failure for jid, cv in coord.items() if cv.failure}
         return jobs, coord
 
     def _world(self, snap: ClusterSnapshot, jobs: list[JobRecord],
@@ -386,7 +388,7 @@ class Daemon:
     def rows(self) -> list[JobRow]:
         with self._rows_lock:
             views = (dict(self._job_nodes), dict(self._job_members), dict(self._profile_points),
-                     dict(self._reasons), dict(self._entitled))
+                     dict(self._reasons), dict(self._entitled), dict(self._failures))
         return job_rows(self.store.jobs(), *views)
 
     def close(self, timeout_s: float | None = None) -> None:

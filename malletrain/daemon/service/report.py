@@ -48,11 +48,13 @@ def metrics_snapshot(plan: TickPlan, snap: ClusterSnapshot, jobs: Sequence[JobRe
 
 def job_rows(jobs: Sequence[JobRecord], job_nodes: Mapping[str, tuple[str, ...]],
              job_members: Mapping[str, int], points: Mapping[str, int],
-             reasons: Mapping[str, str], entitled: Mapping[str, int] | None = None
-             ) -> list[JobRow]:
-    """One row per job: its record, and the nodes, members, profile points and reason the
-    last tick saw (an ended job shows none), with its user's nodes and entitlement."""
+             reasons: Mapping[str, str], entitled: Mapping[str, int] | None = None,
+             failures: Mapping[str, str] | None = None) -> list[JobRow]:
+    """One row per job: its record, and the nodes, members, profile points, reason and last
+    failure the last tick saw (an ended job shows none; its MESSAGE says why), with its
+    user's nodes and entitlement."""
     entitled = entitled or {}
+    failures = failures or {}
     user_nodes: dict[str, int] = {}
     for j in jobs:
         if not j.state.terminal:
@@ -70,4 +72,5 @@ def job_rows(jobs: Sequence[JobRecord], job_nodes: Mapping[str, tuple[str, ...]]
         rate_target=j.spec.rate_target,
         reason=reasons.get(j.job_id, "") if j.state.active else "",
         user_nodes=user_nodes.get(j.user, 0), user_entitled=entitled.get(j.user, 0),
+        failure=failures.get(j.job_id, "") if j.state.active else "",
     ) for j in jobs]

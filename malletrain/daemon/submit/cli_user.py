@@ -34,6 +34,7 @@ from malletrain.daemon.jobs.directives import (
 from malletrain.daemon.jobs.slots import node_command, render_slot, slot_extra_args
 from malletrain.daemon.jobs.spec import MAX_SCRIPT_BYTES, JobSpec, SpecError
 from malletrain.daemon.submit.channel import CLIENT_RETRY_S, call
+from malletrain.daemon.submit.cli_options import add_job_options, command_line_tokens
 from malletrain.elastic.restart.script import ScriptPlan
 from malletrain.errors import PermanentError, UserError
 from malletrain.slurm.hostlist import compress_hostlist
@@ -77,41 +78,6 @@ def _call(sock: Path, request: dict[str, Any], idempotent: bool = True) -> dict[
     return call(sock, request, retry_s=window_s, idempotent=idempotent, on_retry=tell)
 
 
-def _add_job_options(sub: argparse.ArgumentParser) -> None:
-    """The sbatch-like options of ``submit`` (each also read from ``#SBATCH`` lines)."""
-    sub.add_argument("-J", "--job-name")
-    sub.add_argument("-N", "--nodes", help="node count range MIN[-MAX]")
-    sub.add_argument("--min-nodes", type=str)
-    sub.add_argument("--max-nodes", type=str)
-    sub.add_argument("-t", "--time", help="total wall time (Slurm formats)")
-    sub.add_argument("--gpus-per-node", help="[TYPE:]N GPUs on every node")
-    sub.add_argument("--gres", help="generic resources per node, e.g. gpu:a100:4")
-    sub.add_argument("-G", "--gpus", help="[TYPE:]N GPUs in all (fixed node counts only)")
-    sub.add_argument("-n", "--ntasks", help="tasks in all (fixed node counts only)")
-    sub.add_argument("-c", "--cpus-per-task", help="passed to every node slot")
-    sub.add_argument("--mem", help="memory per node, passed to every node slot")
-    sub.add_argument("-C", "--constraint", help="node features, passed to every node slot")
-    sub.add_argument("--ntasks-per-node", "--nproc-per-node", dest="ntasks_per_node",
-                     help="worker processes per node (torchrun --nproc-per-node)")
-    sub.add_argument("-o", "--output")
-    sub.add_argument("-e", "--error")
-    sub.add_argument("-D", "--chdir")
-    sub.add_argument("--export")
-    sub.add_argument("-A", "--account")
-    sub.add_argument("--kind", help="profile key: jobs of one kind share a learned profile")
-    sub.add_argument("-x", "--exclude", metavar="HOSTLIST",
-                     help="nodes the job never runs on, e.g. n[1-4],gpu7")
-    sub.add_argument("--rate-target", metavar="SAMPLES_PER_S",
-                     help="throughput beyond which more nodes are worth nothing to the job "
-                          "(with node prices: met on the cheapest nodes)")
-    sub.add_argument("-a", "--array", metavar="INDEXES",
-                     help="a job array: one malleable job per task, e.g. 0-15%%4")
-    sub.add_argument("-d", "--dependency", metavar="LIST",
-                     help="start after other malleable jobs, e.g. afterok:m12")
-    sub.add_argument("--launcher", choices=("torchrun", "srun"),
-                     help="start the K workers of a node with srun (default) or torchrun")
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--socket", default=None,
@@ -127,7 +93,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "and yields them to regular jobs at once."
         ),
     )
-    _add_job_options(sub)
+    add_job_options(sub)
     sub.add_argument("--python", default=sys.executable,
                      help="Python on the nodes that runs the workers (default: this one)")
     sub.add_argument("--parsable", action="store_true", help="print only the job id")
@@ -147,18 +113,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cancel = subparsers.add_parser("cancel", parents=[common], help="cancel malleable jobs")
     cancel.add_argument("job_ids", nargs="+")
     cancel.set_defaults(func=cmd_cancel)
-
-
-_FLAG_OPTS = (
-    ("job_name", "--job-name"), ("nodes", "--nodes"), ("min_nodes", "--min-nodes"),
-    ("max_nodes", "--max-nodes"), ("time", "--time"), ("gpus_per_node", "--gpus-per-node"),
-    ("ntasks_per_node", "--ntasks-per-node"), ("output", "--output"), ("error", "--error"),
-    ("chdir", "--chdir"), ("export", "--export"), ("account", "--account"), ("kind", "--kind"),
-    ("launcher", "--launcher"), ("gres", "--gres"), ("gpus", "--gpus"), ("ntasks", "--ntasks"),
-    ("cpus_per_task", "--cpus-per-task"), ("mem", "--mem"), ("constraint", "--constraint"),
-    ("rate_target", "--rate-target"), ("exclude", "--exclude"), ("array", "--array"),
-    ("dependency", "--dependency"),
-)
 
 
 def read_script(path_text: str) -> tuple[Path, str]:
@@ -191,11 +145,7 @@ class ReadScript:
 
 def _read_spec(args: argparse.Namespace) -> ReadScript:
     path, text = read_script(args.script)
-    tokens: list[str] = []
-    for attr, opt in _FLAG_OPTS:
-        value = getattr(args, attr)
-        if value is not None:
-            tokens.append(f"{opt}={value}")
+    tokens = command_line_tokens(args)
     opts = merge(read_directives(text, str(path)), parse_option_tokens(tokens, "command line"))
     plan, problems = script_mode(text, str(path))
     opts = replace(opts, problems=opts.problems + problems)
@@ -360,7 +310,8 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
             str(len(nodes)), f"{r['min_nodes']}-{r['max_nodes']}", str(r["samples_total"]),
             f"{float(r['samples_per_s']):.1f}", str(r["profile_points"]),
             f"{r['rescales_up']}/{r['rescales_down']}", str(r["preemptions"]),
-            str(r.get("reason") or "-"), ",".join(nodes) or "-",
+            "StepFailed" if r.get("failure") else str(r.get("reason") or "-"),
+            ",".join(nodes) or "-",
         ))
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()

@@ -67,6 +67,9 @@ class JobRow:
     #: the user's fair part of the nodes on offer under its limits (``tick.reasons``)
     user_nodes: int = 0
     user_entitled: int = 0
+    #: the training code's last failure on a node (restart mode: the step that failed and
+    #: why, e.g. ``srun: error: ...``); "" if none
+    failure: str = ""
 
 
 class RequestHandler:

@@ -109,8 +109,9 @@ def stop_condition(job: JobRecord, js: JobSlots, cv: CoordView, now_s: float,
         return Transit(jid, P.FAILED, "training state lost: evicted to zero nodes, its snapshot "
                        "could not be saved in MALLETRAIN_STATE_DIR; see the slots' output")
     if len(cv.crashed) >= s.max_start_failures:
+        last = f" (last: {cv.failure})" if cv.failure else ""
         return Transit(jid, P.FAILED, f"the training code failed on its own in {len(cv.crashed)} "
-                       "node slots; see their output (--output)")
+                       f"node slots{last}; see their output (--output)")
     if job.start_failures >= s.max_start_failures:
         return Transit(jid, P.FAILED, f"slot jobs failed {job.start_failures} times right after "
                        "starting; see their output (--output)")

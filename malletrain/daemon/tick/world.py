@@ -77,6 +77,8 @@ class CoordView:
     crashed: frozenset[str] = frozenset()
     #: members that held the job's last state and could not save it (evicted to zero)
     state_lost: frozenset[str] = frozenset()
+    #: the last "crashed" departure's own words (restart mode: the failed step's line)
+    failure: str = ""
     samples_total: int | None = None
     samples_per_s: float = 0.0
     progress_at_s: float | None = None

@@ -146,11 +146,15 @@ class JobStore:
         return self.append_event("register", info.member_id, data)
 
     def depart(
-        self, member_id: str, reason: p.DepartureReason, epoch: int | None, step: int | None
+        self, member_id: str, reason: p.DepartureReason, epoch: int | None, step: int | None,
+        detail: str = "",
     ) -> int:
-        return self.append_event(
-            "depart", member_id, {"reason": reason, "epoch": epoch, "step": step}
-        )
+        """``detail``: what failed, one line (cut to :data:`records.MAX_DETAIL`)."""
+        data: dict[str, object] = {"reason": reason, "epoch": epoch, "step": step}
+        if detail:
+            data["detail"] = "".join(c if c.isprintable() else " "
+                                     for c in detail)[:r.MAX_DETAIL]
+        return self.append_event("depart", member_id, data)
 
     # ------------------------------------------------------------------ progress / finish
 

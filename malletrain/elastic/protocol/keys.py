@@ -177,6 +177,8 @@ class Departure:
     epoch: int | None
     step: int | None
     time_s: float
+    #: what failed, in the member's words (restart mode: the step's ``srun: error:`` line)
+    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -231,6 +233,7 @@ def departures(events: Iterable[Event]) -> list[Departure]:
                 epoch=None if epoch is None else int(epoch),
                 step=None if step is None else int(step),
                 time_s=ev.time_s,
+                detail=str(ev.data.get("detail", "")),
             )
         )
     return out

@@ -210,9 +210,18 @@ def _register_data(data: Mapping[str, Any], what: str) -> None:
          hi=MAX_LOCAL_WORLD_SIZE)
 
 
+#: the longest ``detail`` of a departure (one line of the job's output: what failed)
+MAX_DETAIL = 300
+
+
 def _depart_data(data: Mapping[str, Any], what: str) -> None:
-    if set(data) - {"reason", "epoch", "step"}:
+    if set(data) - {"reason", "epoch", "step", "detail"}:
         raise RecordError(f"{what}: unexpected departure fields {sorted(data)[:5]}")
+    detail = data.get("detail", "")
+    if (not isinstance(detail, str) or len(detail) > MAX_DETAIL
+            or not all(c.isprintable() for c in detail)):
+        raise RecordError(f"{what}: detail {detail!r:.40} is not one printable line of at "
+                          f"most {MAX_DETAIL} characters")
     if data.get("reason", "crashed") not in _REASONS:
         raise RecordError(f"{what}: reason {data.get('reason')!r:.40} is not one of "
                           f"{sorted(_REASONS)}")

@@ -41,7 +41,7 @@ from pathlib import Path
 from malletrain.elastic.protocol import keys as p
 from malletrain.elastic.protocol.config import ElasticConfig
 from malletrain.elastic.protocol.link import STORE_ERRORS, CoordinatorLink
-from malletrain.elastic.restart import batchio, handover, registry, tree
+from malletrain.elastic.restart import batchio, handover, registry, srun, tree
 from malletrain.elastic.restart.batchio import BatchIO
 from malletrain.elastic.restart.generation import (
     GENERATION_ENV,
@@ -75,6 +75,7 @@ class Running:
     proc: subprocess.Popen[bytes] | None
     started_s: float  # unix time
     stopping: bool = False
+    errors_at: int = 0  # where its step failures start in the run dir's STEP_ERRORS
 
 
 class NodeAgent:
@@ -171,10 +172,15 @@ class NodeAgent:
             log.warning("the launch of epoch %d ended (exit %d) while a member left or failed; "
                         "waiting up to %.0f s for a new membership", c.epoch, rc, RESTART_WAIT_S)
             self.failed_at = now
-        if now - self.failed_at > RESTART_WAIT_S:
-            log.error("the launch failed (exit %d) and no new membership came", rc)
+        why = srun.last_failure(self.run_dir, c.errors_at)
+        # a step srun refused (an option it cannot honour here) fails the same at any size:
+        # said at once, unless a peer left meanwhile (then a new membership comes)
+        refused = why.startswith("srun: error:") and not self._peer_left(c)
+        if refused or now - self.failed_at > RESTART_WAIT_S:
+            log.error("the launch failed (exit %d): %s", rc, why or "no step failed")
+            why = why or f"the batch script exited with code {rc}"
             self._call(lambda: self.link.js.depart(self.config.member_id, "crashed",
-                                                   c.epoch, 0))
+                                                   c.epoch, 0, detail=why))
             return rc if rc > 0 else 128 - rc
         return None
 
@@ -241,11 +247,12 @@ class NodeAgent:
         return not self._preempted()
 
     def _start(self, m: p.Membership) -> None:
+        errors_at = srun.failures_size(self.run_dir)  # this launch's failures follow
         registry.set_generation(self.run_dir, m.epoch, "run")
         proc = None
         if m.members[0] == self.config.member_id:
             proc = self._start_batch(m)
-        self.child = Running(m.epoch, m.members, proc, time.time())
+        self.child = Running(m.epoch, m.members, proc, time.time(), errors_at=errors_at)
         self._record(m.epoch, "run")
         self.joined = True
         self.failed_at = None

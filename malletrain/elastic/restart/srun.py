@@ -70,12 +70,54 @@ def next_step_id(run_dir: str) -> int:
         os.close(fd)
 
 
+#: in the node agent's run directory: the last failed step of the batch shell, one line each
+STEP_ERRORS = "step-errors"
+
+
+def note_failure(env: Mapping[str, str], line: str) -> None:
+    """Append ``line`` to the agent's :data:`STEP_ERRORS`, which it reports with the
+    launch's failure (``malletrain jobs`` shows it); best effort: the job's output has it."""
+    run_dir = env.get("MALLETRAIN_RUN_DIR")
+    if not run_dir:
+        return
+    text = "".join(c if c.isprintable() else " " for c in line)[:300] + "\n"
+    try:
+        fd = os.open(os.path.join(run_dir, STEP_ERRORS),
+                     os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def failures_size(run_dir: str | os.PathLike[str]) -> int:
+    """Bytes of :data:`STEP_ERRORS` so far: a launch's own failures are those after it."""
+    try:
+        return os.stat(os.path.join(run_dir, STEP_ERRORS)).st_size
+    except OSError:
+        return 0
+
+
+def last_failure(run_dir: str | os.PathLike[str], since: int) -> str:
+    """The last step failure noted after byte ``since`` ("" if none)."""
+    try:
+        with open(os.path.join(run_dir, STEP_ERRORS), "rb") as f:
+            f.seek(since)
+            lines = f.read(64 * 1024).decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
 def run(argv: Sequence[str], env: Mapping[str, str]) -> int:
     view = GenerationView.from_json(env[GENERATION_ENV])
     try:
         lay = steps.layout(steps.parse(argv), view, env)
     except steps.StepError as exc:
         print(f"srun: error: {exc}", file=sys.stderr)
+        note_failure(env, f"srun: error: {exc}")
         return 1
     for warning in lay.request.warnings:
         print(f"srun: warning: {warning}", file=sys.stderr)
@@ -102,7 +144,12 @@ def run(argv: Sequence[str], env: Mapping[str, str]) -> int:
             forward(signal.SIGTERM, None)
         time.sleep(0.05)
     codes = [128 - p.returncode if p.returncode < 0 else p.returncode for p in procs]
-    return max(codes, default=0)
+    worst = max(codes, default=0)
+    if worst:
+        bad = [lay.shares[i].node.name for i, c in enumerate(codes) if c == worst]
+        note_failure(env, f"srun: step {step} ({' '.join(argv)[:120]}) exited with code "
+                          f"{worst} on {','.join(bad)}")
+    return worst
 
 
 def main(argv: Sequence[str] | None = None) -> int:
