@@ -238,14 +238,12 @@ class Store:
     def prune_ended(self, keep: int, *, keep_per_user: int | None = None,
                     since_s: float | None = None) -> int:
         """Delete all but the newest ``keep`` ended jobs (and their rows), and of each user
-        all but their newest ``keep_per_user``; returns how many.  Jobs submitted since
-        ``since_s`` are never deleted: they still count against their user's limits
-        (:meth:`count_jobs`).
+        all but their newest ``keep_per_user``; returns how many. Jobs submitted since
+        ``since_s`` are kept: they still count against their user's limits (:meth:`count_jobs`).
 
         Without it the database, and every tick's read of it, grows with every job ever
-        submitted (issue 15: bounded resources); without the per-user bound, one user's
-        submit-and-end loop pushes every other user's history out of the ``keep`` newest.
-        """
+        submitted; without the per-user bound, one user's churn pushes every other user's
+        history out of the ``keep`` newest."""
         with self._lock:  # a read first: most ticks have nothing to delete
             old = self._ended_beyond(keep, keep_per_user,
                                      float("inf") if since_s is None else since_s)
