@@ -1,6 +1,8 @@
 """Allocator decision time: malletrain's exact DP vs FreeTrain's node-level MILP, one run.
 
-Usage: ``.venv/bin/python benchmarks/allocator.py [--decisions 21] [--seed 0]``
+Usage: ``.venv/bin/python benchmarks/allocator.py [--decisions 21] [--seed 0]``;
+``--against-commit REV [--rounds 3]``: this tree's decision time beside REV's, alternated in
+one run (:mod:`allocator_vs`).
 
 Instances are random but shaped like a big scavenging cluster: 5,000 idle nodes
 (half with a window predicted by the backfill plan, half unknown with an idle
@@ -189,7 +191,14 @@ def main() -> None:
     ap.add_argument("--decisions", type=int, default=21)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--milp-limit-s", type=float, default=10.0)
+    ap.add_argument("--against-commit", metavar="REV",
+                    help="instead: this tree's decision time beside REV's (allocator_vs.py)")
+    ap.add_argument("--rounds", type=int, default=3, help="alternations with --against-commit")
     args = ap.parse_args()
+    if args.against_commit:
+        from allocator_vs import compare_with  # beside this script
+        compare_with(args.against_commit, args.rounds, args.decisions, args.seed)
+        return
 
     n_nodes, n_jobs = 5000, 500
     policy = make_policy("malletrain", CORE)
