@@ -1,6 +1,6 @@
 """Fair shares among users through the real daemon on the dev cluster (issue 47): mt-alice's
-jobs hold every node; mt-bob submits one job of the same kind; bob's job trains on its
-user's half within a minute while alice's jobs shrink to hers. User-blind, bob's job got 1
+8 jobs (her limit) hold every node; mt-bob submits one job of the same kind; bob's job
+trains on its user's half while alice's jobs shrink to hers. User-blind, bob's job got 1
 node of 8 after 18 s and kept 1 for the next 3 minutes."""
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ SAMPLES = 10_000_000  # no job finishes: all are cancelled at the end
 def test_bobs_one_job_gets_bobs_half_while_alices_jobs_hold_every_node(daemon,
                                                                          clean_cluster):
     d = daemon
-    alice = [d.submit_example("mt-alice", f"a{k}", "1-8", SAMPLES) for k in range(3)]
+    alice = [d.submit_example("mt-alice", f"a{k}", "1-8", SAMPLES) for k in range(8)]
 
     def nodes_of(rows, jobs):
         return sum(len(rows[j]["nodes"]) for j in jobs)
 
     wait_until(lambda: nodes_of(d.jobs(), alice) == 8, 150,
-               what="alice's three jobs on all 8 nodes",
+               what="alice's eight jobs on all 8 nodes",
                on_timeout=lambda: json.dumps(d.jobs(), indent=1) + d.log()[-3000:])
     bob = d.submit_example("mt-bob", "b0", "1-8", SAMPLES)
 
