@@ -56,7 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from malletrain.core.allocation.allocator import MalleTrainPolicy
-from malletrain.core.allocation.fairness import user_caps
+from malletrain.core.allocation.fairness import fair_turn, user_caps
 from malletrain.core.model import AllocationInput, Plan
 from malletrain.core.options import LIVE
 from malletrain.core.policies import POLICIES, REPLAY, make_policy
@@ -177,7 +177,8 @@ class Division:
 class Recorder:
     """Wraps the policy (fair or user-blind alike): at every decision, each user's part as
     ``core.allocation.fairness`` divides the nodes (:func:`user_caps` over the value table's
-    largest finite sizes and the nodes users hold), beside what the plan gives the user."""
+    largest finite sizes and the nodes users hold, the odd nodes in the policy's turns), beside
+    what the plan gives the user."""
 
     def __init__(self, policy: MalleTrainPolicy) -> None:
         self.policy = policy
@@ -197,7 +198,8 @@ class Recorder:
             demand[job.user] = demand.get(job.user, 0) + int(largest[j])
             held[job.user] = held.get(job.user, 0) + len(job.nodes)
             given[job.user] = given.get(job.user, 0) + plan.count(job.job_id)
-        parts = user_caps(demand, held, len(inp.nodes))
+        parts = user_caps(demand, held, len(inp.nodes),
+                          turn=fair_turn(inp.now_s, self.policy.fair_turn_s))
         fits = frozenset(job.user for job in inp.jobs if parts[job.user] >= job.min_nodes)
         self.rows.append(Division(inp.now_s, parts, given, fits))
         return plan
@@ -250,11 +252,15 @@ def waits(res: Result, user: str | None) -> dict[str, float]:
 PRESETS = {"replay": REPLAY, "live": LIVE}
 
 
-def replay(scenario: str, preset: str, fair: bool, days: float) -> dict[str, float]:
-    """One replay (in a worker process): the figures of the module docstring."""
+def replay(scenario: str, preset: str, fair: bool, days: float,
+           free_rescales: bool = False) -> dict[str, float]:
+    """One replay (in a worker process): the figures of the module docstring;
+    ``free_rescales``: every job's scale-up and scale-down cost 0 (to the allocator too)."""
     sc = SCENARIOS[scenario]
     trace = sc.trace(days)
     jobs = sc.jobs(days)
+    if free_rescales:
+        jobs = [replace(j, scale_up_s=0.0, scale_down_s=0.0) for j in jobs]
     options = PRESETS[preset].with_(fair_share=fair)
     policy = make_policy(POLICY, options)
     assert isinstance(policy, MalleTrainPolicy)
@@ -271,6 +277,7 @@ def replay(scenario: str, preset: str, fair: bool, days: float) -> dict[str, flo
     return {"users": len(users), "jain_node_s": jain(node_s), "jain_work": jain(work),
             **share_figures(recorder.rows, res.end_s), **waits(res, sc.watch),
             "work": float(summary["one_worker_seconds_total"]),  # type: ignore[arg-type]
+            "lost": sum(r.lost_rescale / r.job.unit_rate() for r in res.jobs),
             "finished": float(summary["jobs_finished"]),  # type: ignore[arg-type]
             "rescales": res.rescales + res.starts, "preempted": res.preemptions,
             "nodes": len(trace.node_names), "events": res.events, "wall_s": wall}
@@ -297,7 +304,7 @@ def guard_parity(slice_name: str) -> None:
 
 
 COLUMNS = ("users", "jain_node_s", "jain_work", "jain_share", "starved", "first_node_s",
-           "share_s", "work", "finished", "rescales", "preempted", "wall_s")
+           "share_s", "work", "lost", "finished", "rescales", "preempted", "wall_s")
 
 
 def main() -> None:
@@ -306,6 +313,8 @@ def main() -> None:
     ap.add_argument("--days", type=float, default=3.0)
     ap.add_argument("--preset", action="append", choices=sorted(PRESETS))
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--free-rescales", action="store_true",
+                    help="every job's rescale costs 0: what fairness costs besides its churn")
     ap.add_argument("--guard-parity", metavar="SLICE",
                     help="instead: an evaluate.py slice with the report guard on and off")
     args = ap.parse_args()
@@ -317,7 +326,8 @@ def main() -> None:
     runs = [(n, p, fair) for n in names for p in presets for fair in (True, False)]
     with ProcessPoolExecutor(args.workers) as pool:
         results = dict(zip(runs, pool.map(replay, *zip(*runs, strict=True),
-                                          [args.days] * len(runs)), strict=True))
+                                          [args.days] * len(runs),
+                                          [args.free_rescales] * len(runs)), strict=True))
     print(f"{'scenario':<12} {'preset':<7} {'allocator':<10} "
           + " ".join(f"{c:>12}" for c in COLUMNS))
     worst = {"jain": math.inf, "first": 0.0, "starved": 0.0, "ratio": math.inf}
