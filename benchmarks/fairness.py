@@ -30,12 +30,15 @@ averaged over time); ``starved``: the share of time in which some user was given
 its part fitted one of its jobs' minimum; B's wait from its submission to its
 first node and to its share (``ab``: 8 nodes, its job's largest size, or its equal part of the
 idle nodes if smaller); total useful work (``work``, one-worker-seconds) and its cost against
-the user-blind allocator; size changes the allocator made (``rescales``, starts included) and
-those Slurm's jobs forced (``preempted``).
+the user-blind allocator; what the allocator's size changes cost in useful work (``lost``,
+one-worker-seconds of rescale downtime; ``--free-rescales``: every job's rescale costs 0, to
+the allocator too, to tell churn from the division's own cost); size changes the allocator
+made (``rescales``, starts included) and those Slurm's jobs forced (``preempted``).
 
 Usage: ``.venv/bin/python benchmarks/fairness.py [--scenario ab|ricc-users ...]
-[--preset replay|live ...] [--days 3] [--workers 2]``; ``--guard-parity SLICE`` instead replays
-one slice of ``benchmarks/evaluate.py`` with the report guard on and off.
+[--preset replay|live ...] [--days 3] [--workers 2] [--free-rescales]``;
+``--guard-parity SLICE`` instead replays one slice of ``benchmarks/evaluate.py`` with the
+report guard on and off.
 Last line: ``fairness jain=J worst_first_node_s=W starved_fraction=S throughput_vs_unfair=T``
 (the fair replays: the smallest ``jain_share``, the longest wait of a user to its first node,
 the largest ``starved``, the smallest ratio of useful work to the user-blind replay's).
