@@ -27,7 +27,8 @@ active user's nodes divided by its max-min fair part of the idle nodes
 as the allocator divides them (``core.allocation.fairness.user_caps`` over its jobs' largest
 sizes and the nodes users hold; measured the same way for the user-blind allocator), the index
 averaged over time); ``starved``: the share of time in which some user was given nothing while
-its part fitted one of its jobs' minimum; B's wait from its submission to its
+its part fitted one of its jobs' minimum; when the first idle node was on offer
+(``first_idle_s``, from the replay's start); B's wait from its submission to its
 first node and to its share (``ab``: 8 nodes, its job's largest size, or its equal part of the
 idle nodes if smaller); total useful work (``work``, one-worker-seconds) and its cost against
 the user-blind allocator; what the allocator's size changes cost in useful work (``lost``,
@@ -228,7 +229,8 @@ def share_figures(rows: Sequence[Division], end_s: float) -> dict[str, float]:
 
 
 def waits(res: Result, user: str | None) -> dict[str, float]:
-    """The watched user's (or the worst user's) wait to its first node and to its share."""
+    """The watched user's (or the worst user's) wait to its first node and to its share, and
+    when the first node was on offer (from the replay's start)."""
     times, counts = _counts_at(res)
     idle = [s.idle_nodes for s in res.timeline]
     users = sorted({r.job.user for r in res.jobs}) if user is None else [user]
@@ -249,7 +251,8 @@ def waits(res: Result, user: str | None) -> dict[str, float]:
                 got = t
                 break
         share = max(share, got - submit)
-    return {"first_node_s": first, "share_s": share}
+    pool = next((t for t, n in zip(times, idle, strict=True) if n > 0), res.end_s)
+    return {"first_node_s": first, "share_s": share, "first_idle_s": pool - res.start_s}
 
 
 PRESETS = {"replay": REPLAY, "live": LIVE}
@@ -306,8 +309,8 @@ def guard_parity(slice_name: str) -> None:
     print(f"guard_parity {slice_name} identical={rows[0] == rows[1]}")
 
 
-COLUMNS = ("users", "jain_node_s", "jain_work", "jain_share", "starved", "first_node_s",
-           "share_s", "work", "lost", "finished", "rescales", "preempted", "wall_s")
+COLUMNS = ("users", "jain_node_s", "jain_work", "jain_share", "starved", "first_idle_s",
+           "first_node_s", "share_s", "work", "lost", "finished", "rescales", "preempted", "wall_s")
 
 
 def main() -> None:
