@@ -27,15 +27,19 @@ active user's nodes divided by its max-min fair part of the idle nodes
 as the allocator divides them (``core.allocation.fairness.user_caps`` over its jobs' largest
 sizes and the nodes users hold; measured the same way for the user-blind allocator), the index
 averaged over time); ``starved``: the share of time in which some user was given nothing while
-its part fitted one of its jobs' minimum; B's wait from its submission to its
+its part fitted one of its jobs' minimum; when the first idle node was on offer
+(``first_idle_s``, from the replay's start); B's wait from its submission to its
 first node and to its share (``ab``: 8 nodes, its job's largest size, or its equal part of the
 idle nodes if smaller); total useful work (``work``, one-worker-seconds) and its cost against
-the user-blind allocator; size changes the allocator made (``rescales``, starts included) and
-those Slurm's jobs forced (``preempted``).
+the user-blind allocator; what the allocator's size changes cost in useful work (``lost``,
+one-worker-seconds of rescale downtime; ``--free-rescales``: every job's rescale costs 0, to
+the allocator too, to tell churn from the division's own cost); size changes the allocator
+made (``rescales``, starts included) and those Slurm's jobs forced (``preempted``).
 
 Usage: ``.venv/bin/python benchmarks/fairness.py [--scenario ab|ricc-users ...]
-[--preset replay|live ...] [--days 3] [--workers 2]``; ``--guard-parity SLICE`` instead replays
-one slice of ``benchmarks/evaluate.py`` with the report guard on and off.
+[--preset replay|live ...] [--days 3] [--workers 2] [--free-rescales]``;
+``--guard-parity SLICE`` instead replays one slice of ``benchmarks/evaluate.py`` with the
+report guard on and off.
 Last line: ``fairness jain=J worst_first_node_s=W starved_fraction=S throughput_vs_unfair=T``
 (the fair replays: the smallest ``jain_share``, the longest wait of a user to its first node,
 the largest ``starved``, the smallest ratio of useful work to the user-blind replay's).
@@ -56,7 +60,7 @@ from pathlib import Path
 import numpy as np
 
 from malletrain.core.allocation.allocator import MalleTrainPolicy
-from malletrain.core.allocation.fairness import user_caps
+from malletrain.core.allocation.fairness import fair_turn, user_caps
 from malletrain.core.model import AllocationInput, Plan
 from malletrain.core.options import LIVE
 from malletrain.core.policies import POLICIES, REPLAY, make_policy
@@ -177,7 +181,8 @@ class Division:
 class Recorder:
     """Wraps the policy (fair or user-blind alike): at every decision, each user's part as
     ``core.allocation.fairness`` divides the nodes (:func:`user_caps` over the value table's
-    largest finite sizes and the nodes users hold), beside what the plan gives the user."""
+    largest finite sizes and the nodes users hold, the odd nodes in the policy's turns), beside
+    what the plan gives the user."""
 
     def __init__(self, policy: MalleTrainPolicy) -> None:
         self.policy = policy
@@ -197,7 +202,8 @@ class Recorder:
             demand[job.user] = demand.get(job.user, 0) + int(largest[j])
             held[job.user] = held.get(job.user, 0) + len(job.nodes)
             given[job.user] = given.get(job.user, 0) + plan.count(job.job_id)
-        parts = user_caps(demand, held, len(inp.nodes))
+        parts = user_caps(demand, held, len(inp.nodes),
+                          turn=fair_turn(inp.now_s, self.policy.fair_turn_s))
         fits = frozenset(job.user for job in inp.jobs if parts[job.user] >= job.min_nodes)
         self.rows.append(Division(inp.now_s, parts, given, fits))
         return plan
@@ -223,7 +229,8 @@ def share_figures(rows: Sequence[Division], end_s: float) -> dict[str, float]:
 
 
 def waits(res: Result, user: str | None) -> dict[str, float]:
-    """The watched user's (or the worst user's) wait to its first node and to its share."""
+    """The watched user's (or the worst user's) wait to its first node and to its share, and
+    when the first node was on offer (from the replay's start)."""
     times, counts = _counts_at(res)
     idle = [s.idle_nodes for s in res.timeline]
     users = sorted({r.job.user for r in res.jobs}) if user is None else [user]
@@ -244,17 +251,22 @@ def waits(res: Result, user: str | None) -> dict[str, float]:
                 got = t
                 break
         share = max(share, got - submit)
-    return {"first_node_s": first, "share_s": share}
+    pool = next((t for t, n in zip(times, idle, strict=True) if n > 0), res.end_s)
+    return {"first_node_s": first, "share_s": share, "first_idle_s": pool - res.start_s}
 
 
 PRESETS = {"replay": REPLAY, "live": LIVE}
 
 
-def replay(scenario: str, preset: str, fair: bool, days: float) -> dict[str, float]:
-    """One replay (in a worker process): the figures of the module docstring."""
+def replay(scenario: str, preset: str, fair: bool, days: float,
+           free_rescales: bool = False) -> dict[str, float]:
+    """One replay (in a worker process): the figures of the module docstring;
+    ``free_rescales``: every job's scale-up and scale-down cost 0 (to the allocator too)."""
     sc = SCENARIOS[scenario]
     trace = sc.trace(days)
     jobs = sc.jobs(days)
+    if free_rescales:
+        jobs = [replace(j, scale_up_s=0.0, scale_down_s=0.0) for j in jobs]
     options = PRESETS[preset].with_(fair_share=fair)
     policy = make_policy(POLICY, options)
     assert isinstance(policy, MalleTrainPolicy)
@@ -271,6 +283,7 @@ def replay(scenario: str, preset: str, fair: bool, days: float) -> dict[str, flo
     return {"users": len(users), "jain_node_s": jain(node_s), "jain_work": jain(work),
             **share_figures(recorder.rows, res.end_s), **waits(res, sc.watch),
             "work": float(summary["one_worker_seconds_total"]),  # type: ignore[arg-type]
+            "lost": sum(r.lost_rescale / r.job.unit_rate() for r in res.jobs),
             "finished": float(summary["jobs_finished"]),  # type: ignore[arg-type]
             "rescales": res.rescales + res.starts, "preempted": res.preemptions,
             "nodes": len(trace.node_names), "events": res.events, "wall_s": wall}
@@ -296,8 +309,8 @@ def guard_parity(slice_name: str) -> None:
     print(f"guard_parity {slice_name} identical={rows[0] == rows[1]}")
 
 
-COLUMNS = ("users", "jain_node_s", "jain_work", "jain_share", "starved", "first_node_s",
-           "share_s", "work", "finished", "rescales", "preempted", "wall_s")
+COLUMNS = ("users", "jain_node_s", "jain_work", "jain_share", "starved", "first_idle_s",
+           "first_node_s", "share_s", "work", "lost", "finished", "rescales", "preempted", "wall_s")
 
 
 def main() -> None:
@@ -306,6 +319,8 @@ def main() -> None:
     ap.add_argument("--days", type=float, default=3.0)
     ap.add_argument("--preset", action="append", choices=sorted(PRESETS))
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--free-rescales", action="store_true",
+                    help="every job's rescale costs 0: what fairness costs besides its churn")
     ap.add_argument("--guard-parity", metavar="SLICE",
                     help="instead: an evaluate.py slice with the report guard on and off")
     args = ap.parse_args()
@@ -317,7 +332,8 @@ def main() -> None:
     runs = [(n, p, fair) for n in names for p in presets for fair in (True, False)]
     with ProcessPoolExecutor(args.workers) as pool:
         results = dict(zip(runs, pool.map(replay, *zip(*runs, strict=True),
-                                          [args.days] * len(runs)), strict=True))
+                                          [args.days] * len(runs),
+                                          [args.free_rescales] * len(runs)), strict=True))
     print(f"{'scenario':<12} {'preset':<7} {'allocator':<10} "
           + " ".join(f"{c:>12}" for c in COLUMNS))
     worst = {"jain": math.inf, "first": 0.0, "starved": 0.0, "ratio": math.inf}

@@ -50,6 +50,10 @@ class PolicyOptions:
     #: malletrain divides the nodes among users before jobs (MalleTrainPolicy.fair_share;
     #: every preset: jobs without a user are one user's, so single-user replays are as before)
     fair_share: bool = True
+    #: malletrain: when fewer nodes are on offer than users holding none, the odd nodes go
+    #: in turns of this many seconds of the decision's clock (core.allocation.fairness.
+    #: fair_turn; 0: to the holders, who keep them while their jobs run)
+    fair_turn_s: float = 600.0
 
     def with_(self, **changes: float | bool | None) -> PolicyOptions:
         return replace(self, **changes)  # type: ignore[arg-type]

@@ -258,6 +258,7 @@ class Simulator:
                 )
                 loss = cost_s * rate
                 run.done -= loss
+                run.lost_rescale += loss
                 self.result.samples_lost_rescale += loss
                 self.result.rescales += 1
             elif new:

@@ -23,6 +23,8 @@ class JobRun:
     finished_s: float | None = None
     #: Node-seconds it held while running (fair-share measurements: per user)
     node_s: float = 0.0
+    #: Samples its size changes cost it (rescale downtime; fairness's cost measurements)
+    lost_rescale: float = 0.0
     #: When the job's size last changed (profiling discards warm-up after it).
     changed_s: float = 0.0
     #: The node type of each node of the trace, where it has several (set by the Simulator).

@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from malletrain.core.allocation.fairness import fair_tree, solve_fair
+from malletrain.core.allocation.fairness import fair_tree, fair_turn, solve_fair
 from malletrain.core.allocation.finish import SlotOutlook, finish_weights, slot_rate
 from malletrain.core.allocation.hetero import decide_by_type, is_typed
 from malletrain.core.allocation.knapsack import solve_counts
@@ -217,6 +217,8 @@ class MalleTrainPolicy:
 
     #: Divide the nodes among users before jobs (:mod:`.fairness`); off: user-blind.
     fair_share: bool = True
+    #: The odd nodes' turn length when there are fewer than users (:func:`.fair_turn`).
+    fair_turn_s: float = 600.0
 
     def decide(self, inp: AllocationInput) -> Plan:
         t0 = time.perf_counter()
@@ -285,7 +287,8 @@ class MalleTrainPolicy:
         return solve_fair(values, tree.members if tree else users,
                           [len(j.nodes) for j in inp.jobs], len(inp.nodes),
                           [j.limits for j in inp.jobs], inp.caps,
-                          tree.weights if tree else inp.user_weights, tree)
+                          tree.weights if tree else inp.user_weights, tree,
+                          fair_turn(inp.now_s, self.fair_turn_s))
 
     def value_table(self, inp: AllocationInput, price_per_node_s: float = 0.0
                     ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
@@ -369,4 +372,5 @@ def malletrain_policy(options: PolicyOptions, name: str = "malletrain",
         finish_outlook_s=options.finish_outlook_s,
         work_units=options.work_units,
         fair_share=options.fair_share,
+        fair_turn_s=options.fair_turn_s,
     )

@@ -9,7 +9,10 @@ throughput decide among one user's jobs, never across users: a user who submits 
 gets one user's part, not twenty jobs' worth, and a job whose reports claim a higher rate
 moves nodes only within its own user's part. A node left over after the equal division goes
 to the users holding the most nodes now, so that a steady state does not trade nodes back
-and forth. Slurm's limits (``AllocationInput.caps``: ``MaxTRESPerUser``, ``GrpTRES``, ...)
+and forth; but when fewer nodes are left than users holding none (a part of 0), they go in
+turns (:func:`fair_turn`): each turn a fixed order of those users that starts one user later,
+so a user with a runnable job waits a bounded number of turns and nothing moves within one.
+Slurm's limits (``AllocationInput.caps``: ``MaxTRESPerUser``, ``GrpTRES``, ...)
 cap what the users and accounts they bind may hold together before the division, so what
 a capped user cannot hold goes to the others too. Pure.
 """
@@ -31,10 +34,23 @@ Unit = tuple[str, tuple[str, ...]]
 K = TypeVar("K", str, Unit)
 
 
+def fair_turn(now_s: float, turn_s: float) -> int | None:
+    """The turn of the decision's clock ``now_s`` (turns of ``turn_s`` seconds; 0: none).
+
+    A pure function of the clock, so every decision within one turn (and ``malletrain
+    jobs``'s entitlements) divides the odd nodes the same way, with no state to keep."""
+    return int(now_s // turn_s) if turn_s > 0 else None
+
+
 def user_caps(demand: Mapping[K, int], held: Mapping[K, int], capacity: int,
-              weights: Mapping[K, float] | None = None) -> dict[K, int]:
+              weights: Mapping[K, float] | None = None,
+              turn: int | None = None) -> dict[K, int]:
     """Max-min fair integer shares of ``capacity`` nodes, none above a user's ``demand``;
-    with ``weights``, in proportion to them (a user not named: 1)."""
+    with ``weights``, in proportion to them (a user not named: 1). ``turn``
+    (:func:`fair_turn`): when fewer odd nodes are left than users with none, they go to
+    those users in name order starting at the ``turn``-th (mod their number): a fixed set of
+    ``u`` such users gets a node within ``u`` turns (``u - odd + 1`` with ``odd`` nodes
+    throughout). None: to the holders (a user with none may wait as long as they run)."""
     caps = dict.fromkeys(demand, 0)
     left = capacity
     # ties: whoever holds more now keeps the odd node (then by name: deterministic)
@@ -45,6 +61,8 @@ def user_caps(demand: Mapping[K, int], held: Mapping[K, int], capacity: int,
             if weights:  # the odd nodes to users with none first (a light user is not
                 # rounded down to nothing), then to the heaviest
                 active.sort(key=lambda u: (caps[u] > 0, -weights.get(u, 1.0)))
+            if turn is not None:
+                active = _rotation(active, caps, left, turn)
             for u in active[:left]:
                 caps[u] += 1
             break
@@ -57,6 +75,16 @@ def user_caps(demand: Mapping[K, int], held: Mapping[K, int], capacity: int,
                 still.append(u)
         active = still
     return caps
+
+
+def _rotation(active: list[K], caps: Mapping[K, int], left: int, turn: int) -> list[K]:
+    """``active`` with the users holding no part first in turn order when ``left`` odd nodes
+    cannot give each of them one (else unchanged: nobody is left with nothing)."""
+    none = sorted(u for u in active if caps[u] == 0)
+    if len(none) <= left:
+        return active
+    k = turn % len(none)
+    return none[k:] + none[:k]
 
 
 def _shares(active: Sequence[K], left: int, weights: Mapping[K, float] | None
@@ -90,10 +118,12 @@ def fair_tree(inp: AllocationInput) -> FairTree:
 
 def tree_caps(demand: Mapping[str, int], held: Mapping[str, int], capacity: int,
               weights: Mapping[str, float] | None, parents: Mapping[str, str],
-              account_weights: Mapping[str, float]) -> dict[str, int]:
+              account_weights: Mapping[str, float], turn: int | None = None
+              ) -> dict[str, int]:
     """Nested max-min: ``capacity`` divided among accounts (weighted by
     ``account_weights``, each at most its members' demand together), then each account's
-    part among its members (weighted by ``weights``). Work-conserving at both levels: an
+    part among its members (weighted by ``weights``), odd nodes in ``turn`` at both levels.
+    Work-conserving at both levels: an
     account's part never exceeds what its members can use, so its members use it all."""
     acct_demand: dict[str, int] = {}
     acct_held: dict[str, int] = {}
@@ -101,11 +131,11 @@ def tree_caps(demand: Mapping[str, int], held: Mapping[str, int], capacity: int,
         a = parents.get(m, "")
         acct_demand[a] = acct_demand.get(a, 0) + d
         acct_held[a] = acct_held.get(a, 0) + held.get(m, 0)
-    acct_cap = user_caps(acct_demand, acct_held, capacity, account_weights)
+    acct_cap = user_caps(acct_demand, acct_held, capacity, account_weights, turn)
     out: dict[str, int] = {}
     for a, cap in acct_cap.items():
         members = {m: d for m, d in demand.items() if parents.get(m, "") == a}
-        out.update(user_caps(members, held, cap, weights))
+        out.update(user_caps(members, held, cap, weights, turn))
     return out
 
 
@@ -147,14 +177,16 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int],
                capacity: int, keys: Sequence[tuple[str, ...]] | None = None,
                caps: Mapping[str, int] | None = None,
                weights: Mapping[str, float] | None = None,
-               tree: FairTree | None = None) -> tuple[np.ndarray, float]:
+               tree: FairTree | None = None, turn: int | None = None
+               ) -> tuple[np.ndarray, float]:
     """:func:`solve_counts` with each user's jobs held to the user's fair share and to the
     ``caps`` on their ``keys``.
 
     ``users[j]`` and ``held[j]``: job j's user and the nodes it holds now; ``keys[j]``: the
     limits its nodes count against (``AllocationInput.caps``: Slurm's per-user, per-account
     and QOS limits); ``weights``: users' share weights (``AllocationInput.user_weights``);
-    ``tree``: accounts above users (``users`` are then its members, :func:`tree_caps`).
+    ``tree``: accounts above users (``users`` are then its members, :func:`tree_caps`);
+    ``turn``: the odd nodes' turn (:func:`user_caps`).
     One user and no caps: exactly :func:`solve_counts`. The jobs of one user
     under the same keys are one *unit*, sized by one exact count problem. Each round solves
     every unit within its cap; a unit whose best plan uses fewer nodes gives the rest back,
@@ -183,8 +215,8 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int],
             user_demand[u[0]] = user_demand.get(u[0], 0) + demand[u]
             user_held[u[0]] = user_held.get(u[0], 0) + holding[u]
         parts = (tree_caps(user_demand, user_held, capacity, weights, tree.parents,
-                           tree.account_weights) if tree else
-                 user_caps(user_demand, user_held, capacity, weights))
+                           tree.account_weights, turn) if tree else
+                 user_caps(user_demand, user_held, capacity, weights, turn))
         unit_cap = _unit_caps(demand, holding, parts)
         gave_back = False
         for u, idx in units.items():

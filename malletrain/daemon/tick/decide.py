@@ -18,6 +18,7 @@ The caller (:mod:`malletrain.daemon.service.daemon`) applies the actions through
 
 from __future__ import annotations
 
+from malletrain.core.allocation.fairness import fair_turn
 from malletrain.core.model import Policy
 from malletrain.daemon.tick.actions import Action, TickPlan
 from malletrain.daemon.tick.allocate import allocate, policy_jobs
@@ -70,4 +71,5 @@ def decide(world: World, policy: Policy) -> TickPlan:
         entitled=entitlements(screened.managed, allocation.targets, len(pool.offered),
                               most_nodes(screened.managed, limits), weights,
                               {k: lim.account for k, lim in limits.items()},
-                              account_weights))
+                              account_weights,
+                              fair_turn(world.now_s, getattr(policy, "fair_turn_s", 0.0))))
