@@ -15,10 +15,10 @@ its node) and the next one starts once all of it is gone.
 Stopping a generation: the script's own ``--signal`` (``USR1@60``: USR1 to every task, then
 up to 60 s to checkpoint and exit; ``B:USR1@60``: to the batch shell only), then SIGTERM,
 then SIGKILL after :data:`KILL_AFTER_S`. On Slurm's SIGTERM (preemption, the slot's time
-limit) a regular job is waiting for the node: the agent announces its departure, passes
-SIGTERM on and sends SIGKILL :data:`PREEMPT_KILL_AFTER_S` later (measured in the e2e
-benchmark: letting a torchrun script checkpoint on SIGTERM held preempted nodes 2.2-7.2 s);
-the script resumes from its last checkpoint.
+limit) a regular job is waiting for the node: the agent passes SIGTERM on at once and sends
+SIGKILL :data:`PREEMPT_KILL_AFTER_S` later (measured in the e2e benchmark: letting a
+torchrun script checkpoint on SIGTERM held preempted nodes 2.2-7.2 s), its departure going
+out meanwhile (:mod:`.farewell`); the script resumes from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from malletrain.elastic.protocol.config import ElasticConfig
 from malletrain.elastic.protocol.link import STORE_ERRORS, CoordinatorLink
 from malletrain.elastic.restart import batchio, handover, registry, srun, tree
 from malletrain.elastic.restart.batchio import BatchIO
+from malletrain.elastic.restart.farewell import Farewell
 from malletrain.elastic.restart.generation import (
     GENERATION_ENV,
     SLOT_ONLY,
@@ -118,7 +119,7 @@ class NodeAgent:
         log.info("member %s registered; waiting for a membership", self.config.member_id)
         while True:
             if self.sigterm_at is not None:
-                return self._leave("sigterm", PREEMPTED, 143)
+                return self._yield_node()
             m = self._membership()
             done = self._child_done()
             if done is not None:
@@ -129,7 +130,7 @@ class NodeAgent:
                 if self._last_generation_stopped(m):
                     self._start(m)
             elif m is not None and not mine and self.joined:
-                return self._leave("removed", self.stop, 0)
+                return self._leave_removed()
             if m is not None and mine:
                 self._heartbeat(m)
             self.woken.wait(POLL_S)
@@ -215,13 +216,33 @@ class NodeAgent:
         except STORE_ERRORS:
             return True  # cannot tell: wait for the coordinator rather than finish the job
 
-    def _leave(self, reason: p.DepartureReason, stop: StopRule, rc: int) -> int:
-        """Announce first (the daemon re-forms the others at once), then stop the launch."""
+    def _leave_removed(self) -> int:
+        """Out of the membership (a planned size change): announce first (the daemon
+        re-forms the others at once), then stop the launch with the script's grace."""
         epoch = self.child.epoch if self.child else None
-        self._call(lambda: self.link.js.depart(self.config.member_id, reason, epoch, 0))
-        self._stop_child(stop)
-        log.info("left the job (%s)", reason)
-        return rc
+        self._call(lambda: self.link.js.depart(self.config.member_id, "removed", epoch, 0))
+        self._stop_child(self.stop)
+        log.info("left the job (removed)")
+        return 0
+
+    def _yield_node(self) -> int:
+        """Slurm's SIGTERM: a regular job waits for the node. The tasks are signalled at
+        once; the departure and the stop record go out meanwhile (:mod:`.farewell`)."""
+        c = self.child
+        words = Farewell(self.link.own_client, self.config.member_id,
+                         c.epoch if c else None).start()
+        log.info("SIGTERM (%.0f ms ago): stopping the tasks",
+                 1000 * (time.time() - (self.sigterm_at or time.time())))
+        if c is not None:
+            c.stopping = True
+            took_s = self.stopper.stop(c.proc, c.epoch, PREEMPTED)
+            log.info("epoch %d: stopped in %.2f s", c.epoch, took_s)
+            self.child = None
+        words.stopped()
+        sent = words.wait()
+        log.info("left the job (sigterm)%s", "" if sent else
+                 ": the coordinator did not answer in time; not waiting for it")
+        return 143
 
     def _record(self, epoch: int, state: str) -> None:
         """Once, no retry: a preempted slot must not hold its node for the coordinator."""
