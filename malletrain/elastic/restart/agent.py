@@ -236,7 +236,8 @@ class NodeAgent:
         if c is not None:
             c.stopping = True
             took_s = self.stopper.stop(c.proc, c.epoch, PREEMPTED)
-            log.info("epoch %d: stopped in %.2f s", c.epoch, took_s)
+            log.info("epoch %d: stopped in %.2f s (%s)", c.epoch, took_s,
+                     ", ".join(self.stopper.stages))
             self.child = None
         words.stopped()
         sent = words.wait()

@@ -56,6 +56,8 @@ class NodeStopper:
         self.run_dir = run_dir
         self.shim = str(shim)
         self.preempted = preempted
+        #: the last stop's stages, seconds after its start (``SIGTERM +0.00``): for the log
+        self.stages: list[str] = []
 
     def stop(self, shell: subprocess.Popen[bytes] | None, epoch: int, rule: StopRule) -> float:
         """The stop signal (to the batch shell only for ``B:``, else to every process but
@@ -65,6 +67,7 @@ class NodeStopper:
         signals its own tasks, as slurmstepd does, and no task gets it twice."""
         registry.set_generation(self.run_dir, epoch, "stop")  # before any scan: no task
         t0 = time.monotonic()  # of this generation can start after it
+        self.stages = []
         shell_pid = shell.pid if shell is not None else None
         if rule.grace_s > 0 and self.busy():
             clients = self._step_clients()
@@ -80,6 +83,7 @@ class NodeStopper:
                 break
             # Slurm's srun ends its step on every node on SIGTERM (as when a job is
             # cancelled): the step's tasks on nodes whose agent is gone end too
+            self.stages.append(f"{sig.name} +{time.monotonic() - t0:.2f}")
             tree.signal_all(tree.descendants(), sig)
             registry.signal_tasks(registry.live_tasks(self.run_dir), sig)
             self._wait_stage(rule.kill_after_s if sig == signal.SIGTERM else 5.0)
