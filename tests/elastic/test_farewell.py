@@ -1,5 +1,5 @@
-"""A preempted restart-mode agent's last words (:mod:`malletrain.elastic.restart.farewell`)
-against a real coordinator: the departure goes out while the tasks are still being
+"""A preempted restart-mode agent's last words (``restart.handover.Farewell``) against a
+real coordinator: the departure goes out while the tasks are still being
 stopped, the stop record only once they are gone, and a coordinator that does not answer
 never holds the exit longer than the bound."""
 
@@ -14,7 +14,7 @@ from malletrain.elastic.coordinator.handle import Coordinator
 from malletrain.elastic.protocol.authstore import AuthStore
 from malletrain.elastic.protocol.jobstore import JobStore
 from malletrain.elastic.protocol.keys import MemberInfo
-from malletrain.elastic.restart import farewell, handover
+from malletrain.elastic.restart import handover
 
 pytestmark = pytest.mark.torch
 
@@ -38,7 +38,7 @@ def test_departure_first_stop_record_only_when_the_tasks_are_gone():
             js.register(MemberInfo(m, f"n-{m}", 1, 1, time.time()))
         coord.publish("j1", ["a", "b"])
         handover.record(js, "b", 1, "run")
-        words = farewell.Farewell(open_client, "b", 1).start()
+        words = handover.Farewell(open_client, "b", 1).start()
         deadline = time.monotonic() + 5.0
         while words.departed_s is None and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -59,7 +59,7 @@ def test_a_coordinator_that_never_answers_does_not_hold_the_exit():
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
         address = f"127.0.0.1:{silent.getsockname()[1]}"
-        words = farewell.Farewell(_opener(address, "j1", b"k" * 32), "b", 3).start()
+        words = handover.Farewell(_opener(address, "j1", b"k" * 32), "b", 3).start()
         words.stopped()
         t0 = time.monotonic()
         assert not words.wait(0.3)
@@ -71,7 +71,7 @@ def test_no_generation_no_stop_record():
     coord = Coordinator.start()
     try:
         open_client = _opener(coord.address, "j2", bytes.fromhex(coord.job_secret("j2")))
-        words = farewell.Farewell(open_client, "a", None).start()
+        words = handover.Farewell(open_client, "a", None).start()
         assert words.wait(5.0)  # departed; no stop record is waited for
         assert [d.epoch for d in coord.departures("j2")] == [None]
     finally:
