@@ -40,7 +40,10 @@ _BATCH_DONE = re.compile(r"\[(\d+)\.batch\] done with job")
 #: steps end within GraceTime + KillWait of the signal (Slurm kills them then); a "done"
 #: later than this is a later placement of the requeued slot job
 _PLACEMENT_GAP_S = 20.0
-_ANY_DONE = re.compile(r"\[(\d+)\.\w+\] done with job")
+#: any step's end: the slot's own step 0 (the payload) ends with the batch step as far as the
+#: node is concerned (measured: a late "[J.0] done" does not delay the next job), a
+#: restart-mode script's steps on the node (``[J.1]``...) hold it until they have ended
+_ANY_DONE = re.compile(r"\[(\d+)\.(?!0\])\w+\] done with job")
 
 
 def _lines(path: Path) -> list[tuple[float, str]]:
@@ -63,8 +66,8 @@ class SlotEnd:
     signal_t: float
     step_done_t: float | None
     freed_t: float | None
-    #: the last step of the slot job on the node ended (a restart-mode slot runs the
-    #: script's steps there too): Slurm gives the node to the next job only after it
+    #: the batch step and every step but step 0 of the slot job on the node ended (a
+    #: restart-mode slot runs the script's steps there too): the node is free then
     released_t: float | None = None
 
 
@@ -107,13 +110,14 @@ def slot_ends(log_dir: Path) -> list[SlotEnd]:
         for t, msg in _lines(path):
             if m := _CANCEL.search(msg):
                 seen.setdefault(int(m.group(1)), [t, None, None, None])
+            elif (m := _STEP_DONE.search(msg)) and int(m.group(1)) in seen:
+                rec = seen[int(m.group(1))]
+                rec[1] = rec[1] or t
             elif (m := _ANY_DONE.search(msg)) and int(m.group(1)) in seen:
                 rec = seen[int(m.group(1))]
                 if t - (rec[0] or t) > _PLACEMENT_GAP_S:
                     continue  # a later placement of the same (requeued) slot job
-                if _STEP_DONE.search(msg):
-                    rec[1] = rec[1] or t
-                elif _BATCH_DONE.search(msg):
+                if _BATCH_DONE.search(msg):
                     rec[2] = rec[2] or t
                 rec[3] = t
         for jid, (sig, step, batch, last) in seen.items():

@@ -129,7 +129,8 @@ class NodeStopper:
         for sig in (signal.SIGTERM, signal.SIGKILL):
             tree.signal_all(tree.descendants(), sig)
             registry.signal_tasks(registry.live_tasks(self.run_dir), sig)
-            if self._wait_quiet(KILL_AFTER_S, lambda: False):
+            # Slurm's SIGTERM cuts it short: the agent's preemption stop takes over
+            if self._wait_quiet(KILL_AFTER_S, self.preempted) or self.preempted():
                 break
         tree.reap_orphans(keep=None)
 
