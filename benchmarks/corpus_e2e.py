@@ -211,7 +211,9 @@ class Staged:
 def submit(daemon: LocalDaemon, staged: Staged, epochs: int, nodes: str = "1-3",
            time_limit: str = "30") -> str:
     """``malletrain submit`` as mt-alice from the script's directory; the job id."""
+    home = str(Path(f"~{USER}").expanduser())  # sbatch passes on the user's own HOME
     env = dict(daemon.env, PATH=f"{STANDINS / 'bin'}:{Path(PYTHON).parent}:/usr/bin:/bin",
+               HOME=home, USER=USER, LOGNAME=USER,
                STANDIN_EPOCHS=str(epochs), STANDIN_STEP_SLEEP="0.05", OMP_NUM_THREADS="1")
     argv = [PYTHON, "-m", "malletrain.cli", "submit", "--socket", str(daemon.socket),
             "--parsable", "-N", nodes, "-t", time_limit, *staged.case.options,
