@@ -3,9 +3,8 @@
 Three scripts of the corpus (``tests/data/sbatch/``, byte for byte), of three launch styles,
 run AT ONCE on the 8 nodes of a dev cluster with fake GPUs (their GPU requests honoured as
 written): the head-IP ``srun`` of pytorch/examples' DDP tutorial (``srun -w $head hostname
---ip-address`` beside ``srun torchrun``), anemoi-house's helper script run directly under
-srun (``srun --jobid $SLURM_JOB_ID ~/anemoi-house/slurm2ddp.sh anemoi-training train ...``),
-and LUMI's ``srun singularity run $SIF bash -c "export RANK=\\$SLURM_PROCID && python
+--ip-address`` beside ``srun torchrun``), ml-engineering's ``srun bash -c "RANK=\\$SLURM_PROCID
+..."``, and LUMI's ``srun singularity run $SIF bash -c "export RANK=\\$SLURM_PROCID && python
 ..."`` (``module``, ``MASTER_PORT="1${SLURM_JOB_ID:0-4}"``), one rank per node each. Each is
 submitted by mt-alice with the sbatch options a user gives for this cluster
 (:data:`benchmarks.corpus_e2e.CASES`); the programs they start are one stand-in CPU DDP
@@ -33,12 +32,12 @@ from malletrain.devstack import LocalCluster, LocalDaemon
 from .harness import check_python_reachable, wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from corpus_e2e import CASES, GPUS, Staged, node_features, node_names_resolve, run_group
+from corpus_e2e import CASES, GPUS, Staged, node_names_resolve, run_group
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm, pytest.mark.torch]
 
 AT_ONCE = ("pytorch-examples--ddp-tutorial-series--sbatch_run.sh",
-           "anemoi-house--submit_training.sh", "LUMI-AI-Guide--run_ddp_srun_4.sh")
+           "ml-engineering--srun-launcher.slurm", "LUMI-AI-Guide--run_ddp_srun_4.sh")
 
 
 @pytest.fixture
@@ -51,7 +50,6 @@ def gpu_stack(free_port_base) -> Iterator[tuple[LocalCluster, LocalDaemon, Path]
     daemon = None
     try:
         cluster.up(gpus=GPUS)
-        node_features(cluster.env)
         check_python_reachable("mt-alice", cluster.env)
         daemon = LocalDaemon(base / "work", cluster.env, cluster.slurm_conf).start()
         yield cluster, daemon, base
