@@ -221,7 +221,7 @@ class NodeAgent:
         once; the departure and the stop record go out meanwhile (:class:`.handover.Farewell`)."""
         c = self.child
         words = handover.Farewell(self.link.own_client, self.config.member_id,
-                         c.epoch if c else None).start()
+                                  c.epoch if c else None).start()
         log.info("SIGTERM (%.0f ms ago): stopping the tasks",
                  1000 * (time.time() - (self.sigterm_at or time.time())))
         if c is not None:
