@@ -62,6 +62,10 @@ class Case:
     style: str
     options: tuple[str, ...]
     programs: tuple[str, ...]
+    #: helper scripts the batch script runs, from its repository: (where it expects one,
+    #: ``~`` for mt-alice's home; the stand-in's file name in ``STANDINS``)
+    helpers: tuple[tuple[str, str], ...] = ()
+    dirs: tuple[str, ...] = ()  # directories its ``--output`` needs (sbatch creates none)
 
 
 CASES: tuple[Case, ...] = (
@@ -91,7 +95,14 @@ CASES: tuple[Case, ...] = (
     Case("LUMI-AI-Guide--run_ddp_srun_4.sh", "singularity run + bash -c, SLURM_PROCID",
          ("--ntasks-per-node=1", "-c", "1", "--mem-per-gpu=100M", "-A", "mt"),
          ("ddp_visiontransformer.py",)),
+    Case("anemoi-house--submit_training.sh", "helper script under srun: srun ~/x.sh CMD",
+         ("--ntasks-per-node=1", "-c", "1", "-A", "mt"), (),
+         helpers=(("~/anemoi-house/slurm2ddp.sh", "slurm2ddp.sh"),), dirs=("slurm",)),
 )
+#: node features the scripts' ``--constraint`` names (NERSC Perlmutter's ``gpu``), which
+#: the dev cluster's nodes are given at the start: a real site's nodes have them
+FEATURES = "gpu"
+USER = "mt-alice"
 
 
 HOSTS_MARK = "# malletrain dev cluster: its node names, as a real cluster's resolve"
@@ -110,6 +121,12 @@ def node_names_resolve(nodes: int = NODES, hosts: Path = Path("/etc/hosts")) -> 
     with hosts.open("a") as f:
         f.write(("" if text.endswith("\n") else "\n") + f"127.0.0.1 {' '.join(names)} "
                 f"{HOSTS_MARK}\n")
+
+
+def node_features(env: dict[str, str], nodes: int = NODES) -> None:
+    """The features of :data:`FEATURES` on every node (until slurmctld restarts)."""
+    run(["scontrol", "update", f"NodeName=n[1-{nodes}]", f"AvailableFeatures={FEATURES}",
+         f"ActiveFeatures={FEATURES}"], env)
 
 
 def records(path: Path) -> list[dict]:
@@ -160,11 +177,24 @@ class Staged:
         self.placed: list[Path] = []
         for program in case.programs:
             path = Path(program) if program.startswith("/") else self.dir / program
-            if not path.exists():
-                path.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(TRAINER, path)
-                self.placed.append(path)
-        shutil.chown(self.dir, "mt-alice", "mt-alice")
+            self._place(TRAINER, path)
+        for where, standin in case.helpers:
+            path = Path(where.replace("~", f"~{USER}", 1)).expanduser()
+            self._place(STANDINS / standin, path, owner=USER)
+        for d in case.dirs:
+            (self.dir / d).mkdir()
+            shutil.chown(self.dir / d, USER, USER)
+        shutil.chown(self.dir, USER, USER)
+
+    def _place(self, source: Path, path: Path, owner: str | None = None) -> None:
+        if path.exists():
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(source, path)  # with its mode: a helper stays executable
+        if owner:
+            for x in (path.parent, path):
+                shutil.chown(x, owner, owner)
+        self.placed.append(path)
 
     @property
     def log(self) -> Path:
@@ -181,7 +211,9 @@ class Staged:
 def submit(daemon: LocalDaemon, staged: Staged, epochs: int, nodes: str = "1-3",
            time_limit: str = "30") -> str:
     """``malletrain submit`` as mt-alice from the script's directory; the job id."""
+    home = str(Path(f"~{USER}").expanduser())  # sbatch passes on the user's own HOME
     env = dict(daemon.env, PATH=f"{STANDINS / 'bin'}:{Path(PYTHON).parent}:/usr/bin:/bin",
+               HOME=home, USER=USER, LOGNAME=USER,
                STANDIN_EPOCHS=str(epochs), STANDIN_STEP_SLEEP="0.05", OMP_NUM_THREADS="1")
     argv = [PYTHON, "-m", "malletrain.cli", "submit", "--socket", str(daemon.socket),
             "--parsable", "-N", nodes, "-t", time_limit, *staged.case.options,
@@ -297,6 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up as on ^C
     cluster = LocalCluster(base / "cluster", args.port, NODES)
     cluster.up(gpus=GPUS)
+    node_features(cluster.env)
     daemon = LocalDaemon(base / "work", cluster.env, cluster.slurm_conf).start()
     print(f"{'script':52} {'style':44} fin regrew {'nodes x ranks per start':23} taken "
           "restarts lost  wait_s yield_s")

@@ -37,6 +37,13 @@ _BF_START = re.compile(r"_start_job: Started JobId=(\d+) in (\S+) on (\S+)")
 _CANCEL = re.compile(r"\[(\d+)\.0\] error: \*\*\* STEP \d+\.0 ON \S+ CANCELLED AT")
 _STEP_DONE = re.compile(r"\[(\d+)\.0\] done with job")
 _BATCH_DONE = re.compile(r"\[(\d+)\.batch\] done with job")
+#: steps end within GraceTime + KillWait of the signal (Slurm kills them then); a "done"
+#: later than this is a later placement of the requeued slot job
+_PLACEMENT_GAP_S = 20.0
+#: any step's end: the slot's own step 0 (the payload) ends with the batch step as far as the
+#: node is concerned (measured: a late "[J.0] done" does not delay the next job), a
+#: restart-mode script's steps on the node (``[J.1]``...) hold it until they have ended
+_ANY_DONE = re.compile(r"\[(\d+)\.(?!0\])\w+\] done with job")
 
 
 def _lines(path: Path) -> list[tuple[float, str]]:
@@ -59,6 +66,9 @@ class SlotEnd:
     signal_t: float
     step_done_t: float | None
     freed_t: float | None
+    #: the batch step and every step but step 0 of the slot job on the node ended (a
+    #: restart-mode slot runs the script's steps there too): the node is free then
+    released_t: float | None = None
 
 
 @dataclass(frozen=True)
@@ -81,29 +91,38 @@ class RegularTrace:
         return max((s.freed_t or s.signal_t) for s in self.slots) - min(
             s.signal_t for s in self.slots)
 
+    @property
+    def held_s(self) -> float | None:
+        """Last node released (every step of its slot ended) - the first signal."""
+        if not self.slots:
+            return None
+        return max((s.released_t or s.freed_t or s.signal_t) for s in self.slots) - min(
+            s.signal_t for s in self.slots)
+
 
 def slot_ends(log_dir: Path) -> list[SlotEnd]:
-    """Every signalled step 0 of a job on every node, with the step's and the job's end."""
+    """Every signalled step 0 of a job on every node, with the step's and the job's end and
+    the end of the job's last step there."""
     ends = []
     for path in sorted(log_dir.glob("slurmd-*.log")):
         node = path.stem.removeprefix("slurmd-")
-        open_: dict[int, list[float | None]] = {}
+        seen: dict[int, list[float | None]] = {}  # signal, step 0 done, batch done, last done
         for t, msg in _lines(path):
             if m := _CANCEL.search(msg):
-                jid = int(m.group(1))
-                if jid not in open_:
-                    open_[jid] = [t, None, None]
-            elif (m := _STEP_DONE.search(msg)) and int(m.group(1)) in open_:
-                rec = open_[int(m.group(1))]
+                seen.setdefault(int(m.group(1)), [t, None, None, None])
+            elif (m := _STEP_DONE.search(msg)) and int(m.group(1)) in seen:
+                rec = seen[int(m.group(1))]
                 rec[1] = rec[1] or t
-            elif (m := _BATCH_DONE.search(msg)) and int(m.group(1)) in open_:
-                jid = int(m.group(1))
-                sig, step, _ = open_.pop(jid)
-                assert sig is not None
-                ends.append(SlotEnd(node, jid, sig, step, t))
-        for jid, (sig, step, _) in open_.items():
+            elif (m := _ANY_DONE.search(msg)) and int(m.group(1)) in seen:
+                rec = seen[int(m.group(1))]
+                if t - (rec[0] or t) > _PLACEMENT_GAP_S:
+                    continue  # a later placement of the same (requeued) slot job
+                if _BATCH_DONE.search(msg):
+                    rec[2] = rec[2] or t
+                rec[3] = t
+        for jid, (sig, step, batch, last) in seen.items():
             assert sig is not None
-            ends.append(SlotEnd(node, jid, sig, step, None))
+            ends.append(SlotEnd(node, jid, sig, step, batch, last if batch else None))
     return ends
 
 
@@ -155,7 +174,8 @@ def summarize(traces: list[RegularTrace]) -> list[str]:
         lines.append(
             f"  job {tr.slurm_job_id}: wait {tr.wait_s:5.2f} s = Slurm signals "
             f"{sig - tr.submit_t:4.2f} s + yield {y:4.2f} s (tasks out {workers:4.2f} s) + "
-            f"Slurm starts it {tr.start_t - freed:4.2f} s; slots "
+            f"Slurm starts it {tr.start_t - freed:4.2f} s (the slots' nodes released "
+            f"{tr.held_s or 0.0:4.2f} s after the signal); slots "
             f"{','.join(str(s.slurm_job_id) for s in tr.slots)}"
             + (f"; {len(tr.nodes) - len(tr.slots)} node(s) it waited for were running "
                "another regular job" if len(tr.slots) < len(tr.nodes) else ""))

@@ -14,12 +14,10 @@ its node) and the next one starts once all of it is gone.
 
 Stopping a generation: the script's own ``--signal`` (``USR1@60``: USR1 to every task, then
 up to 60 s to checkpoint and exit; ``B:USR1@60``: to the batch shell only), then SIGTERM,
-then SIGKILL after :data:`KILL_AFTER_S`. On Slurm's SIGTERM (preemption, the slot's time
-limit) a regular job is waiting for the node: the agent announces its departure, passes
-SIGTERM on and sends SIGKILL :data:`PREEMPT_KILL_AFTER_S` later (measured in the e2e
-benchmark: letting a torchrun script checkpoint on SIGTERM held preempted nodes 2.2-7.2 s);
-the script resumes from its last checkpoint.
-"""
+then SIGKILL after :data:`KILL_AFTER_S`. On Slurm's SIGTERM (preemption, the time limit) a
+regular job waits for the node: the tasks get SIGKILL 0.1 s after it (:mod:`.stopping`), the
+departure goes out meanwhile (:class:`.handover.Farewell`); the script resumes from its last
+checkpoint."""
 
 from __future__ import annotations
 
@@ -43,13 +41,7 @@ from malletrain.elastic.protocol.config import ElasticConfig
 from malletrain.elastic.protocol.link import STORE_ERRORS, CoordinatorLink
 from malletrain.elastic.restart import batchio, handover, registry, srun, tree
 from malletrain.elastic.restart.batchio import BatchIO
-from malletrain.elastic.restart.generation import (
-    GENERATION_ENV,
-    SLOT_ONLY,
-    GenerationView,
-    GenNode,
-    batch_env,
-)
+from malletrain.elastic.restart.generation import GenerationView, GenNode, shell_env
 from malletrain.elastic.restart.script import SCRIPT_ENV
 from malletrain.elastic.restart.stopping import KILL_AFTER_S, PREEMPTED, NodeStopper, StopRule
 
@@ -118,7 +110,7 @@ class NodeAgent:
         log.info("member %s registered; waiting for a membership", self.config.member_id)
         while True:
             if self.sigterm_at is not None:
-                return self._leave("sigterm", PREEMPTED, 143)
+                return self._yield_node()
             m = self._membership()
             done = self._child_done()
             if done is not None:
@@ -129,7 +121,7 @@ class NodeAgent:
                 if self._last_generation_stopped(m):
                     self._start(m)
             elif m is not None and not mine and self.joined:
-                return self._leave("removed", self.stop, 0)
+                return self._leave_removed()
             if m is not None and mine:
                 self._heartbeat(m)
             self.woken.wait(POLL_S)
@@ -215,13 +207,35 @@ class NodeAgent:
         except STORE_ERRORS:
             return True  # cannot tell: wait for the coordinator rather than finish the job
 
-    def _leave(self, reason: p.DepartureReason, stop: StopRule, rc: int) -> int:
-        """Announce first (the daemon re-forms the others at once), then stop the launch."""
+    def _leave_removed(self) -> int:
+        """Out of the membership (a planned size change): announce first (the daemon
+        re-forms the others at once), then stop the launch with the script's grace."""
         epoch = self.child.epoch if self.child else None
-        self._call(lambda: self.link.js.depart(self.config.member_id, reason, epoch, 0))
-        self._stop_child(stop)
-        log.info("left the job (%s)", reason)
-        return rc
+        self._call(lambda: self.link.js.depart(self.config.member_id, "removed", epoch, 0))
+        self._stop_child(self.stop)
+        log.info("left the job (removed)")
+        return 0
+
+    def _yield_node(self) -> int:
+        """Slurm's SIGTERM: a regular job waits for the node. The tasks are signalled at
+        once; the departure and the stop record go out meanwhile (:class:`.handover.Farewell`)."""
+        c = self.child
+        words = handover.Farewell(self.link.own_client, self.config.member_id,
+                                  c.epoch if c else None).start()
+        log.info("SIGTERM (%.0f ms ago): stopping the tasks",
+                 1000 * (time.time() - (self.sigterm_at or time.time())))
+        if c is not None:
+            c.stopping = True
+            took_s = self.stopper.stop(c.proc, c.epoch, PREEMPTED,
+                                       time.time() - (self.sigterm_at or time.time()))
+            log.info("epoch %d: stopped in %.2f s (%s)", c.epoch, took_s,
+                     ", ".join(self.stopper.stages))
+            self.child = None
+        words.stopped()
+        sent = words.wait()
+        log.info("left the job (sigterm)%s", "" if sent else
+                 ": the coordinator did not answer in time; not waiting for it")
+        return 143
 
     def _record(self, epoch: int, state: str) -> None:
         """Once, no retry: a preempted slot must not hold its node for the coordinator."""
@@ -271,7 +285,8 @@ class NodeAgent:
         try:
             os.write(out, batchio.size_line(self.config.job_id, m.epoch, view.nodelist,
                                             len(view.nodes)))
-            return subprocess.Popen([str(script)], env=self._batch_env(view), stdout=out,
+            return subprocess.Popen([str(script)], env=shell_env(
+                view, os.environ, self.io.submit_dir, self.run_dir, self.shim_dir), stdout=out,
                                     stderr=err, stdin=subprocess.DEVNULL,
                                     cwd=self.io.submit_dir, start_new_session=True)
         finally:
@@ -292,21 +307,6 @@ class NodeAgent:
         return GenerationView(job_id=self.config.job_id, epoch=m.epoch, nodes=tuple(nodes),
                               name=self.io.job_name, tasks_per_node=self.tasks_per_node,
                               python=sys.executable, real_srun=self.real_srun)
-
-    def _batch_env(self, view: GenerationView) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in SLOT_ONLY}
-        for key in ("MALLETRAIN_JOB_SECRET", SCRIPT_ENV):
-            env.pop(key, None)  # the user's processes need neither
-        env.update(batch_env(view, os.environ, self.io.submit_dir))
-        env.update({
-            GENERATION_ENV: view.to_json(),
-            "PATH": f"{self.shim_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-            "MALLETRAIN_PYTHON": sys.executable,
-            "MALLETRAIN_SHIM_DIR": str(self.shim_dir),
-            "MALLETRAIN_PROGRESS_FILE": str(self.progress_file),
-            "MALLETRAIN_RUN_DIR": str(self.run_dir),  # private: the generation's own files
-        })
-        return env
 
     def _stop_child(self, stop: StopRule) -> None:
         """Stop this node's part of the generation (:mod:`.stopping`) and record it."""
@@ -350,15 +350,14 @@ class NodeAgent:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="malletrain-restart-agent")
-    ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--tasks-per-node", type=int, default=None)
-    ap.add_argument("--stop-signal", default="TERM")
-    ap.add_argument("--stop-grace-s", type=float, default=0.0)
+    options: tuple[tuple[str, type, object], ...] = (
+        ("--workers", int, 1), ("--tasks-per-node", int, None), ("--stop-signal", str, "TERM"),
+        ("--stop-grace-s", float, 0.0), ("--job-name", str, "malleable"),
+        ("--submit-dir", str, os.getcwd()), ("--batch-output", str, None),
+        ("--batch-error", str, None))
+    for flag, kind, default in options:
+        ap.add_argument(flag, type=kind, default=default)
     ap.add_argument("--stop-shell-only", action="store_true")
-    ap.add_argument("--job-name", default="malleable")
-    ap.add_argument("--submit-dir", default=os.getcwd())
-    ap.add_argument("--batch-output", default=None)
-    ap.add_argument("--batch-error", default=None)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s malletrain-agent %(levelname)s %(message)s")
@@ -384,8 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     # leave without finalizing an interpreter that imported torch (1.4-2.6 s measured for a
     # worker): the slot, and the node, end with this process
     logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
     os._exit(rc)
 
 

@@ -19,6 +19,9 @@ import re
 import zlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from malletrain.elastic.restart.script import SCRIPT_ENV
 
 #: the environment variable the batch shell (and every step's tasks) carry the view in
 GENERATION_ENV = "MALLETRAIN_GENERATION"
@@ -144,3 +147,23 @@ SLOT_ONLY = ("SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NODELIST", "SLURM_STEP
              "SLURM_CPU_BIND_TYPE", "SLURM_CPU_BIND_VERBOSE", "SLURM_KILL_BAD_EXIT",
              "SLURM_UMASK", "SLURM_PTY_PORT", "SLURM_PTY_WIN_COL", "SLURM_PTY_WIN_ROW",
              "SLURM_TASK_PID", "SLURM_GTIDS", "SLURM_LABELIO", "SLURM_NODE_ALIASES")
+
+
+def shell_env(view: GenerationView, slot_env: Mapping[str, str], submit_dir: str,
+              run_dir: Path, shim_dir: Path) -> dict[str, str]:
+    """The batch shell's whole environment: the slot's, less what only the slot (or the
+    agent) needs, with the allocation's ``SLURM_*`` (:func:`batch_env`) and the ``srun``
+    of ``shim_dir`` first on PATH."""
+    env = {k: v for k, v in slot_env.items() if k not in SLOT_ONLY}
+    for key in ("MALLETRAIN_JOB_SECRET", SCRIPT_ENV):
+        env.pop(key, None)  # the user's processes need neither
+    env.update(batch_env(view, slot_env, submit_dir))
+    env.update({
+        GENERATION_ENV: view.to_json(),
+        "PATH": f"{shim_dir}:{slot_env.get('PATH', '/usr/bin:/bin')}",
+        "MALLETRAIN_PYTHON": view.python,
+        "MALLETRAIN_SHIM_DIR": str(shim_dir),
+        "MALLETRAIN_PROGRESS_FILE": str(run_dir / "progress"),
+        "MALLETRAIN_RUN_DIR": str(run_dir),  # private: the generation's own files
+    })
+    return env

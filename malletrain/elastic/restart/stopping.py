@@ -33,6 +33,12 @@ KILL_AFTER_S = 5.0
 #: 0.25 s (max 0.61 s). Too short for any checkpoint anyway: a script keeps what it
 #: checkpointed before; the --signal grace is for planned stops, not for preemptions.
 PREEMPT_KILL_AFTER_S = 0.1
+#: on a preemption, the batch shell's ``srun`` clients are spared the SIGKILL: each ends once
+#: its step's tasks (killed on their nodes by Slurm and the nodes' agents) have reported their
+#: exit, so that every step ends the way Slurm ends it. A step whose client was killed first
+#: kept its node's slurmstepd (no task left) until slurmd's own kill, ~3 s after the signal
+#: (KillWait): the regular job waited for that. Killed this long after all else, regardless.
+STEP_CLIENTS_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -56,15 +62,22 @@ class NodeStopper:
         self.run_dir = run_dir
         self.shim = str(shim)
         self.preempted = preempted
+        #: the last stop's stages, seconds after its start (``SIGTERM +0.00``): for the log
+        self.stages: list[str] = []
 
-    def stop(self, shell: subprocess.Popen[bytes] | None, epoch: int, rule: StopRule) -> float:
+    def stop(self, shell: subprocess.Popen[bytes] | None, epoch: int, rule: StopRule,
+             slurm_term_age_s: float | None = None) -> float:
         """The stop signal (to the batch shell only for ``B:``, else to every process but
         the shell and to the step tasks on this node), up to its grace to exit, then
         SIGTERM to all, then SIGKILL :data:`KILL_AFTER_S` later; the seconds it took.
         The batch shell's ``srun`` clients do not get the stop signal: each node's agent
-        signals its own tasks, as slurmstepd does, and no task gets it twice."""
+        signals its own tasks, as slurmstepd does, and no task gets it twice.
+        ``slurm_term_age_s``: Slurm's SIGTERM reached every process of the slot that long
+        ago (a preemption): SIGKILL comes ``rule.kill_after_s`` after it, on the clock,
+        not after scans of the process table (0.1-0.3 s each stage on a loaded node)."""
         registry.set_generation(self.run_dir, epoch, "stop")  # before any scan: no task
         t0 = time.monotonic()  # of this generation can start after it
+        self.stages = []
         shell_pid = shell.pid if shell is not None else None
         if rule.grace_s > 0 and self.busy():
             clients = self._step_clients()
@@ -75,18 +88,34 @@ class NodeStopper:
             tree.signal_all(targets, rule.signum)
             # a graceful stop gives way to Slurm's SIGTERM (the regular job must not wait)
             self._wait_quiet(rule.grace_s, self.preempted)
+        spare: set[int] = set()
         for sig in (signal.SIGTERM, signal.SIGKILL):
             if not self.busy():
                 break
             # Slurm's srun ends its step on every node on SIGTERM (as when a job is
             # cancelled): the step's tasks on nodes whose agent is gone end too
-            tree.signal_all(tree.descendants(), sig)
+            self.stages.append(f"{sig.name} +{time.monotonic() - t0:.2f}")
+            if sig == signal.SIGKILL and slurm_term_age_s is not None:
+                spare = self._step_clients()
+            tree.signal_all([x for x in tree.descendants() if x.pid not in spare], sig)
             registry.signal_tasks(registry.live_tasks(self.run_dir), sig)
+            if sig == signal.SIGTERM and slurm_term_age_s is not None:
+                time.sleep(max(0.0, t0 - slurm_term_age_s + rule.kill_after_s
+                               - time.monotonic()))
+                continue
             self._wait_stage(rule.kill_after_s if sig == signal.SIGTERM else 5.0)
+        if spare and not self._wait_quiet(STEP_CLIENTS_S, lambda: False):
+            self._end_clients(t0)
         if shell is not None:
             shell.poll()
         tree.reap_orphans(keep=None)
         return time.monotonic() - t0
+
+    def _end_clients(self, t0: float) -> None:
+        """The step clients that did not end with their steps' tasks: killed."""
+        self.stages.append(f"clients SIGKILL +{time.monotonic() - t0:.2f}")
+        tree.signal_all(tree.descendants(), signal.SIGKILL)
+        self._wait_quiet(KILL_AFTER_S, lambda: False)
 
     def busy(self) -> bool:
         return bool(tree.descendants() or registry.live_tasks(self.run_dir))
@@ -100,7 +129,8 @@ class NodeStopper:
         for sig in (signal.SIGTERM, signal.SIGKILL):
             tree.signal_all(tree.descendants(), sig)
             registry.signal_tasks(registry.live_tasks(self.run_dir), sig)
-            if self._wait_quiet(KILL_AFTER_S, lambda: False):
+            # Slurm's SIGTERM cuts it short: the agent's preemption stop takes over
+            if self._wait_quiet(KILL_AFTER_S, self.preempted) or self.preempted():
                 break
         tree.reap_orphans(keep=None)
 
