@@ -147,10 +147,15 @@ def test_workers_train_through_a_coordinator_restart(tmp_path):
         cluster.wait_epoch(w0, e2)
         assert len(checksums_at([w0, w1], e2)) == 1
         cluster.wait_step(w1, w1.last_step() + 5)
-        # evicted to zero with no state dir: the last group's rank 0 cannot save, and says so
+        # evicted to zero with no state dir: the last group's rank 0 cannot save, and says so;
+        # rank 1 saves too where it is unsure rank 0 is still there (the rule of
+        # `_saves_for_the_group`: "unsure: save", always safe), and then says so as well
+        # (seen once in CI: rank 0's session had just been cut and re-made)
         cluster.coord.publish(cluster.job_id, [])
-        assert w0.proc.wait(30) == 1 and w1.proc.wait(30) == 0
+        assert w0.proc.wait(30) == 1
         assert w0.exit_record()["reason"] == "state_lost"
+        rc1 = w1.proc.wait(30)
+        assert rc1 == 0 or (rc1 == 1 and w1.exit_record()["reason"] == "state_lost"), rc1
         steps = committed_steps([w0, w1])
         assert sorted(steps) == list(range(len(steps)))  # gapless through the outage
 
