@@ -312,9 +312,13 @@ def test_the_daemons_node_states_say_what_the_node_records_say(clean_cluster):
     c.run("scontrol", "update", "NodeName=n1", "State=DRAIN", "Reason=contract draining")
     c.run("scontrol", "update", "NodeName=n4", "State=DRAIN", "Reason=contract drained")
     c.run("scontrol", "update", "NodeName=n5", "State=DOWN", "Reason=contract down")
-    plain.submit(sleeper(nodes=4, time_limit_s=600))  # planned on n2, n3, n7, n8
-    c.wait_until(lambda: "PLANNED" in plain.snapshot().node("n7").flags, timeout_s=20,
-                 what="a backfill plan naming n7")
+    plain.submit(sleeper(nodes=4, time_limit_s=600))  # planned on n2, n3 and two of n6-n8
+
+    def planned() -> list[str]:
+        return [n.name for n in plain.snapshot().nodes if "PLANNED" in n.flags]
+
+    # Which two of the idle n6-n8 the plan names is Slurm's choice (n7, n8 mostly; not always).
+    c.wait_until(lambda: planned(), timeout_s=30, what="a backfill plan naming idle nodes")
     states_text = c.run(*NODE_STATES).stdout
     assert "n1|allocated+drain|" in states_text and "n5|down" in states_text
     daemon = CliBackend(daemon=True)
@@ -328,7 +332,9 @@ def test_the_daemons_node_states_say_what_the_node_records_say(clean_cluster):
     by = {n: (s, f) for n, s, f in mine}
     assert by["n1"][0] is NodeState.DRAINING and by["n4"][0] is NodeState.DRAINED
     assert by["n5"][0] is NodeState.DOWN and by["n6"][0] is NodeState.IDLE
-    assert "PLANNED" in by["n7"][1] and by["n2"][0] is NodeState.ALLOCATED
+    assert by["n2"][0] is NodeState.ALLOCATED
+    named = [n for n, (_, flags) in by.items() if "PLANNED" in flags]
+    assert named and set(named) <= {"n6", "n7", "n8"}, named
 
 
 def test_update_shrinks_twice_then_changes_limit_and_comment(backend, clean_cluster):
