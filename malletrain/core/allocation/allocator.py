@@ -313,12 +313,16 @@ class MalleTrainPolicy:
         )
         weights = np.array([j.weight for j in inp.jobs], dtype=float)
 
-        def table(offer: NodeOffer) -> np.ndarray:
-            values = offer_value_table(inp.jobs, offer, start, margins)
-            if (weights != 1.0).any():  # --nice: within the user's part (MalleableJob.weight)
-                values *= weights[:, None]
+        def table(offer: NodeOffer, rows: np.ndarray | None = None) -> np.ndarray:
+            jobs = inp.jobs if rows is None else [inp.jobs[j] for j in rows.tolist()]
+            first = start if start is None or rows is None else start[rows]
+            margin = margins if rows is None else margins[rows]
+            weight = weights if rows is None else weights[rows]
+            values = offer_value_table(jobs, offer, first, margin)
+            if (weight != 1.0).any():  # --nice: within the user's part (MalleableJob.weight)
+                values *= weight[:, None]
             if self.explore_free_only and offer.beyond_free:
-                no_exploration_beyond_free(values, inp.jobs, offer, start, margins)
+                no_exploration_beyond_free(values, jobs, offer, first, margin)
             if price_per_node_s > 0 and values.shape[1] > 1:
                 longest = np.sort(w)[::-1][: values.shape[1] - 1]
                 charge = np.concatenate(([0.0], np.cumsum(longest)))

@@ -34,6 +34,7 @@ def solve_counts(values: np.ndarray, capacity: int) -> tuple[np.ndarray, float]:
     hist[0, pad:] = 0.0
     block = np.empty((min(_MAX_BLOCK_SIZES, pad), capacity + 1))
     best = np.empty(capacity + 1)
+    options = np.where(useful, values, -np.inf)
     reaches = [0]
     reach = 0
     for pos, j in enumerate(order.tolist()):
@@ -47,8 +48,7 @@ def solve_counts(values: np.ndarray, capacity: int) -> tuple[np.ndarray, float]:
         np.add(row_prev[pad : pad + reach + 1], values[j, 0], out=g)
         hi = min(hi, reach)
         if lo <= hi:
-            vals = np.where(useful[j, lo : hi + 1], values[j, lo : hi + 1], -np.inf)
-            _stage(row_prev, g, vals, lo, reach, pad, block, best)
+            _stage(hist, pos, g, options[j, lo : hi + 1], lo, reach, pad, block, best)
         reaches.append(reach)
     return _backtrack(values, useful, order, hist, reaches, pad)
 
@@ -71,23 +71,24 @@ def _useful_options(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
     return useful, smallest, largest
 
 
-def _stage(row_prev: np.ndarray, g: np.ndarray, vals: np.ndarray, lo: int, reach: int,
+def _stage(hist: np.ndarray, pos: int, g: np.ndarray, vals: np.ndarray, lo: int, reach: int,
            pad: int, block: np.ndarray, best: np.ndarray) -> None:
-    """``g(t) = max(g(t), max_n f(t - n) + vals[n - lo])`` for the sizes ``lo..``."""
+    """``g(t) = max(g(t), max_n f(t - n) + vals[n - lo])`` for the sizes ``lo..``, ``f`` being
+    row ``pos`` of ``hist``. Called once per job: numpy's per-call overheads are most of its
+    time at 500 jobs, hence the ufuncs called directly and the view built in place."""
     k = vals.size
     if k <= _MAX_BLOCK_SIZES:
         # rows n = lo..hi: view[i, t] = f(t - lo - i); one add, one max
-        item = row_prev.itemsize
-        view = np.lib.stride_tricks.as_strided(
-            row_prev[pad - lo :], shape=(k, reach + 1), strides=(-item, item)
-        )
+        item = hist.itemsize
+        view = np.ndarray((k, reach + 1), dtype=hist.dtype, buffer=hist,
+                          offset=(pos * hist.shape[1] + pad - lo) * item, strides=(-item, item))
         tmp = block[:k, : reach + 1]
         np.add(view, vals[:, None], out=tmp)
         out = best[: reach + 1]
-        np.max(tmp, axis=0, out=out)
+        np.maximum.reduce(tmp, axis=0, out=out)
         np.maximum(g, out, out=g)
         return
-    prev = row_prev[pad : pad + reach + 1]
+    prev = hist[pos, pad : pad + reach + 1]
     for n, v in zip(range(lo, lo + k), vals.tolist(), strict=True):
         if v > -np.inf:
             np.maximum(g[n:], prev[: reach + 1 - n] + v, out=g[n:])

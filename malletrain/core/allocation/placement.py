@@ -38,13 +38,20 @@ def node_windows(nodes: Sequence[IdleNode]) -> dict[str, float]:
     return {n.name: math.inf if n.window_s is None else max(0.0, n.window_s) for n in nodes}
 
 
-def _buckets(win: Mapping[str, float]) -> dict[str, float]:
-    """Coarse window rank per node: log-spaced buckets so similar windows tie."""
-    names = list(win)
+def _buckets(win: Mapping[str, float], names: Sequence[str]) -> np.ndarray:
+    """Coarse window rank per node of ``names``: log-spaced buckets so similar windows tie."""
     w = np.maximum(np.fromiter((win[n] for n in names), dtype=float, count=len(names)), 0.0)
     with np.errstate(invalid="ignore"):
-        b = np.where(np.isinf(w), np.inf, np.floor(np.log1p(w) / math.log(_WINDOW_BUCKET_RATIO)))
-    return dict(zip(names, b.tolist(), strict=True))
+        return np.where(np.isinf(w), np.inf,
+                        np.floor(np.log1p(w) / math.log(_WINDOW_BUCKET_RATIO)))
+
+
+def _pool_order(names: Sequence[str], win: Mapping[str, float], bucket: np.ndarray
+                ) -> list[str]:
+    """Every node in the pool's order: longest bucket first, then longest window, then name."""
+    w = np.fromiter((win[n] for n in names), dtype=float, count=len(names))
+    order = np.lexsort((np.array(names, dtype=str), -w, -bucket))
+    return [names[i] for i in order.tolist()]
 
 
 def assign_nodes(
@@ -61,10 +68,13 @@ def assign_nodes(
     windows); by default submit order. O(nodes log nodes + jobs x switches).
     """
     win = dict(windows_s) if windows_s is not None else node_windows(inp.nodes)
-    for n in inp.nodes:
-        win.setdefault(n.name, math.inf if n.window_s is None else n.window_s)
+    if len(win) != len(inp.nodes):  # the caller's windows may name only some nodes
+        for n in inp.nodes:
+            win.setdefault(n.name, math.inf if n.window_s is None else n.window_s)
     switch = {n.name: n.switch for n in inp.nodes}
-    bucket = _buckets(win)
+    names = list(switch)
+    bucket_arr = _buckets(win, names)
+    bucket = dict(zip(names, bucket_arr.tolist(), strict=True))
     total = sum(max(0, c) for c in counts.values())
     if total > len(switch):
         raise ValueError(f"plan asks for {total} nodes but only {len(switch)} are available")
@@ -87,7 +97,8 @@ def assign_nodes(
         result[job.job_id] = tuple(keep)
         taken.update(keep)
     # 2. growth from the pool: longest windows first, same switch as the job's nodes
-    pool = _Pool([n for n in switch if n not in taken], win, bucket, switch)
+    pool = _Pool([n for n in _pool_order(names, win, bucket_arr) if n not in taken], bucket,
+                 switch)
     if growth_order is None:
         order = [j.job_id for j in sorted(inp.jobs, key=lambda j: (j.submit_order, j.job_id))]
     else:
@@ -118,11 +129,10 @@ class _Pool:
     def __init__(
         self,
         names: list[str],
-        win: Mapping[str, float],
         bucket: Mapping[str, float],
         switch: Mapping[str, str | None],
     ) -> None:
-        names.sort(key=lambda n: (-bucket[n], -win[n], n))
+        """``names``: the free nodes in pool order (:func:`_pool_order`)."""
         self.switch = switch
         self.buckets: list[list[str]] = []
         self.by_switch: list[dict[str | None, list[str]]] = []

@@ -33,8 +33,9 @@ from malletrain.core.model import AllocationInput
 
 log = logging.getLogger(__name__)
 
-#: values an offer as the plan's own table does: V[job, count]
-TableOf = Callable[[NodeOffer], np.ndarray]
+#: values an offer as the plan's own table does: V[job, count] for the jobs ``rows`` (indices
+#: into ``inp.jobs``, the offer's rows in that order; None: every job)
+TableOf = Callable[[NodeOffer, "np.ndarray | None"], np.ndarray]
 #: a count the no-shrink plan must not choose (finite: the DP needs count 0 allowed)
 _FORBIDDEN = -1e30
 
@@ -76,48 +77,77 @@ class Solution:
 
 def weighted(table: TableOf, factor: np.ndarray) -> TableOf:
     """``table`` with each job's row multiplied by ``factor[job]`` (finish weights)."""
-    return lambda offer: table(offer) * factor[:, None]
+    return lambda offer, rows: table(offer, rows) * (factor if rows is None
+                                                     else factor[rows])[:, None]
 
 
 def realised_value(inp: AllocationInput, sol: Solution,
                    assignments: Mapping[str, tuple[str, ...]]) -> float:
-    """The plan's value with each job's growth on the nodes it was really given."""
+    """The plan's value with each job's growth on the nodes it was really given.
+
+    A job at or below its present size is worth what the solved table says (its value
+    there depends on its own nodes only), so only the growing jobs are valued again.
+    """
     assert sol.offer is not None
+    own_n = np.array([idx.size for idx in sol.offer.own_idx], dtype=np.int64)
+    got_n = np.array([len(assignments.get(job.job_id, ())) for job in inp.jobs], dtype=np.int64)
+    rows = np.flatnonzero(got_n > own_n)
+    keeping = np.flatnonzero(got_n <= own_n)
+    total = float(sol.values[keeping, got_n[keeping]].sum())
+    if not rows.size:
+        return total
+    # every grower's nodes at once: (row, node) pairs, less the nodes it holds now
     index = {n.name: i for i, n in enumerate(inp.nodes)}
-    new_idx = []
-    for j, job in enumerate(inp.jobs):
-        own = set(sol.offer.own_idx[j].tolist())
-        idx = np.array([index[n] for n in assignments.get(job.job_id, ())
-                        if n in index and index[n] not in own], dtype=np.int64)
-        new_idx.append(idx[np.argsort(-sol.w[idx], kind="stable")])
-    width = max((i.size for i in new_idx), default=0)
-    grow_w = np.zeros((len(inp.jobs), width))
+    holder = np.full(len(inp.nodes), -1, dtype=np.int64)
+    for j in rows.tolist():
+        holder[sol.offer.own_idx[j]] = j
+    names = [assignments[inp.jobs[j].job_id] for j in rows.tolist()]
+    row_of = np.repeat(np.arange(rows.size), [len(x) for x in names])
+    node = np.fromiter((index.get(n, -1) for x in names for n in x), dtype=np.int64,
+                       count=row_of.size)
+    new = (node >= 0) & (holder[np.maximum(node, 0)] != rows[row_of])
+    row_of, node = row_of[new], node[new]
+    order = np.lexsort((-sol.w[node], row_of))  # by row, then longest window first
+    row_of, node = row_of[order], node[order]
+    grow_n = np.bincount(row_of, minlength=rows.size)
+    col = np.arange(row_of.size) - np.repeat(np.cumsum(grow_n) - grow_n, grow_n)
+    width = int(grow_n.max(initial=0))
+    grow_w = np.zeros((rows.size, width))
     grow_p = np.zeros_like(grow_w)
     grow_g = np.full_like(grow_w, np.nan)
-    for j, idx in enumerate(new_idx):
-        grow_w[j, : idx.size] = sol.w[idx]
-        grow_p[j, : idx.size] = sol.p[idx]
-        grow_g[j, : idx.size] = sol.key[idx]
-    real = replace(sol.offer, grow_w=grow_w, grow_p=grow_p, grow_g=grow_g,
-                   grow_n=np.array([i.size for i in new_idx], dtype=np.int64))
-    values = sol.table(real)
-    total = 0.0
-    for j, job in enumerate(inp.jobs):
-        n = len(assignments.get(job.job_id, ()))
-        total += float(values[j, n]) if n < values.shape[1] else -np.inf
-    return total
+    grow_w[row_of, col] = sol.w[node]
+    grow_p[row_of, col] = sol.p[node]
+    grow_g[row_of, col] = sol.key[node]
+    real = replace(sol.offer.select(rows.tolist()), grow_w=grow_w, grow_p=grow_p,
+                   grow_g=grow_g, grow_n=grow_n)
+    values = sol.table(real, rows)
+    n = got_n[rows]
+    inside = n < values.shape[1]
+    if not inside.all():
+        return -np.inf
+    return total + float(values[np.arange(rows.size), n].sum())
 
 
 def no_shrink_counts(inp: AllocationInput, sol: Solution) -> tuple[dict[str, int], float]:
-    """The best counts in which no running job ends below its present size."""
+    """The best counts in which no running job ends below its present size.
+
+    A job that keeps its size holds its ``c`` nodes whatever else happens, so it is solved as
+    a problem on the nodes left: its row shifted by ``c`` (count 0 = keep exactly) and the
+    capacity less ``c``; the same optimum as forbidding counts below ``c``, on a smaller
+    table (half the nodes are held in a busy pool).
+    """
     assert sol.offer is not None
-    values = sol.values.copy()
-    for j, idx in enumerate(sol.offer.own_idx):
-        c = idx.size
-        if c and np.isfinite(values[j, c:]).any():  # else it cannot keep its size anyway
-            values[j, :c] = _FORBIDDEN
-    arr, objective = solve_counts(values, len(inp.nodes))
-    return {job.job_id: int(n) for job, n in zip(inp.jobs, arr, strict=True)}, objective
+    held = np.array([idx.size for idx in sol.offer.own_idx], dtype=np.int64)
+    width = sol.values.shape[1]
+    tail = np.isfinite(sol.values) & (np.arange(width)[None, :] >= held[:, None])
+    fixed = np.where((held > 0) & tail.any(axis=1), held, 0)  # else it cannot keep its size
+    cols = np.arange(width)[None, :] + fixed[:, None]
+    values = np.take_along_axis(sol.values, np.minimum(cols, width - 1), axis=1)
+    values[cols >= width] = -np.inf
+    values[:, 0] = np.where(np.isfinite(values[:, 0]), values[:, 0], _FORBIDDEN)
+    arr, objective = solve_counts(values, len(inp.nodes) - int(fixed.sum()))
+    return ({job.job_id: int(n + f) for job, n, f in zip(inp.jobs, arr, fixed, strict=True)},
+            objective)
 
 
 def _moves_across_users(inp: AllocationInput, planned: Mapping[str, int],
