@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 #: Above this many sizes per job the DP updates one size at a time (bounded memory).
@@ -96,19 +98,35 @@ def _stage(hist: np.ndarray, pos: int, g: np.ndarray, vals: np.ndarray, lo: int,
 
 def _backtrack(values: np.ndarray, useful: np.ndarray, order: np.ndarray, hist: np.ndarray,
                reaches: list[int], pad: int) -> tuple[np.ndarray, float]:
-    """The counts behind the best final value, job by job from the last stage."""
+    """The counts behind the best final value, job by job from the last stage.
+
+    In plain Python over each job's few useful sizes: per-job numpy calls were most of the
+    time of the many small problems of users' shares."""
     n_jobs = values.shape[0]
     f = hist[n_jobs, pad : pad + reaches[-1] + 1]
     t = int(np.argmax(f))
     objective = float(f[t])
-    counts = np.zeros(n_jobs, dtype=np.int64)
+    rows, cols = np.nonzero(useful)
+    starts = np.searchsorted(rows, np.arange(n_jobs + 1)).tolist()
+    sizes = cols.tolist()
+    table = values.tolist()
+    counts = [0] * n_jobs
     for pos in range(n_jobs - 1, -1, -1):
         j = int(order[pos])
-        f_before = hist[pos, pad : pad + reaches[pos] + 1]
-        target = hist[pos + 1, pad + t]
-        ns = np.flatnonzero(useful[j, : t + 1])
-        before = f_before[np.minimum(t - ns, f_before.size - 1)]
-        chosen = int(ns[np.argmin(np.abs(before + values[j, ns] - target))])
+        last = reaches[pos]  # f before this job is flat beyond its reach
+        target = float(hist[pos + 1, pad + t])
+        row = table[j]
+        mine = sizes[starts[j] : starts[j + 1]]
+        # f before this job at t - n for this job's sizes n (clipped to its reach)
+        first = min(max(0, t - mine[-1]), last)
+        before = hist[pos, pad + first : pad + min(t, last) + 1].tolist()
+        chosen, err = 0, math.inf
+        for n in mine:
+            if n > t:
+                break
+            e = abs(before[min(t - n, last) - first] + row[n] - target)
+            if e < err:
+                chosen, err = n, e
         counts[j] = chosen
-        t = min(t - chosen, f_before.size - 1)
-    return counts, objective
+        t = min(t - chosen, last)
+    return np.array(counts, dtype=np.int64), objective

@@ -54,6 +54,16 @@ def _pool_order(names: Sequence[str], win: Mapping[str, float], bucket: np.ndarr
     return [names[i] for i in order.tolist()]
 
 
+def _all_windows(inp: AllocationInput, windows_s: Mapping[str, float] | None
+                 ) -> dict[str, float]:
+    """The caller's windows (they may name only some nodes), the plan's for the others."""
+    win = dict(windows_s) if windows_s is not None else node_windows(inp.nodes)
+    if not all(n.name in win for n in inp.nodes):
+        for n in inp.nodes:
+            win.setdefault(n.name, math.inf if n.window_s is None else n.window_s)
+    return win
+
+
 def assign_nodes(
     inp: AllocationInput,
     counts: Mapping[str, int],
@@ -67,10 +77,7 @@ def assign_nodes(
     order in which growing jobs pick from the free pool (first = longest
     windows); by default submit order. O(nodes log nodes + jobs x switches).
     """
-    win = dict(windows_s) if windows_s is not None else node_windows(inp.nodes)
-    if len(win) != len(inp.nodes):  # the caller's windows may name only some nodes
-        for n in inp.nodes:
-            win.setdefault(n.name, math.inf if n.window_s is None else n.window_s)
+    win = _all_windows(inp, windows_s)
     switch = {n.name: n.switch for n in inp.nodes}
     names = list(switch)
     bucket_arr = _buckets(win, names)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -52,6 +52,8 @@ class Solution:
     values: np.ndarray
     offer: NodeOffer | None
     table: TableOf
+    #: node name -> window, filled by the first :meth:`place` (``w`` as a mapping)
+    windows_s: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
 
     def growth_order(self, inp: AllocationInput, counts: Mapping[str, int]) -> list[str]:
         """Growing jobs, the largest value per new node first (it picks from the pool first)."""
@@ -70,8 +72,10 @@ class Solution:
 
     def place(self, inp: AllocationInput, counts: Mapping[str, int]
               ) -> dict[str, tuple[str, ...]]:
-        windows = {n.name: float(self.w[i]) for i, n in enumerate(inp.nodes)}
-        return assign_nodes(inp, counts, windows_s=windows,
+        if not self.windows_s:  # once per decision: the plan and the kept plan share them
+            self.windows_s.update(zip((n.name for n in inp.nodes), self.w.tolist(),
+                                      strict=True))
+        return assign_nodes(inp, counts, windows_s=self.windows_s,
                             growth_order=self.growth_order(inp, counts))
 
 
@@ -128,13 +132,17 @@ def realised_value(inp: AllocationInput, sol: Solution,
     return total + float(values[np.arange(rows.size), n].sum())
 
 
-def no_shrink_counts(inp: AllocationInput, sol: Solution) -> tuple[dict[str, int], float]:
-    """The best counts in which no running job ends below its present size.
+def no_shrink_counts(inp: AllocationInput, sol: Solution, by_user: bool = False
+                     ) -> tuple[dict[str, int], float]:
+    """The best counts in which no running job ends below its present size; ``by_user``:
+    each user's jobs within the nodes the plan gives that user (its fair part, as
+    :mod:`.fairness` divided it), so keeping never moves nodes from one user to another.
 
     A job that keeps its size holds its ``c`` nodes whatever else happens, so it is solved as
     a problem on the nodes left: its row shifted by ``c`` (count 0 = keep exactly) and the
     capacity less ``c``; the same optimum as forbidding counts below ``c``, on a smaller
-    table (half the nodes are held in a busy pool).
+    table (half the nodes are held in a busy pool). The objective is ``_FORBIDDEN`` or less
+    where keeping does not fit (a user's part below what its jobs hold).
     """
     assert sol.offer is not None
     held = np.array([idx.size for idx in sol.offer.own_idx], dtype=np.int64)
@@ -145,19 +153,22 @@ def no_shrink_counts(inp: AllocationInput, sol: Solution) -> tuple[dict[str, int
     values = np.take_along_axis(sol.values, np.minimum(cols, width - 1), axis=1)
     values[cols >= width] = -np.inf
     values[:, 0] = np.where(np.isfinite(values[:, 0]), values[:, 0], _FORBIDDEN)
-    arr, objective = solve_counts(values, len(inp.nodes) - int(fixed.sum()))
-    return ({job.job_id: int(n + f) for job, n, f in zip(inp.jobs, arr, fixed, strict=True)},
-            objective)
-
-
-def _moves_across_users(inp: AllocationInput, planned: Mapping[str, int],
-                        kept: Mapping[str, int]) -> bool:
-    """Whether the no-shrink plan gives one user more nodes and another fewer than the plan
-    (whose shares :mod:`.fairness` divided): keeping would undo a fair division."""
-    delta: dict[str, int] = {}
-    for job in inp.jobs:
-        delta[job.user] = delta.get(job.user, 0) + kept[job.job_id] - planned[job.job_id]
-    return any(d > 0 for d in delta.values()) and any(d < 0 for d in delta.values())
+    groups: dict[str, list[int]] = {}
+    for j, job in enumerate(inp.jobs):
+        groups.setdefault(job.user if by_user else "", []).append(j)
+    planned = np.array([sol.counts[job.job_id] for job in inp.jobs], dtype=np.int64)
+    counts = np.zeros(len(inp.jobs), dtype=np.int64)
+    objective = 0.0
+    for members in groups.values():
+        idx = np.array(members, dtype=np.int64)
+        nodes = int(planned[idx].sum()) if by_user else len(inp.nodes)
+        left = nodes - int(fixed[idx].sum())
+        if left < 0:
+            return {}, _FORBIDDEN
+        arr, part = solve_counts(values[idx], left)
+        counts[idx] = arr + fixed[idx]
+        objective += part
+    return {job.job_id: int(n) for job, n in zip(inp.jobs, counts, strict=True)}, objective
 
 
 def _over_caps(inp: AllocationInput, counts: Mapping[str, int]) -> bool:
@@ -175,13 +186,14 @@ def _over_caps(inp: AllocationInput, counts: Mapping[str, int]) -> bool:
 def better_plan(inp: AllocationInput, sol: Solution,
                 assignments: dict[str, tuple[str, ...]], fair: bool = False
                 ) -> tuple[dict[str, tuple[str, ...]], float]:
-    """``assignments`` (which shrink a running job) or the best plan that shrinks nobody,
-    whichever is worth more on the nodes really handed out: (assignments, objective)."""
-    counts, objective = no_shrink_counts(inp, sol)
-    if objective <= _FORBIDDEN / 2:  # cannot happen while keeping is feasible; be safe
+    """``assignments`` (which shrink a running job) or the best plan that shrinks nobody
+    (``fair``: within each user's part of the plan), whichever is worth more on the nodes
+    really handed out: (assignments, objective)."""
+    counts, objective = no_shrink_counts(inp, sol, by_user=fair)
+    if objective <= _FORBIDDEN / 2 or _over_caps(inp, counts):
+        # keeping does not fit in some user's fair part, or passes Slurm's limits: users'
+        # shares and limits come first (.fairness)
         return assignments, sol.objective
-    if (fair and _moves_across_users(inp, sol.counts, counts)) or _over_caps(inp, counts):
-        return assignments, sol.objective  # users' fair shares come first (.fairness)
     kept = sol.place(inp, counts)
     planned_value = realised_value(inp, sol, assignments)
     kept_value = realised_value(inp, sol, kept)
