@@ -67,3 +67,20 @@ def test_a_plan_that_pays_on_the_real_nodes_still_shrinks() -> None:
     plan = MalleTrainPolicy(horizon_s=1800.0).decide(inp)
     assert len(plan.assignments["fast"]) == 44
     assert shrunk(inp, plan.assignments)
+
+
+def test_with_two_users_the_check_keeps_each_users_part() -> None:
+    """The same scene with the jobs of two users, half each: the plan that shrinks is checked
+    within each user's part of the nodes (keeping never moves nodes from one user to the
+    other), so it does not swing there either."""
+    inp = scene()
+    jobs = tuple(dataclasses.replace(j, user="mt-alice" if k % 20 < 10 else "mt-bob")
+                 for k, j in enumerate(inp.jobs))
+    inp = dataclasses.replace(inp, jobs=jobs)
+    unchecked = MalleTrainPolicy(horizon_s=1800.0, check_plans=False).decide(inp)
+    assert len(shrunk(inp, unchecked.assignments)) >= 5
+    plan = MalleTrainPolicy(horizon_s=1800.0).decide(inp)
+    assert shrunk(inp, plan.assignments) == []
+    per_user = {u: sum(len(plan.assignments[j.job_id]) for j in jobs if j.user == u)
+                for u in ("mt-alice", "mt-bob")}
+    assert per_user == {"mt-alice": 21, "mt-bob": 21}  # both free nodes used, one each
