@@ -189,7 +189,8 @@ def better_plan(inp: AllocationInput, sol: Solution,
     """``assignments`` (which shrink a running job) or the best plan that shrinks nobody
     (``fair``: within each user's part of the plan), whichever is worth more on the nodes
     really handed out: (assignments, objective)."""
-    counts, objective = no_shrink_counts(inp, sol, by_user=fair)
+    by_user = fair and len({job.user for job in inp.jobs}) > 1
+    counts, objective = no_shrink_counts(inp, sol, by_user=by_user)
     if objective <= _FORBIDDEN / 2 or _over_caps(inp, counts):
         # keeping does not fit in some user's fair part, or passes Slurm's limits: users'
         # shares and limits come first (.fairness)
