@@ -20,7 +20,7 @@ Usage (daemon)::
     settings = load_settings(args.config)          # ConfigError -> exit 78, one message
     interval_s = settings.allocator.tick_interval_s
 
-    policy = make_policy(settings.allocator.policy, settings.allocator.policy_options())
+    policy = make_policy(settings.allocator.policy, settings.policy_options())
     advisor = ProfilingAdvisor(settings.allocator.advisor_settings())
 
     # on SIGHUP, between ticks: reload_settings(args.config, settings) gives the new
@@ -367,6 +367,10 @@ class Settings:
     accounting: AccountingSettings = field(default_factory=AccountingSettings)
     daemon: DaemonSettings = field(default_factory=DaemonSettings)
 
+    def policy_options(self) -> PolicyOptions:
+        """The allocator's knobs with the accounting section's (the odd nodes' turns)."""
+        return self.allocator.policy_options().with_(fair_turn_s=self.accounting.fair_turn_s)
+
 
 def cross_checks(s: Settings) -> list[tuple[str, str]]:
     """Rules that involve more than one field: (field path, problem)."""
@@ -393,7 +397,3 @@ def cross_checks(s: Settings) -> list[tuple[str, str]]:
         ))
     return problems
 
-
-# ---------------------------------------------------------------------------------------
-# errors
-# ---------------------------------------------------------------------------------------

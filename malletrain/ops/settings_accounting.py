@@ -75,6 +75,11 @@ class AccountingSettings:
         "still gets a part of the idle nodes: nobody starves); a user sshare does not "
         "list weighs this much.",
         min=0.001, max=1.0))
+    fair_turn_s: float = field(default=600.0, metadata=meta(
+        "When fewer idle nodes are left than users holding none, they go to those users in "
+        "turns of this many seconds (each user waits a bounded number of turns, and nothing "
+        "moves within one); 0 = to the users holding most, no turns.",
+        min=0, max=86_400))
     account_weights: Mapping[str, float] = field(default_factory=dict, metadata=meta(
         "Weights of accounts' shares (account: weight; an account not named: 1). Where set, "
         "the idle nodes are divided among accounts first, then among each account's users "

@@ -223,3 +223,18 @@ def test_node_prices_reach_the_decision_in_slurms_type_names(tmp_path):
     assert s.allocator.policy_options().work_units
     assert not Settings().allocator.policy_options().work_units
     assert decide_settings(Settings()).node_prices == {}
+
+
+def test_the_odd_nodes_turn_is_a_setting_the_policy_runs_with(tmp_path):
+    from malletrain.core.policies import make_policy
+
+    s = load_settings(write(tmp_path, "accounting:\n  fair_turn_s: 120\n"))
+    assert s.policy_options().fair_turn_s == 120.0
+    policy = make_policy(s.allocator.policy, s.policy_options())
+    assert getattr(policy, "fair_turn_s") == 120.0
+    assert Settings().policy_options().fair_turn_s == 600.0
+    assert load_settings(write(tmp_path, "accounting:\n  fair_turn_s: 0\n")).policy_options(
+        ).fair_turn_s == 0.0
+    with pytest.raises(SettingsError) as err:
+        load_settings(write(tmp_path, "accounting:\n  fair_turn_s: -5\n"))
+    assert "accounting.fair_turn_s" in str(err.value)

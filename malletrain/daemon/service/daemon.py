@@ -103,7 +103,7 @@ class Daemon:
                                                     live_jobs=self._live_job_ids))
         self._decide_overrides = dict(decide_overrides or {})
         self.learned = LearnedState(self.store)
-        self.policy = make_policy(settings.allocator.policy, settings.allocator.policy_options())
+        self.policy = make_policy(settings.allocator.policy, settings.policy_options())
         self.learned.restore_policy(self.policy)
         self.advisor = ProfilingAdvisor(settings.allocator.advisor_settings())
         self.learned.restore_profiles(self.advisor)
@@ -159,15 +159,15 @@ class Daemon:
 
     def apply_settings(self, settings: Settings) -> None:
         """A reloaded config (between ticks): a changed policy is rebuilt at once."""
-        old = self.settings.allocator
+        old = self.settings
         self.settings = settings
         self.requests.settings = settings
         self.limits = limits_reader(settings)
         self.requests.site_limits = self.limits.held
         new = settings.allocator
-        if (new.policy, new.policy_options()) != (old.policy, old.policy_options()):
+        if (new.policy, settings.policy_options()) != (old.allocator.policy, old.policy_options()):
             self.learned.save_policy(self.policy)
-            self.policy = make_policy(new.policy, settings.allocator.policy_options())
+            self.policy = make_policy(new.policy, settings.policy_options())
             self.learned.restore_policy(self.policy)
             log.info("allocation policy is now %s", new.policy)
 
