@@ -133,3 +133,28 @@ def test_entitlements_follow_the_policys_turn():
     assert set().union(*plan_users) == {f"user{u}" for u in range(5)}
     assert entitlements(recs, {}, 3, {}) == {"user0": 1, "user1": 1, "user2": 1,
                                              "user3": 0, "user4": 0}
+
+
+def test_users_whose_parts_are_below_every_jobs_minimum_take_turns_and_no_node_idles():
+    """10 idle nodes, four users whose jobs need 4 nodes each: each user's equal part (2-3)
+    runs none of its jobs. Before, every part was given back and went to nobody: all 10 nodes
+    idle at every decision. Now, in turn order, users get their minimum while the nodes last:
+    two users run per turn, every node is used, each user runs within 4 turns, and within a
+    turn the plan does not change."""
+    curve = ThroughputModel(((1, 100.0), (8, 700.0)))
+    nodes = tuple(IdleNode(f"n{i}", None, 900.0) for i in range(10))
+    jobs = tuple(MalleableJob(f"j{u}", 4, 8, (), curve, 5.0, 1.0, u, user=f"u{u}")
+                 for u in range(4))
+    policy = make_policy("malletrain", LIVE)
+    ran: set[str] = set()
+    for turn in range(4):
+        inp = AllocationInput(turn * TURN_S, nodes, jobs)
+        plan = policy.decide(inp)
+        sizes = {j.job_id: plan.count(j.job_id) for j in jobs}
+        assert sum(sizes.values()) == 10, sizes
+        assert sorted(sizes.values()) == [0, 0, 5, 5], sizes
+        ran |= {j for j, n in sizes.items() if n}
+        held = tuple(dataclasses.replace(j, nodes=plan.assignments[j.job_id]) for j in jobs)
+        later = policy.decide(AllocationInput(turn * TURN_S + TURN_S / 2, nodes, held))
+        assert {j: later.count(j) for j in sizes} == sizes  # nothing moves within a turn
+    assert ran == {"j0", "j1", "j2", "j3"}

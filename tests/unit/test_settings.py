@@ -231,7 +231,7 @@ def test_the_odd_nodes_turn_is_a_setting_the_policy_runs_with(tmp_path):
     s = load_settings(write(tmp_path, "accounting:\n  fair_turn_s: 120\n"))
     assert s.policy_options().fair_turn_s == 120.0
     policy = make_policy(s.allocator.policy, s.policy_options())
-    assert getattr(policy, "fair_turn_s") == 120.0
+    assert policy.fair_turn_s == 120.0
     assert Settings().policy_options().fair_turn_s == 600.0
     assert load_settings(write(tmp_path, "accounting:\n  fair_turn_s: 0\n")).policy_options(
         ).fair_turn_s == 0.0

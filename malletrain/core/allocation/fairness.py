@@ -44,13 +44,52 @@ def fair_turn(now_s: float, turn_s: float) -> int | None:
 
 def user_caps(demand: Mapping[K, int], held: Mapping[K, int], capacity: int,
               weights: Mapping[K, float] | None = None,
-              turn: int | None = None) -> dict[K, int]:
+              turn: int | None = None, minimum: Mapping[K, int] | None = None) -> dict[K, int]:
     """Max-min fair integer shares of ``capacity`` nodes, none above a user's ``demand``;
     with ``weights``, in proportion to them (a user not named: 1). ``turn``
     (:func:`fair_turn`): when fewer odd nodes are left than users with none, they go to
     those users in name order starting at the ``turn``-th (mod their number): a fixed set of
     ``u`` such users gets a node within ``u`` turns (``u - odd + 1`` with ``odd`` nodes
-    throughout). None: to the holders (a user with none may wait as long as they run)."""
+    throughout). None: to the holders (a user with none may wait as long as they run).
+    ``minimum``: the fewest nodes any job of the user can run on; a part below it is raised
+    in turns (:func:`_minimums_in_turn`)."""
+    caps = _max_min(demand, held, capacity, weights, turn)
+    if turn is None or not minimum:
+        return caps
+    return _minimums_in_turn(caps, demand, held, capacity, weights, turn, minimum)
+
+
+def _minimums_in_turn(caps: dict[K, int], demand: Mapping[K, int], held: Mapping[K, int],
+                      capacity: int, weights: Mapping[K, float] | None, turn: int,
+                      minimum: Mapping[K, int]) -> dict[K, int]:
+    """A part smaller than every job of its user can run on is worth nothing to that user,
+    and given back it went to nobody who could use it either: 10 idle nodes and four users
+    whose jobs need 4 each left every node idle, at every decision. So, in turn order (all
+    users by name, from the ``turn``-th), a user whose part is below its ``minimum`` gets
+    its minimum while the nodes last and no user whose part runs a job loses that, and the
+    others divide the rest again: where only such users wait, each waits at most as many
+    turns as there are users, and nothing moves within a turn. Minimums of one node are the
+    odd nodes' turns' already."""
+    names = sorted(demand)
+    k = turn % len(names)
+    runs = {v for v in names if demand[v] > 0 and caps[v] >= max(1, minimum.get(v, 1))}
+    raised: dict[K, int] = {}
+    for u in names[k:] + names[:k]:
+        need = minimum.get(u, 0)
+        left = capacity - sum(raised.values()) - need
+        if need <= 1 or caps[u] >= need or need > demand[u] or left < 0:
+            continue  # a part of 0 against a minimum of 1: the odd nodes' turns (_max_min)
+        rest = {v: d for v, d in demand.items() if v not in raised and v != u}
+        again = {**_max_min(rest, held, left, weights, turn), **raised, u: need}
+        if any(again[v] < max(1, minimum.get(v, 1)) for v in runs if v != u):
+            continue  # never at the cost of a user whose part runs one of its jobs
+        raised[u] = need
+        caps = again
+    return caps
+
+
+def _max_min(demand: Mapping[K, int], held: Mapping[K, int], capacity: int,
+             weights: Mapping[K, float] | None, turn: int | None) -> dict[K, int]:
     caps = dict.fromkeys(demand, 0)
     left = capacity
     # ties: whoever holds more now keeps the odd node (then by name: deterministic)
@@ -118,8 +157,8 @@ def fair_tree(inp: AllocationInput) -> FairTree:
 
 def tree_caps(demand: Mapping[str, int], held: Mapping[str, int], capacity: int,
               weights: Mapping[str, float] | None, parents: Mapping[str, str],
-              account_weights: Mapping[str, float], turn: int | None = None
-              ) -> dict[str, int]:
+              account_weights: Mapping[str, float], turn: int | None = None,
+              minimum: Mapping[str, int] | None = None) -> dict[str, int]:
     """Nested max-min: ``capacity`` divided among accounts (weighted by
     ``account_weights``, each at most its members' demand together), then each account's
     part among its members (weighted by ``weights``), odd nodes in ``turn`` at both levels.
@@ -131,11 +170,15 @@ def tree_caps(demand: Mapping[str, int], held: Mapping[str, int], capacity: int,
         a = parents.get(m, "")
         acct_demand[a] = acct_demand.get(a, 0) + d
         acct_held[a] = acct_held.get(a, 0) + held.get(m, 0)
-    acct_cap = user_caps(acct_demand, acct_held, capacity, account_weights, turn)
+    acct_min: dict[str, int] = {}
+    for m, n in (minimum or {}).items():
+        a = parents.get(m, "")
+        acct_min[a] = min(acct_min.get(a, n), n)
+    acct_cap = user_caps(acct_demand, acct_held, capacity, account_weights, turn, acct_min)
     out: dict[str, int] = {}
     for a, cap in acct_cap.items():
         members = {m: d for m, d in demand.items() if parents.get(m, "") == a}
-        out.update(user_caps(members, held, cap, weights, turn))
+        out.update(user_caps(members, held, cap, weights, turn, minimum))
     return out
 
 
@@ -173,6 +216,17 @@ def _unit_caps(demand: Mapping[Unit, int], held: Mapping[Unit, int],
     return out
 
 
+def _least_sizes(finite: np.ndarray, units: Mapping[Unit, list[int]]) -> dict[str, int]:
+    """Per user: the fewest nodes one of its jobs can run on (``finite``: its allowed counts)."""
+    smallest = np.where(finite[:, 1:].any(axis=1), 1 + np.argmax(finite[:, 1:], axis=1), 0)
+    least: dict[str, int] = {}
+    for u, idx in units.items():
+        runs = [int(n) for n in smallest[idx] if n > 0]
+        if runs:
+            least[u[0]] = min(least.get(u[0], runs[0]), *runs)
+    return least
+
+
 def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int],
                capacity: int, keys: Sequence[tuple[str, ...]] | None = None,
                caps: Mapping[str, int] | None = None,
@@ -202,6 +256,7 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int],
     finite = np.isfinite(values)
     largest = np.where(finite.any(axis=1), values.shape[1] - 1 - np.argmax(finite[:, ::-1],
                                                                             axis=1), 0)
+    least = _least_sizes(finite, units)
     holding = {u: int(sum(held[j] for j in idx)) for u, idx in units.items()}
     demand = cap_demand({u: int(largest[idx].sum()) for u, idx in units.items()}, holding,
                         caps)
@@ -215,8 +270,8 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int],
             user_demand[u[0]] = user_demand.get(u[0], 0) + demand[u]
             user_held[u[0]] = user_held.get(u[0], 0) + holding[u]
         parts = (tree_caps(user_demand, user_held, capacity, weights, tree.parents,
-                           tree.account_weights, turn) if tree else
-                 user_caps(user_demand, user_held, capacity, weights, turn))
+                           tree.account_weights, turn, least) if tree else
+                 user_caps(user_demand, user_held, capacity, weights, turn, least))
         unit_cap = _unit_caps(demand, holding, parts)
         gave_back = False
         for u, idx in units.items():

@@ -71,6 +71,7 @@ def entitlements(managed: Sequence[JobRecord], targets: Mapping[str, tuple[str, 
     accounts = accounts or {}
     demand: dict[str, int] = {}
     held: dict[str, int] = {}
+    least: dict[str, int] = {}  # the fewest nodes one of its jobs runs on (raised in turns)
     parents: dict[str, str] = {}
     for job in managed:
         account = accounts.get(job.job_id, "")
@@ -78,12 +79,13 @@ def entitlements(managed: Sequence[JobRecord], targets: Mapping[str, tuple[str, 
         parents[key] = account
         demand[key] = demand.get(key, 0) + most.get(job.job_id, job.spec.max_nodes)
         held[key] = held.get(key, 0) + len(targets.get(job.job_id, ()))
+        least[key] = min(least.get(key, job.spec.min_nodes), job.spec.min_nodes)
     if not tree:
-        return user_caps(demand, held, offered, dict(weights or {}), turn)
+        return user_caps(demand, held, offered, dict(weights or {}), turn, least)
     weights = weights or {}
     parts = tree_caps(demand, held, offered,
                       {k: weights.get(k.split("/", 1)[1], 1.0) for k in demand}, parents,
-                      dict(account_weights or {}), turn)
+                      dict(account_weights or {}), turn, least)
     out: dict[str, int] = {}
     for key, part in parts.items():
         user = key.split("/", 1)[1]
