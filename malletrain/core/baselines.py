@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,11 +72,36 @@ def equal_share_counts(n_nodes: int, jobs: tuple[MalleableJob, ...]) -> dict[str
     return counts
 
 
+def hold_caps(counts: Mapping[str, int], jobs: Sequence[MalleableJob],
+              caps: Mapping[str, int]) -> dict[str, int]:
+    """``counts`` from a rule that knows no limits, held to Slurm's shared ones
+    (``AllocationInput.caps``): under a cap that is passed, the jobs submitted last give
+    nodes back first (all of them where fewer than their minimum would be left)."""
+    out = dict(counts)
+    for key in sorted(caps):
+        under = sorted((j for j in jobs if key in j.limits),
+                       key=lambda j: (-j.submit_order, j.job_id))
+        over = sum(out[j.job_id] for j in under) - max(0, caps[key])
+        for job in under:
+            if over <= 0:
+                break
+            n = out[job.job_id]
+            left = n - min(n, over)
+            left = left if left >= job.min_nodes else 0
+            over -= n - left
+            out[job.job_id] = left
+    return out
+
+
 def _plan_from_counts(inp: AllocationInput,
                       counts_fn: Callable[[int, tuple[MalleableJob, ...]], dict[str, int]]) -> Plan:
-    """A plan from a counting rule: counts per job, then the shared node choice."""
+    """A plan from a counting rule: counts per job, held to Slurm's limits, then the shared
+    node choice."""
     t0 = time.perf_counter()
-    assignments = assign_nodes(inp, counts_fn(len(inp.nodes), inp.jobs))
+    counts = counts_fn(len(inp.nodes), inp.jobs)
+    if inp.caps:
+        counts = hold_caps(counts, inp.jobs, inp.caps)
+    assignments = assign_nodes(inp, counts)
     return Plan(assignments=assignments, objective=0.0, decision_s=time.perf_counter() - t0)
 
 
@@ -247,6 +272,8 @@ class FreeTrain:
             log.warning("freetrain: MILP gave no solution (%s); equal share", result.status)
             counts = equal_share_counts(len(inp.nodes), inp.jobs)
             notes = (f"milp failed: {result.status}; equal-share fallback",)
+        if inp.caps:  # FreeTrain knows no Slurm limits: held after it (hold_caps)
+            counts = hold_caps(counts, inp.jobs, inp.caps)
         assignments = assign_nodes(inp, counts)
         return Plan(
             assignments=assignments,

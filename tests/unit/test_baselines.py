@@ -60,6 +60,26 @@ def test_equal_share_keeps_current_nodes():
     assert not set(plan.assignments["a"]) & set(plan.assignments["b"])
 
 
+@pytest.mark.parametrize("name", ["equal-share", "freetrain"])
+def test_the_baselines_hold_slurms_shared_limits(name):
+    """``AllocationInput.caps`` (MaxTRESPerUser, GrpTRES, ...) bind every policy the daemon
+    may run, not only malletrain's: alice's two jobs may hold 5 nodes together, and below
+    its minimum the job she submitted last gives up all of them."""
+    import dataclasses
+
+    jobs = (dataclasses.replace(job("a1", 1, 12, order=0), limits=("user:alice",)),
+            dataclasses.replace(job("a2", 4, 12, order=1), limits=("user:alice",)),
+            job("b", 1, 2, order=2))
+    inp = AllocationInput(0.0, nodes(12), jobs, caps={"user:alice": 5})
+    plan = make_policy(name).decide(inp)
+    assert plan.count("a1") + plan.count("a2") <= 5
+    assert plan.count("a2") in (0, *range(4, 6))
+    if name == "equal-share":  # FreeTrain's nodes past the cap stay free (held after it)
+        assert plan.count("b") == 2
+    free = make_policy(name).decide(dataclasses.replace(inp, caps={}))
+    assert free.count("a1") + free.count("a2") > 5  # the cap is what held them
+
+
 def test_registry_names():
     assert "equal-share" in policy_names()
     assert make_policy("equal-share").name == "equal-share"
