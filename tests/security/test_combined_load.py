@@ -20,21 +20,19 @@ every tick answer in < 2 s. The figures are printed (``pytest -s``) for the clos
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
-from malletrain.devstack import LocalDaemon, as_user, check_python_reachable
+from malletrain.devstack import LocalDaemon, as_user
 from malletrain.elastic.coordinator.kvspace import ServerLimits
+
+from .helpers import rss_mib
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e, pytest.mark.torch]
 
@@ -175,31 +173,6 @@ print(json.dumps(got))
 """
 
 
-@pytest.fixture
-def daemon(clean_cluster):
-    check_python_reachable("mt-bob", clean_cluster.env)
-    work = Path(tempfile.mkdtemp(prefix="malletrain-load-", dir="/tmp"))
-    work.chmod(0o755)
-    d = LocalDaemon(work, clean_cluster.env, str(clean_cluster.conf_path))
-    d.start()
-    yield d
-    d.stop()
-    d.stop_coordinator()
-    clean_cluster.scancel_all()
-    if not os.environ.get("MALLETRAIN_TEST_KEEP_DEVCLUSTER"):
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def _rss_mib(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
 def _tick_max_s(url: str, last: dict[str, float]) -> float:
     """The mean of the ticks since the last scrape (sum and count of the histogram)."""
     text = urllib.request.urlopen(url, timeout=5).read().decode()
@@ -228,8 +201,8 @@ class Sampler(threading.Thread):
         last: dict[str, float] = {}
         while not self.stop.wait(1.0):
             assert self.d.proc is not None
-            self.daemon_mib.append(_rss_mib(self.d.proc.pid))
-            self.coord_mib.append(_rss_mib(coord_pid))
+            self.daemon_mib.append(rss_mib(self.d.proc.pid))
+            self.coord_mib.append(rss_mib(coord_pid))
             self.tick_s.append(_tick_max_s(self.url, last))
 
 

@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sqlite3
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 
-from malletrain.devstack import LocalDaemon, check_python_reachable
+from .helpers import rss_mib
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 
@@ -45,38 +42,18 @@ print(json.dumps(out))
 """
 
 
-@pytest.fixture
-def daemon(clean_cluster):
-    check_python_reachable("mt-bob", clean_cluster.env)
-    work = Path(tempfile.mkdtemp(prefix="malletrain-sec-", dir="/tmp"))
-    work.chmod(0o755)
-    d = LocalDaemon(work, clean_cluster.env, str(clean_cluster.conf_path))
-    d.start()
-    yield d
-    d.stop()
-    d.stop_coordinator()
-    shutil.rmtree(work, ignore_errors=True)
-
-
-def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
-
-
 def test_submit_and_abort_in_a_loop_is_bounded_and_keeps_no_spec(daemon, clean_cluster):
     """``MT_CYCLES=150 pytest -s`` prints the figures of docs/security.md's resource model."""
     cycles = int(os.environ.get("MT_CYCLES", "12"))
     assert daemon.proc is not None
-    before = _rss_mib(daemon.proc.pid)
+    before = rss_mib(daemon.proc.pid)
     res = clean_cluster.run(sys.executable, "-c", CYCLES, str(daemon.socket), str(cycles),
                             user="mt-bob", timeout_s=60 + 2 * cycles)
     got = json.loads(res.stdout.strip().splitlines()[-1])
     accepted = [g for g in got if g != "refused"]
     files = sum(p.stat().st_size for p in daemon.state.glob("state.db*"))
     print(f"{cycles} cycles: {len(accepted)} accepted; daemon RSS {before:.1f} -> "
-          f"{_rss_mib(daemon.proc.pid):.1f} MiB; database + WAL {files / 2**20:.1f} MiB")
+          f"{rss_mib(daemon.proc.pid):.1f} MiB; database + WAL {files / 2**20:.1f} MiB")
     # the default limits.max_jobs_per_user (8): the next ones within the hold are refused
     assert len(accepted) == 8 and got[8:] == ["refused"] * (cycles - 8), got
     # another user is not held back by bob's loop
