@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import yaml
+
 from malletrain.devstack import (
     EXAMPLE,
     LocalDaemon,
@@ -29,6 +31,14 @@ class Daemon(LocalDaemon):
                  policy: str = "malletrain") -> None:
         super().__init__(base, env, str(slurm_conf), policy=policy, tick_s=tick_s,
                          extra_args=extra_args)
+
+    def with_accounting(self, **accounting: object) -> Daemon:
+        """The config's ``accounting`` section set to ``accounting`` (before :meth:`start`):
+        Slurm's limits read every 5 s unless the caller says otherwise."""
+        config = yaml.safe_load(self.config.read_text())
+        config["accounting"] = {"mode": "on", "refresh_s": 5, **accounting}
+        self.config.write_text(yaml.safe_dump(config))
+        return self
 
 
 def wait_until(predicate: Callable[[], object], timeout_s: float, period_s: float = 0.5,

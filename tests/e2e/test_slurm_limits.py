@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 
 from .harness import Daemon, check_python_reachable, wait_until
 
@@ -38,10 +37,7 @@ def bob_limited(clean_cluster):
 def test_bob_is_held_at_his_account_limit_while_alice_uses_the_rest(bob_limited, workdir):
     c = bob_limited
     check_python_reachable("mt-alice", c.env)
-    d = Daemon(workdir, c.conf_path, c.env)
-    config = yaml.safe_load(d.config.read_text())
-    config["accounting"] = {"mode": "on", "refresh_s": 5}
-    d.config.write_text(yaml.safe_dump(config))
+    d = Daemon(workdir, c.conf_path, c.env).with_accounting()
     d.start()
     try:
         alice = d.submit_example("mt-alice", "a0", "1-8", SAMPLES)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 
 from malletrain.slurm.parsers.parse_sshare import COMMAND, parse_sshare
 
@@ -48,10 +47,7 @@ def test_entitlements_follow_slurms_fair_share_factor(shared_account, workdir):
     check_python_reachable("mt-alice", c.env)
     c.sbatch("-N", "2", "-p", "batch", f"--account={ACCOUNT}", "--chdir=/tmp",
              wrap="sleep 70", user="mt-alice")
-    d = Daemon(workdir, c.conf_path, c.env)
-    config = yaml.safe_load(d.config.read_text())
-    config["accounting"] = {"mode": "on", "refresh_s": 5, "share_weights_from": "sshare"}
-    d.config.write_text(yaml.safe_dump(config))
+    d = Daemon(workdir, c.conf_path, c.env).with_accounting(share_weights_from="sshare")
     d.start()
 
     def factors() -> dict[str, float]:
