@@ -31,13 +31,20 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
 
 from malletrain.core.allocation.allocator import malletrain_policy
 from malletrain.core.baselines import freetrain_milp
-from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
+from malletrain.core.model import (
+    AllocationInput,
+    IdleNode,
+    MalleableJob,
+    Policy,
+    ThroughputModel,
+)
 from malletrain.core.policies import CORE, REPLAY, make_policy
 
 
@@ -116,22 +123,30 @@ def typed(inp: AllocationInput, kinds: tuple[str, ...], seed: int) -> Allocation
     return replace(inp, nodes=nodes, jobs=jobs)
 
 
+def interleaved_ms(runs: Sequence[tuple[Policy, Sequence[AllocationInput]]]
+                   ) -> list[list[float]]:
+    """Decision times (ms) of each (policy, inputs) run, interleaved input by input so that
+    the machine's noise falls on every run alike; each run's first input warms it up."""
+    for pol, inputs in runs:
+        pol.decide(inputs[0])
+    ms: list[list[float]] = [[] for _ in runs]
+    for k in range(1, len(runs[0][1])):
+        for out, (pol, inputs) in zip(ms, runs, strict=True):
+            t0 = time.perf_counter()
+            pol.decide(inputs[k])
+            out.append((time.perf_counter() - t0) * 1000)
+    return ms
+
+
 def time_types(inputs: list[AllocationInput], seed: int) -> None:
     """Decision time with 3 node types (core.hetero) against the same inputs untyped."""
     kinds = ("a100", "v100", "t4")
-    pairs = [(inp, typed(inp, kinds, seed)) for inp in inputs]
-    pols = [make_policy("malletrain", CORE) for _ in range(2)]
-    for pol, inp in zip(pols, pairs[0], strict=True):
-        pol.decide(inp)
-    ms: list[list[float]] = [[], []]
-    for pair in pairs[1:]:
-        for k, (pol, inp) in enumerate(zip(pols, pair, strict=True)):
-            t0 = time.perf_counter()
-            pol.decide(inp)
-            ms[k].append((time.perf_counter() - t0) * 1000)
+    plain, types = interleaved_ms([
+        (make_policy("malletrain", CORE), inputs),
+        (make_policy("malletrain", CORE), [typed(inp, kinds, seed) for inp in inputs])])
     print(f"dp with {len(kinds)} node types (one per job, core.hetero): p50 "
-          f"{statistics.median(ms[1]):.1f} ms, max {max(ms[1]):.1f} ms; the same inputs "
-          f"without types: p50 {statistics.median(ms[0]):.1f} ms")
+          f"{statistics.median(types):.1f} ms, max {max(types):.1f} ms; the same inputs "
+          f"without types: p50 {statistics.median(plain):.1f} ms")
 
 
 def with_users(inp: AllocationInput, users: int) -> AllocationInput:
@@ -144,19 +159,12 @@ def time_users(inputs: list[AllocationInput], users: int) -> None:
     """Decision time with the nodes divided among ``users`` users first (core.allocation.
     fairness) against the user-blind DP on the same inputs, interleaved."""
     owned = [with_users(inp, users) for inp in inputs]
-    pols = {fair: make_policy("malletrain", CORE.with_(fair_share=fair))
-            for fair in (False, True)}
-    for pol in pols.values():
-        pol.decide(owned[0])
-    ms: dict[bool, list[float]] = {False: [], True: []}
-    for inp in owned[1:]:
-        for fair, pol in pols.items():
-            t0 = time.perf_counter()
-            pol.decide(inp)
-            ms[fair].append((time.perf_counter() - t0) * 1000)
-    print(f"dp with {users} users' fair shares: p50 {statistics.median(ms[True]):.1f} ms, "
-          f"max {max(ms[True]):.1f} ms; the same inputs user-blind: p50 "
-          f"{statistics.median(ms[False]):.1f} ms")
+    blind, fair = interleaved_ms([
+        (make_policy("malletrain", CORE.with_(fair_share=False)), owned),
+        (make_policy("malletrain", CORE), owned)])
+    print(f"dp with {users} users' fair shares: p50 {statistics.median(fair):.1f} ms, "
+          f"max {max(fair):.1f} ms; the same inputs user-blind: p50 "
+          f"{statistics.median(blind):.1f} ms")
 
 
 def with_caps(inp: AllocationInput, users: int, accounts: int = 5) -> AllocationInput:
@@ -173,17 +181,11 @@ def time_caps(inputs: list[AllocationInput], users: int) -> None:
     """Decision time with users' shares and Slurm's limits against the shares alone."""
     owned = [with_users(inp, users) for inp in inputs]
     capped = [with_caps(inp, users) for inp in owned]
-    pol = make_policy("malletrain", CORE)
-    pol.decide(owned[0])
-    ms: dict[bool, list[float]] = {False: [], True: []}
-    for plain, limited in zip(owned[1:], capped[1:], strict=True):
-        for caps, inp in ((False, plain), (True, limited)):
-            t0 = time.perf_counter()
-            pol.decide(inp)
-            ms[caps].append((time.perf_counter() - t0) * 1000)
+    pol = make_policy("malletrain", CORE)  # one policy: its hole model sees both
+    shares, limited = interleaved_ms([(pol, owned), (pol, capped)])
     print(f"dp with {users} users' shares and {len(capped[0].caps)} limits (40 nodes a user, "
-          f"600 an account): p50 {statistics.median(ms[True]):.1f} ms; the shares alone: "
-          f"p50 {statistics.median(ms[False]):.1f} ms")
+          f"600 an account): p50 {statistics.median(limited):.1f} ms; the shares alone: "
+          f"p50 {statistics.median(shares):.1f} ms")
 
 
 def main() -> None:
