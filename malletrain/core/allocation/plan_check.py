@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from malletrain.core.allocation.knapsack import solve_counts
+from malletrain.core.allocation.knapsack import CountTable, resolve_last, solve_counts
 from malletrain.core.allocation.placement import assign_nodes
 from malletrain.core.allocation.valuation import NodeOffer
 from malletrain.core.model import AllocationInput
@@ -52,6 +52,9 @@ class Solution:
     values: np.ndarray
     offer: NodeOffer | None
     table: TableOf
+    #: the count problem's DP table where one problem decided every count, the jobs that
+    #: can keep their size (:func:`keeps_size`) solved last (:func:`no_shrink_counts`)
+    dp: CountTable | None = None
     #: node name -> window, filled by the first :meth:`place` (``w`` as a mapping)
     windows_s: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
 
@@ -132,6 +135,13 @@ def realised_value(inp: AllocationInput, sol: Solution,
     return total + float(values[np.arange(rows.size), n].sum())
 
 
+def keeps_size(values: np.ndarray, held: np.ndarray) -> np.ndarray:
+    """Per job: whether it runs and may keep its size or grow (a count at or above the nodes
+    it ``held`` is allowed in ``values``): the jobs the no-shrink plan holds at their size."""
+    at_least = np.arange(values.shape[1])[None, :] >= held[:, None]
+    return (held > 0) & (np.isfinite(values) & at_least).any(axis=1)
+
+
 def no_shrink_counts(inp: AllocationInput, sol: Solution, by_user: bool = False
                      ) -> tuple[dict[str, int], float]:
     """The best counts in which no running job ends below its present size; ``by_user``:
@@ -147,12 +157,19 @@ def no_shrink_counts(inp: AllocationInput, sol: Solution, by_user: bool = False
     assert sol.offer is not None
     held = np.array([idx.size for idx in sol.offer.own_idx], dtype=np.int64)
     width = sol.values.shape[1]
-    tail = np.isfinite(sol.values) & (np.arange(width)[None, :] >= held[:, None])
-    fixed = np.where((held > 0) & tail.any(axis=1), held, 0)  # else it cannot keep its size
+    fixed = np.where(keeps_size(sol.values, held), held, 0)
     cols = np.arange(width)[None, :] + fixed[:, None]
     values = np.take_along_axis(sol.values, np.minimum(cols, width - 1), axis=1)
     values[cols >= width] = -np.inf
     values[:, 0] = np.where(np.isfinite(values[:, 0]), values[:, 0], _FORBIDDEN)
+    dp = sol.dp
+    if not by_user and dp is not None and np.array_equal(dp.values, sol.values):
+        # the plan's own DP solved the jobs that keep their size last: only theirs again
+        last = np.sort(dp.order[dp.n_first:])
+        if np.array_equal(last, np.flatnonzero(fixed > 0)):
+            arr, objective = resolve_last(dp, values[last], len(inp.nodes) - int(fixed.sum()))
+            return ({job.job_id: int(n + f) for job, n, f in zip(inp.jobs, arr, fixed,
+                                                                  strict=True)}, objective)
     groups: dict[str, list[int]] = {}
     for j, job in enumerate(inp.jobs):
         groups.setdefault(job.user if by_user else "", []).append(j)
