@@ -19,6 +19,7 @@ from typing import Any
 
 from malletrain.core.accounting import SiteLimits
 from malletrain.core.lifecycle import JobPhase
+from malletrain.daemon.jobs.array_tasks import task_count
 from malletrain.daemon.jobs.dependency import parse_dependency
 from malletrain.daemon.jobs.spec import JobSpec, SpecError
 from malletrain.daemon.jobs.store import JobRecord, Store
@@ -155,12 +156,20 @@ class RequestHandler:
                                            or spec.time_limit_s > lim.max_time_s):
             raise SpecError(f"--time must be at most {lim.max_time_s:.0f} s at this site")
         since_s = time.time() - SUBMISSION_HOLD_S
-        if self.store.count_jobs(peer.uid, since_s=since_s) >= lim.max_jobs_per_user:
+        # an array's first task answers for the whole array (each task is a malleable job):
+        # refused before any task is submitted, as sbatch refuses an array past MaxSubmitJobs
+        tasks = task_count(spec) if spec.array and spec.array_job_id is None else 1
+        if tasks > lim.max_jobs_per_user:
+            raise SpecError(f"--array={spec.array} is {tasks} malleable jobs, more than one "
+                            f"user may have at this site ({lim.max_jobs_per_user}, "
+                            "limits.max_jobs_per_user): split it")
+        have = self.store.count_jobs(peer.uid, since_s=since_s)
+        if have + tasks > lim.max_jobs_per_user:
             raise RetryableError(
-                f"you already have {lim.max_jobs_per_user} malleable jobs, or submitted that "
-                f"many in the last {SUBMISSION_HOLD_S:.0f} s (limits.max_jobs_per_user); wait "
-                "for one to finish")
-        if self.store.count_jobs(since_s=since_s) >= lim.max_jobs_total:
+                f"you already have {have} malleable jobs, or submitted that many in the last "
+                f"{SUBMISSION_HOLD_S:.0f} s; {tasks} more would pass limits.max_jobs_per_user "
+                f"({lim.max_jobs_per_user}): wait for one to finish")
+        if self.store.count_jobs(since_s=since_s) + tasks > lim.max_jobs_total:
             raise RetryableError("the daemon is full (limits.max_jobs_total); try later")
 
     def _check_dependency(self, peer: Peer, spec: JobSpec) -> None:
