@@ -144,6 +144,11 @@ class SiteLimits:
         return out
 
     @cached_property
+    def account_parents(self) -> dict[str, str]:
+        """account -> its parent account (Slurm's account tree; the top's parent is "")."""
+        return {a: assoc.parent for a, assoc in self._accounts.items()}
+
+    @cached_property
     def _accounts(self) -> dict[str, Association]:
         return {a.account: a for a in self.associations if not a.user}
 

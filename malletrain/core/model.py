@@ -165,6 +165,9 @@ class AllocationInput:
     #: Weights of accounts' shares (``accounting.account_weights``; a named account or not:
     #: 1 where absent); empty: no account level, users share the nodes directly.
     account_weights: Mapping[str, float] = field(default_factory=dict)
+    #: With ``account_weights``: each account's parent account (Slurm's account tree, read
+    #: with the limits); an account not named hangs from the top (empty: one level).
+    account_parents: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -83,5 +83,5 @@ class AccountingSettings:
     account_weights: Mapping[str, float] = field(default_factory=dict, metadata=meta(
         "Weights of accounts' shares (account: weight; an account not named: 1). Where set, "
         "the idle nodes are divided among accounts first, then among each account's users "
-        "(Slurm's fair-share tree, one level); empty: among users only.",
+        "(Slurm's account tree, level by level, as sacctmgr gives it); empty: among users only.",
         check=check_account_weights))

@@ -14,6 +14,7 @@ from test_slurm_limits import _alice_and_bob, golden_texts
 
 from malletrain.core.accounting import SiteLimits, fair_share_weights
 from malletrain.core.allocation.fairness import FairTree, solve_fair, tree_caps, user_caps
+from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
 from malletrain.core.options import LIVE
 from malletrain.core.policies import make_policy
 from malletrain.daemon.tick import decide
@@ -99,6 +100,45 @@ def test_accounts_first_then_their_users():
         "physics/a": 2, "chem/b": 4, "chem/c": 3, "chem/d": 3}
     weighted = tree_caps(demand, {}, 12, {"chem/b": 4.0}, parents, {})
     assert weighted["physics/a"] == 6 and weighted["chem/b"] == 4
+
+
+def test_the_account_tree_is_divided_level_by_level():
+    """Slurm's tree is nested (root -> physics -> {physics-a, physics-b}; root -> chem): the
+    top accounts divide the nodes, then each its child accounts and members, and so on. One
+    level (no parents), the three leaf accounts split evenly instead."""
+    demand = {"physics-a/alice": 64, "physics-a/bob": 64, "physics-b/carol": 64,
+              "chem/dave": 64}
+    parents = {m: m.split("/")[0] for m in demand}
+    tree = {"physics-a": "physics", "physics-b": "physics", "physics": "root", "chem": "root",
+            "root": ""}
+    assert tree_caps(demand, {}, 64, None, parents, {}, account_parents=tree) == {
+        "physics-a/alice": 8, "physics-a/bob": 8, "physics-b/carol": 16, "chem/dave": 32}
+    flat = tree_caps(demand, {}, 64, None, parents, {})
+    assert {flat["chem/dave"], flat["physics-b/carol"],
+            flat["physics-a/alice"] + flat["physics-a/bob"]} <= {21, 22}
+    weighted = tree_caps(demand, {}, 64, None, parents, {"chem": 3.0}, account_parents=tree)
+    assert weighted["chem/dave"] == 48 and weighted["physics-b/carol"] == 8
+    # what a sub-tree cannot use goes up and across: physics-b's carol wants 2
+    small = tree_caps({**demand, "physics-b/carol": 2}, {}, 64, None, parents, {},
+                      account_parents=tree)
+    assert small == {"physics-a/alice": 15, "physics-a/bob": 15, "physics-b/carol": 2,
+                     "chem/dave": 32}
+    # a cycle in the parents (a garbled read) hangs from the top, and nothing loops
+    looped = tree_caps(demand, {}, 64, None, parents, {},
+                       account_parents={"physics-a": "physics-b", "physics-b": "physics-a"})
+    assert sum(looped.values()) == 64
+
+
+def test_the_policy_divides_down_the_account_tree():
+    linear = ThroughputModel(((1, 1.0), (64, 64.0)))
+    jobs = tuple(MalleableJob(f"j{k}", 1, 64, (), linear, 1.0, 1.0, k, user=u, account=a)
+                 for k, (a, u) in enumerate([("physics-a", "alice"), ("physics-a", "bob"),
+                                             ("physics-b", "carol"), ("chem", "dave")]))
+    nodes = tuple(IdleNode(f"n{i}", 3600.0) for i in range(64))
+    inp = AllocationInput(0.0, nodes, jobs, account_weights={"chem": 1.0},
+                          account_parents={"physics-a": "physics", "physics-b": "physics"})
+    plan = make_policy("malletrain", LIVE).decide(inp)
+    assert [plan.count(j.job_id) for j in jobs] == [8, 8, 16, 32]
 
 
 def test_the_knapsack_holds_each_member_to_its_tree_part():

@@ -20,7 +20,7 @@ a capped user cannot hold goes to the others too. Pure.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import numpy as np
@@ -136,14 +136,16 @@ def _shares(active: Sequence[K], left: int, weights: Mapping[K, float] | None
 
 @dataclass(frozen=True)
 class FairTree:
-    """Slurm's fair-share tree, one level: accounts above their users. A member is one user
-    in one account (``account/user``: a user with jobs in two accounts is a member of each,
-    as in Slurm's tree), ``weights`` its user's weight, ``parents`` its account."""
+    """Slurm's fair-share tree: accounts (nested, ``account_parents``) above their users. A
+    member is one user in one account (``account/user``: a user with jobs in two accounts
+    is a member of each, as in Slurm's tree), ``weights`` its user's weight, ``parents`` its
+    account."""
 
     members: tuple[str, ...]             # per job: its member
     weights: Mapping[str, float]         # member -> its user's weight
     parents: Mapping[str, str]           # member -> account
     account_weights: Mapping[str, float]  # account -> weight (absent: 1)
+    account_parents: Mapping[str, str] = field(default_factory=dict)  # account -> parent
 
 
 def fair_tree(inp: AllocationInput) -> FairTree:
@@ -152,34 +154,81 @@ def fair_tree(inp: AllocationInput) -> FairTree:
     weights = {m: inp.user_weights.get(j.user, 1.0)
                for m, j in zip(members, inp.jobs, strict=True)}
     parents = {m: j.account for m, j in zip(members, inp.jobs, strict=True)}
-    return FairTree(members, weights, parents, inp.account_weights)
+    return FairTree(members, weights, parents, inp.account_weights, inp.account_parents)
 
 
 def tree_caps(demand: Mapping[str, int], held: Mapping[str, int], capacity: int,
               weights: Mapping[str, float] | None, parents: Mapping[str, str],
               account_weights: Mapping[str, float], turn: int | None = None,
-              minimum: Mapping[str, int] | None = None) -> dict[str, int]:
-    """Nested max-min: ``capacity`` divided among accounts (weighted by
-    ``account_weights``, each at most its members' demand together), then each account's
-    part among its members (weighted by ``weights``), odd nodes in ``turn`` at both levels.
-    Work-conserving at both levels: an
-    account's part never exceeds what its members can use, so its members use it all."""
-    acct_demand: dict[str, int] = {}
-    acct_held: dict[str, int] = {}
-    for m, d in demand.items():
-        a = parents.get(m, "")
-        acct_demand[a] = acct_demand.get(a, 0) + d
-        acct_held[a] = acct_held.get(a, 0) + held.get(m, 0)
-    acct_min: dict[str, int] = {}
-    for m, n in (minimum or {}).items():
-        a = parents.get(m, "")
-        acct_min[a] = min(acct_min.get(a, n), n)
-    acct_cap = user_caps(acct_demand, acct_held, capacity, account_weights, turn, acct_min)
+              minimum: Mapping[str, int] | None = None,
+              account_parents: Mapping[str, str] | None = None) -> dict[str, int]:
+    """Nested max-min down the account tree: ``capacity`` divided among the top accounts
+    (weighted by ``account_weights``, each at most its sub-tree's demand), each account's
+    part among its child accounts and its members (members weighted by ``weights``), and so
+    on down (``account_parents``; none: one level of accounts), odd nodes in ``turn`` and
+    minimums raised (:func:`user_caps`) at every level. Work-conserving at every level: a
+    part never exceeds what its sub-tree can use, so the members use it all."""
+    up = _acyclic(account_parents or {}, {parents.get(m, "") for m in demand})
+    children: dict[str, set[str]] = {}  # "" is the top
+    for m in demand:
+        children.setdefault(parents.get(m, ""), set()).add(m)
+    for account, parent in up.items():
+        children.setdefault(parent, set()).add(account)
     out: dict[str, int] = {}
-    for a, cap in acct_cap.items():
-        members = {m: d for m, d in demand.items() if parents.get(m, "") == a}
-        out.update(user_caps(members, held, cap, weights, turn, minimum))
+    _divide("", capacity, children, demand, held, weights or {}, account_weights, turn,
+            minimum or {}, out)
     return out
+
+
+def _acyclic(up: Mapping[str, str], accounts: set[str]) -> dict[str, str]:
+    """Each of ``accounts`` and their ancestors -> its parent ("" at the top), a cycle (a
+    garbled read) broken where the walk meets it again: that account hangs from the top."""
+    eff: dict[str, str] = {}
+    for start in sorted(a for a in accounts if a):
+        path: list[str] = []
+        node = start
+        while node and node not in eff and node not in path:
+            path.append(node)
+            node = up.get(node, "")
+        for i, account in enumerate(path):
+            nxt = path[i + 1] if i + 1 < len(path) else node
+            eff[account] = "" if nxt in path[: i + 1] else nxt
+    return eff
+
+
+def _divide(account: str, capacity: int, children: Mapping[str, set[str]],
+            demand: Mapping[str, int], held: Mapping[str, int], weights: Mapping[str, float],
+            account_weights: Mapping[str, float], turn: int | None,
+            minimum: Mapping[str, int], out: dict[str, int]) -> None:
+    """``capacity`` among ``account``'s children; members' parts into ``out``."""
+    kids = sorted(children.get(account, ()))
+    totals = {k: _subtree(k, children, demand, held, minimum) for k in kids}
+    parts = user_caps({k: t[0] for k, t in totals.items()},
+                      {k: t[1] for k, t in totals.items()}, capacity,
+                      {k: (weights.get(k, 1.0) if k in demand else account_weights.get(k, 1.0))
+                       for k in kids}, turn,
+                      {k: t[2] for k, t in totals.items() if t[2] > 0})
+    for k in kids:
+        if k in demand:
+            out[k] = parts[k]
+        else:
+            _divide(k, parts[k], children, demand, held, weights, account_weights, turn,
+                    minimum, out)
+
+
+def _subtree(node: str, children: Mapping[str, set[str]], demand: Mapping[str, int],
+             held: Mapping[str, int], minimum: Mapping[str, int]) -> tuple[int, int, int]:
+    """(demand, held, least minimum) of ``node``'s sub-tree (a member: its own)."""
+    if node in demand:
+        return demand[node], held.get(node, 0), minimum.get(node, 0)
+    total = [0, 0, 0]
+    for k in children.get(node, ()):
+        d, h, m = _subtree(k, children, demand, held, minimum)
+        total[0] += d
+        total[1] += h
+        if m > 0:
+            total[2] = m if total[2] == 0 else min(total[2], m)
+    return total[0], total[1], total[2]
 
 
 def cap_demand(demand: Mapping[Unit, int], held: Mapping[Unit, int],
@@ -270,7 +319,7 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int],
             user_demand[u[0]] = user_demand.get(u[0], 0) + demand[u]
             user_held[u[0]] = user_held.get(u[0], 0) + holding[u]
         parts = (tree_caps(user_demand, user_held, capacity, weights, tree.parents,
-                           tree.account_weights, turn, least) if tree else
+                           tree.account_weights, turn, least, tree.account_parents) if tree else
                  user_caps(user_demand, user_held, capacity, weights, turn, least))
         unit_cap = _unit_caps(demand, holding, parts)
         gave_back = False

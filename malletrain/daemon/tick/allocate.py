@@ -105,12 +105,13 @@ def allocate(now_s: float, pool: Pool, jobs: tuple[MalleableJob, ...], policy: P
              prices: Mapping[str, float] | None = None,
              caps: Mapping[str, int] | None = None,
              weights: Mapping[str, float] | None = None,
-             account_weights: Mapping[str, float] | None = None) -> Allocation:
+             account_weights: Mapping[str, float] | None = None,
+             account_parents: Mapping[str, str] | None = None) -> Allocation:
     """The policy's targets for ``jobs``; ``pinned`` jobs keep what they hold, and their
     nodes are not offered to the others. ``prices``: per node type, per node-second
     (``allocator.node_prices``); ``caps``: Slurm's limits (``AllocationInput.caps``);
     ``weights``: users' share weights; ``account_weights``: accounts' (the fair-share
-    tree: accounts first, then users)."""
+    tree: accounts first, then users), ``account_parents`` the accounts' own tree."""
     pinned = pinned or {}
     if not jobs:
         return Allocation(None, dict(pinned))
@@ -119,7 +120,8 @@ def allocate(now_s: float, pool: Pool, jobs: tuple[MalleableJob, ...], policy: P
     plan = policy.decide(AllocationInput(now_s=now_s, nodes=nodes, jobs=jobs,
                                          prices=dict(prices or {}), caps=dict(caps or {}),
                                          user_weights=dict(weights or {}),
-                                         account_weights=dict(account_weights or {})))
+                                         account_weights=dict(account_weights or {}),
+                                         account_parents=dict(account_parents or {})))
     offered = pool.offered - taken
     # zero-window leftovers are offered to keep the hole model honest, never to be used
     targets = {k: tuple(n for n in v if n in offered) for k, v in plan.assignments.items()}

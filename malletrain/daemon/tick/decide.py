@@ -48,8 +48,9 @@ def decide(world: World, policy: Policy) -> TickPlan:
     weights = ({j.user: site.weight(j.user) for j in screened.managed}
                if site is not None else None)
     account_weights = site.account_weights if site is not None else None
+    parents = site.account_parents if site is not None and account_weights else None
     allocation = allocate(world.now_s, pool, jobs, policy, pinned, world.settings.node_prices,
-                          shared_caps(limits, pinned), weights, account_weights)
+                          shared_caps(limits, pinned), weights, account_weights, parents)
     actions: list[Action] = [a for a in screened.actions if a.job_id not in world.busy]
     notes = [n for js in slots.values() for n in js.changed] + list(pool.give_back.notes)
     windows = pool.windows
@@ -72,4 +73,5 @@ def decide(world: World, policy: Policy) -> TickPlan:
                               most_nodes(screened.managed, limits), weights,
                               {k: lim.account for k, lim in limits.items()},
                               account_weights,
-                              fair_turn(world.now_s, getattr(policy, "fair_turn_s", 0.0))))
+                              fair_turn(world.now_s, getattr(policy, "fair_turn_s", 0.0)),
+                              parents))

@@ -57,14 +57,16 @@ def entitlements(managed: Sequence[JobRecord], targets: Mapping[str, tuple[str, 
                  weights: Mapping[str, float] | None = None,
                  accounts: Mapping[str, str] | None = None,
                  account_weights: Mapping[str, float] | None = None,
-                 turn: int | None = None) -> dict[str, int]:
+                 turn: int | None = None,
+                 account_parents: Mapping[str, str] | None = None) -> dict[str, int]:
     """user -> the nodes the user is entitled to now (``malletrain jobs --json``): the
     user's max-min fair part of the ``offered`` nodes (weighted by ``weights``) for the
     most each of its jobs may hold (``most``: job id -> its ``--nodes`` maximum under its
     own limits), what other users cannot use included. The knapsack then holds a user at
     or below it; shared limits (an account's, a QOS's) may hold a user lower still. With
     ``account_weights``, the accounts' parts first (``accounts``: job id -> its account),
-    then each account's users' (:func:`tree_caps`); a user in two accounts: the sum.
+    then each account's users' (:func:`tree_caps`, down ``account_parents``' tree); a user in
+    two accounts: the sum.
     ``turn``: the policy's turn for odd nodes (:func:`~.fairness.fair_turn`), so that with
     fewer nodes than users the entitled users are the ones the policy serves this turn."""
     tree = bool(account_weights)
@@ -85,7 +87,7 @@ def entitlements(managed: Sequence[JobRecord], targets: Mapping[str, tuple[str, 
     weights = weights or {}
     parts = tree_caps(demand, held, offered,
                       {k: weights.get(k.split("/", 1)[1], 1.0) for k in demand}, parents,
-                      dict(account_weights or {}), turn, least)
+                      dict(account_weights or {}), turn, least, account_parents)
     out: dict[str, int] = {}
     for key, part in parts.items():
         user = key.split("/", 1)[1]
