@@ -62,7 +62,7 @@ import numpy as np
 from malletrain.core.allocation.allocator import MalleTrainPolicy
 from malletrain.core.allocation.fairness import fair_turn, user_caps
 from malletrain.core.model import AllocationInput, Plan
-from malletrain.core.options import LIVE
+from malletrain.core.options import LIVE, PolicyOptions
 from malletrain.core.policies import POLICIES, REPLAY, make_policy
 from malletrain.core.profiling.plausible import PlausibleRule
 from malletrain.sim.counts import read_philly_minutes
@@ -259,15 +259,17 @@ PRESETS = {"replay": REPLAY, "live": LIVE}
 
 
 def replay(scenario: str, preset: str, fair: bool, days: float,
-           free_rescales: bool = False) -> dict[str, float]:
+           free_rescales: bool = False, changes: tuple[tuple[str, float], ...] = ()
+           ) -> dict[str, float]:
     """One replay (in a worker process): the figures of the module docstring;
-    ``free_rescales``: every job's scale-up and scale-down cost 0 (to the allocator too)."""
+    ``free_rescales``: every job's scale-up and scale-down cost 0 (to the allocator too);
+    ``changes``: options set on the preset (``--set``; both allocators)."""
     sc = SCENARIOS[scenario]
     trace = sc.trace(days)
     jobs = sc.jobs(days)
     if free_rescales:
         jobs = [replace(j, scale_up_s=0.0, scale_down_s=0.0) for j in jobs]
-    options = PRESETS[preset].with_(fair_share=fair)
+    options = PRESETS[preset].with_(**dict(changes)).with_(fair_share=fair)
     policy = make_policy(POLICY, options)
     assert isinstance(policy, MalleTrainPolicy)
     recorder = Recorder(policy)
@@ -313,6 +315,18 @@ COLUMNS = ("users", "jain_node_s", "jain_work", "jain_share", "starved", "first_
            "first_node_s", "share_s", "work", "lost", "finished", "rescales", "preempted", "wall_s")
 
 
+def _option(text: str) -> tuple[str, float]:
+    """``--set OPTION=VALUE``: a numeric field of ``PolicyOptions``."""
+    name, sep, value = text.partition("=")
+    if not sep or name not in PolicyOptions.__dataclass_fields__:
+        raise argparse.ArgumentTypeError(f"expected OPTION=VALUE with a PolicyOptions field, "
+                                         f"not {text!r}")
+    try:
+        return name, float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{name}: not a number: {value!r}") from None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scenario", action="append", choices=sorted(SCENARIOS))
@@ -321,6 +335,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--free-rescales", action="store_true",
                     help="every job's rescale costs 0: what fairness costs besides its churn")
+    ap.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
+                    type=_option, help="a PolicyOptions field set on the preset (a number)")
     ap.add_argument("--guard-parity", metavar="SLICE",
                     help="instead: an evaluate.py slice with the report guard on and off")
     args = ap.parse_args()
@@ -333,7 +349,8 @@ def main() -> None:
     with ProcessPoolExecutor(args.workers) as pool:
         results = dict(zip(runs, pool.map(replay, *zip(*runs, strict=True),
                                           [args.days] * len(runs),
-                                          [args.free_rescales] * len(runs)), strict=True))
+                                          [args.free_rescales] * len(runs),
+                                          [tuple(args.set)] * len(runs)), strict=True))
     print(f"{'scenario':<12} {'preset':<7} {'allocator':<10} "
           + " ".join(f"{c:>12}" for c in COLUMNS))
     worst = {"jain": math.inf, "first": 0.0, "starved": 0.0, "ratio": math.inf}
