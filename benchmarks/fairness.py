@@ -37,7 +37,9 @@ the allocator too, to tell churn from the division's own cost); size changes the
 made (``rescales``, starts included) and those Slurm's jobs forced (``preempted``).
 
 Usage: ``.venv/bin/python benchmarks/fairness.py [--scenario ab|ricc-users ...]
-[--preset replay|live ...] [--days 3] [--workers 2] [--free-rescales]``;
+[--preset replay|live ...] [--days 3] [--workers 2] [--free-rescales] [--set OPTION=VALUE ...]``
+(``--set``: a ``PolicyOptions`` field on the preset, both allocators, e.g.
+``fair_share_lend_factor=0`` for strict parts under ``REPLAY``);
 ``--guard-parity SLICE`` instead replays one slice of ``benchmarks/evaluate.py`` with the
 report guard on and off.
 Last line: ``fairness jain=J worst_first_node_s=W starved_fraction=S throughput_vs_unfair=T``
@@ -345,6 +347,11 @@ def main() -> None:
         return
     names = args.scenario or list(SCENARIOS)
     presets = args.preset or list(PRESETS)
+    try:  # bad values fail here, not in every worker
+        for p in presets:
+            PRESETS[p].with_(**dict(args.set))
+    except ValueError as err:
+        ap.error(str(err))
     runs = [(n, p, fair) for n in names for p in presets for fair in (True, False)]
     with ProcessPoolExecutor(args.workers) as pool:
         results = dict(zip(runs, pool.map(replay, *zip(*runs, strict=True),
