@@ -37,7 +37,9 @@ the allocator too, to tell churn from the division's own cost); size changes the
 made (``rescales``, starts included) and those Slurm's jobs forced (``preempted``).
 
 Usage: ``.venv/bin/python benchmarks/fairness.py [--scenario ab|ricc-users ...]
-[--preset replay|live ...] [--days 3] [--workers 2] [--free-rescales]``;
+[--preset replay|live ...] [--days 3] [--workers 2] [--free-rescales] [--set OPTION=VALUE ...]``
+(``--set``: a ``PolicyOptions`` field on the preset, both allocators, e.g.
+``fair_share_lend_factor=0`` for strict parts under ``REPLAY``);
 ``--guard-parity SLICE`` instead replays one slice of ``benchmarks/evaluate.py`` with the
 report guard on and off.
 Last line: ``fairness jain=J worst_first_node_s=W starved_fraction=S throughput_vs_unfair=T``
@@ -62,7 +64,7 @@ import numpy as np
 from malletrain.core.allocation.allocator import MalleTrainPolicy
 from malletrain.core.allocation.fairness import fair_turn, user_caps
 from malletrain.core.model import AllocationInput, Plan
-from malletrain.core.options import LIVE
+from malletrain.core.options import LIVE, PolicyOptions
 from malletrain.core.policies import POLICIES, REPLAY, make_policy
 from malletrain.core.profiling.plausible import PlausibleRule
 from malletrain.sim.counts import read_philly_minutes
@@ -259,15 +261,17 @@ PRESETS = {"replay": REPLAY, "live": LIVE}
 
 
 def replay(scenario: str, preset: str, fair: bool, days: float,
-           free_rescales: bool = False) -> dict[str, float]:
+           free_rescales: bool = False, changes: tuple[tuple[str, float], ...] = ()
+           ) -> dict[str, float]:
     """One replay (in a worker process): the figures of the module docstring;
-    ``free_rescales``: every job's scale-up and scale-down cost 0 (to the allocator too)."""
+    ``free_rescales``: every job's scale-up and scale-down cost 0 (to the allocator too);
+    ``changes``: options set on the preset (``--set``; both allocators)."""
     sc = SCENARIOS[scenario]
     trace = sc.trace(days)
     jobs = sc.jobs(days)
     if free_rescales:
         jobs = [replace(j, scale_up_s=0.0, scale_down_s=0.0) for j in jobs]
-    options = PRESETS[preset].with_(fair_share=fair)
+    options = PRESETS[preset].with_(**dict(changes)).with_(fair_share=fair)
     policy = make_policy(POLICY, options)
     assert isinstance(policy, MalleTrainPolicy)
     recorder = Recorder(policy)
@@ -313,6 +317,18 @@ COLUMNS = ("users", "jain_node_s", "jain_work", "jain_share", "starved", "first_
            "first_node_s", "share_s", "work", "lost", "finished", "rescales", "preempted", "wall_s")
 
 
+def _option(text: str) -> tuple[str, float]:
+    """``--set OPTION=VALUE``: a numeric field of ``PolicyOptions``."""
+    name, sep, value = text.partition("=")
+    if not sep or name not in PolicyOptions.__dataclass_fields__:
+        raise argparse.ArgumentTypeError(f"expected OPTION=VALUE with a PolicyOptions field, "
+                                         f"not {text!r}")
+    try:
+        return name, float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{name}: not a number: {value!r}") from None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scenario", action="append", choices=sorted(SCENARIOS))
@@ -321,6 +337,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--free-rescales", action="store_true",
                     help="every job's rescale costs 0: what fairness costs besides its churn")
+    ap.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
+                    type=_option, help="a PolicyOptions field set on the preset (a number)")
     ap.add_argument("--guard-parity", metavar="SLICE",
                     help="instead: an evaluate.py slice with the report guard on and off")
     args = ap.parse_args()
@@ -329,11 +347,17 @@ def main() -> None:
         return
     names = args.scenario or list(SCENARIOS)
     presets = args.preset or list(PRESETS)
+    try:  # bad values fail here, not in every worker
+        for p in presets:
+            PRESETS[p].with_(**dict(args.set))
+    except ValueError as err:
+        ap.error(str(err))
     runs = [(n, p, fair) for n in names for p in presets for fair in (True, False)]
     with ProcessPoolExecutor(args.workers) as pool:
         results = dict(zip(runs, pool.map(replay, *zip(*runs, strict=True),
                                           [args.days] * len(runs),
-                                          [args.free_rescales] * len(runs)), strict=True))
+                                          [args.free_rescales] * len(runs),
+                                          [tuple(args.set)] * len(runs)), strict=True))
     print(f"{'scenario':<12} {'preset':<7} {'allocator':<10} "
           + " ".join(f"{c:>12}" for c in COLUMNS))
     worst = {"jain": math.inf, "first": 0.0, "starved": 0.0, "ratio": math.inf}

@@ -54,6 +54,16 @@ class PolicyOptions:
     #: in turns of this many seconds of the decision's clock (core.allocation.fairness.
     #: fair_turn; 0: to the holders, who keep them while their jobs run)
     fair_turn_s: float = 600.0
+    #: malletrain: >= 1: a user's part of the nodes is lent where other users' jobs gain that
+    #: many times more from a node than its own jobs lose, the nodes lent divided among the
+    #: others as their parts are (core.allocation.fairness.lend); 0: never (every preset but
+    #: REPLAY). Each user keeps at least the nodes that run one of its jobs (no starvation).
+    fair_share_lend_factor: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.fair_share_lend_factor == 0.0 or self.fair_share_lend_factor >= 1.0):
+            raise ValueError(f"fair_share_lend_factor must be 0 (never lend) or at least 1, "
+                             f"not {self.fair_share_lend_factor!r}")
 
     def with_(self, **changes: float | bool | None) -> PolicyOptions:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -76,5 +86,5 @@ LIVE = PolicyOptions(keep_margin=0.1, hole_prior_floor=0.1)
 #: ``--set finish_weight=0.5`` turns it on within 24 h, a slot priced at its 24 h average.
 REPLAY = PolicyOptions(estimate_horizon_s=120.0, estimate_age_factor=3.0, reclaim_group_s=1.0,
                        finish_weight=0.0, finish_horizon_s=86400.0, finish_outlook_s=86400.0,
-                       work_units=True)
+                       work_units=True, fair_share_lend_factor=8.0)
 PRESETS = {"core": CORE, "live": LIVE, "replay": REPLAY}

@@ -225,6 +225,9 @@ class MalleTrainPolicy:
     fair_share: bool = True
     #: The odd nodes' turn length when there are fewer than users (:func:`.fair_turn`).
     fair_turn_s: float = 600.0
+    #: >= 1: a user's part is lent where other users' jobs gain that many times more from
+    #: it than its own lose (:func:`.fairness.lend`); 0: never.
+    fair_share_lend_factor: float = 0.0
 
     def decide(self, inp: AllocationInput) -> Plan:
         t0 = time.perf_counter()
@@ -300,7 +303,8 @@ class MalleTrainPolicy:
             values, tree.members if tree else users, [len(j.nodes) for j in inp.jobs],
             len(inp.nodes), [j.limits for j in inp.jobs], inp.caps,
             tree.weights if tree else inp.user_weights, tree,
-            fair_turn(inp.now_s, self.fair_turn_s))
+            fair_turn(inp.now_s, self.fair_turn_s),
+            self.fair_share_lend_factor if self.fair_share else 0.0)
         return counts, objective, None
 
     def value_table(self, inp: AllocationInput, price_per_node_s: float = 0.0
@@ -390,4 +394,5 @@ def malletrain_policy(options: PolicyOptions, name: str = "malletrain",
         work_units=options.work_units,
         fair_share=options.fair_share,
         fair_turn_s=options.fair_turn_s,
+        fair_share_lend_factor=options.fair_share_lend_factor,
     )

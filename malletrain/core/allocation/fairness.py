@@ -276,30 +276,35 @@ def _least_sizes(finite: np.ndarray, units: Mapping[Unit, list[int]]) -> dict[st
     return least
 
 
-def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int],
-               capacity: int, keys: Sequence[tuple[str, ...]] | None = None,
-               caps: Mapping[str, int] | None = None,
-               weights: Mapping[str, float] | None = None,
-               tree: FairTree | None = None, turn: int | None = None
-               ) -> tuple[np.ndarray, float]:
-    """:func:`solve_counts` with each user's jobs held to the user's fair share and to the
-    ``caps`` on their ``keys``.
-
-    ``users[j]`` and ``held[j]``: job j's user and the nodes it holds now; ``keys[j]``: the
-    limits its nodes count against (``AllocationInput.caps``: Slurm's per-user, per-account
-    and QOS limits); ``weights``: users' share weights (``AllocationInput.user_weights``);
-    ``tree``: accounts above users (``users`` are then its members, :func:`tree_caps`);
-    ``turn``: the odd nodes' turn (:func:`user_caps`).
-    One user and no caps: exactly :func:`solve_counts`. The jobs of one user
-    under the same keys are one *unit*, sized by one exact count problem. Each round solves
-    every unit within its cap; a unit whose best plan uses fewer nodes gives the rest back,
-    and the parts are divided again (at most one round per unit).
-    """
-    caps = caps or {}
+def _units(users: Sequence[str], keys: Sequence[tuple[str, ...]] | None,
+           caps: Mapping[str, int]) -> dict[Unit, list[int]]:
+    """The jobs of each unit: one user under one set of the ``caps``' keys."""
     units: dict[Unit, list[int]] = {}
     for j, user in enumerate(users):
         own = tuple(sorted(k for k in keys[j] if k in caps)) if keys and caps else ()
         units.setdefault((user, own), []).append(j)
+    return units
+
+
+def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int], capacity: int,
+               keys: Sequence[tuple[str, ...]] | None = None,
+               caps: Mapping[str, int] | None = None, weights: Mapping[str, float] | None = None,
+               tree: FairTree | None = None, turn: int | None = None,
+               lend_factor: float = 0.0) -> tuple[np.ndarray, float]:
+    """:func:`solve_counts` with each user's jobs held to the user's fair share and to the
+    ``caps`` on their ``keys``.
+
+    ``users[j]``, ``held[j]``: job j's user and the nodes it holds now; ``keys[j]``: the
+    limits its nodes count against (``AllocationInput.caps``: Slurm's per-user, per-account
+    and QOS limits); ``weights``: users' share weights (``AllocationInput.user_weights``);
+    ``tree``: accounts above users (``users`` are then its members, :func:`tree_caps`);
+    ``turn``: the odd nodes' turn (:func:`user_caps`); ``lend_factor``: :func:`lend_evenly`.
+    One user and no caps: exactly :func:`solve_counts`. The jobs of one user under the same
+    keys are one *unit*, sized by one exact count problem. Each round solves every unit
+    within its cap; a unit whose best plan uses fewer nodes gives the rest back, and the
+    parts are divided again (at most one round per unit)."""
+    caps = caps or {}
+    units = _units(users, keys, caps)
     if len({u[0] for u in units}) <= 1 and not any(u[1] for u in units):
         return solve_counts(values, capacity)
     finite = np.isfinite(values)
@@ -309,6 +314,7 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int],
     holding = {u: int(sum(held[j] for j in idx)) for u, idx in units.items()}
     demand = cap_demand({u: int(largest[idx].sum()) for u, idx in units.items()}, holding,
                         caps)
+    limit = dict(demand)  # (before the rounds lower it to what a unit's plan uses)
     counts = np.zeros(values.shape[0], dtype=int)
     objective: dict[Unit, float] = {}
     solved: dict[tuple[Unit, int], tuple[np.ndarray, float]] = {}
@@ -335,4 +341,92 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int],
                 gave_back = True
         if not gave_back:
             break
-    return counts, float(sum(objective.values()))
+    total = float(sum(objective.values()))
+    if lend_factor < 1.0:  # (0: never lend)
+        return counts, total
+    return lend_evenly(_Fair(values, tuple(users), tuple(held), capacity, keys, caps, weights,
+                             tree, turn), units, counts, total, limit, lend_factor, solved)
+
+
+@dataclass(frozen=True)
+class _Fair:
+    """One :func:`solve_fair` problem as given (the lending divides a part of it again)."""
+
+    values: np.ndarray
+    users: tuple[str, ...]
+    held: tuple[int, ...]
+    capacity: int
+    keys: Sequence[tuple[str, ...]] | None
+    caps: Mapping[str, int]
+    weights: Mapping[str, float] | None
+    tree: FairTree | None
+    turn: int | None
+
+
+def lend_evenly(fair: _Fair, units: Mapping[Unit, Sequence[int]], counts: np.ndarray,
+                total: float, limit: Mapping[Unit, int], factor: float,
+                solved: dict[tuple[Unit, int], tuple[np.ndarray, float]]
+                ) -> tuple[np.ndarray, float]:
+    """The fair plan ``counts`` (worth ``total``) with what :func:`lend` finds worth lending
+    lent: the lenders keep what the lending plan gives them, and the other users' jobs divide
+    the rest as :func:`solve_fair` divides any nodes (max-min), so the nodes lent go to no one
+    user alone: a job claiming a steep curve gets its user's part of them, no more. Kept
+    only if worth more than ``counts`` and within every unit's ``limit`` (its demand held to
+    Slurm's caps)."""
+    values = fair.values
+    lent = lend(values, units, counts, fair.capacity, factor, solved)
+    lenders = [j for u, idx in units.items() if lent[idx].sum() < counts[idx].sum()
+               for j in idx]
+    if not lenders or len(lenders) == len(fair.users):
+        return counts, total
+    rest = np.setdiff1d(np.arange(len(fair.users)), lenders).tolist()
+    sub, _ = solve_fair(values[rest], [fair.users[j] for j in rest],
+                        [fair.held[j] for j in rest], fair.capacity - int(lent[lenders].sum()),
+                        [fair.keys[j] for j in rest] if fair.keys else None, fair.caps,
+                        fair.weights, fair.tree, fair.turn)
+    lent[rest] = sub
+    value = float(values[np.arange(len(fair.users)), lent].sum())
+    if value <= total or any(int(lent[idx].sum()) > limit[u] for u, idx in units.items()):
+        return counts, total
+    return lent, value
+
+
+def unit_floor(values: np.ndarray, counts: np.ndarray) -> int:
+    """The nodes a unit keeps whatever it lends: the smallest size at which one of the jobs
+    its fair plan ``counts`` runs is worth more than at 0 nodes (``values``), so that its
+    best plan there still runs a job: a user whose part fits a job's minimum and whose start
+    pays gets nodes (the bound of docs/allocator.md holds whatever is lent)."""
+    floor = int(counts.sum())
+    for j in np.flatnonzero(counts).tolist():
+        gains = np.flatnonzero(values[j, 1:int(counts[j]) + 1] > values[j, 0])
+        if gains.size:
+            floor = min(floor, int(gains[0]) + 1)
+    return floor
+
+
+def lend(values: np.ndarray, units: Mapping[Unit, Sequence[int]], counts: np.ndarray,
+         capacity: int, factor: float,
+         solved: dict[tuple[Unit, int], tuple[np.ndarray, float]]) -> np.ndarray:
+    """Which nodes of the fair plan ``counts`` are worth lending: each unit's jobs are sized
+    on its :func:`unit_floor` alone (its own best plan there), then every other node goes
+    to one count problem over all jobs' sizes above their floor sizes, in which a job's own
+    nodes up to its fair size count ``factor`` times. So a node of a user's part moves to
+    another user's job only where that job gains more than ``factor`` times what the owner's
+    jobs lose (rescale costs included): a part is lent only where its owner's marginal value
+    per node is far below the others'. The counts of that problem (the caller keeps the
+    lenders' and divides the rest fairly again)."""
+    base = np.zeros_like(counts)
+    for u, idx in units.items():
+        key = (u, unit_floor(values[idx], counts[idx]))
+        if key not in solved:
+            solved[key] = solve_counts(values[idx], key[1])
+        base[idx] = solved[key][0]
+    width = values.shape[1]
+    rows = np.arange(values.shape[0])[:, None]
+    cols = np.arange(width)[None, :] + base[:, None]
+    shifted = np.where(cols < width, values[rows, np.minimum(cols, width - 1)], -np.inf)
+    if factor > 1.0:
+        own = np.minimum(np.minimum(cols, np.maximum(counts, base)[:, None]), width - 1)
+        shifted += (factor - 1.0) * (values[rows, own] - values[rows, base[:, None]])
+    extra, _ = solve_counts(shifted, capacity - int(base.sum()))
+    return base + extra
