@@ -24,7 +24,7 @@ Figures per replay: Jain's index over users of their node-seconds (``jain_node_s
 useful work in one-worker-seconds (``jain_work``: normalised throughput, samples divided by the
 job's one-node rate), and of their normalised share (``jain_share``: at every decision each
 active user's nodes divided by its max-min fair part of the idle nodes
-as the allocator divides them (``core.allocation.fairness.user_caps`` over its jobs' largest
+as the allocator divides them (``core.allocation.shares.user_caps`` over its jobs' largest
 sizes and the nodes users hold; measured the same way for the user-blind allocator), the index
 averaged over time); ``starved``: the share of time in which some user was given nothing while
 its part fitted one of its jobs' minimum; when the first idle node was on offer
@@ -62,7 +62,7 @@ from pathlib import Path
 import numpy as np
 
 from malletrain.core.allocation.allocator import MalleTrainPolicy
-from malletrain.core.allocation.fairness import fair_turn, user_caps
+from malletrain.core.allocation.shares import fair_turn, user_caps
 from malletrain.core.model import AllocationInput, Plan
 from malletrain.core.options import LIVE, PolicyOptions
 from malletrain.core.policies import POLICIES, REPLAY, make_policy

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from tick_scenes import NOW, node, record, slot_job, world
 
-from malletrain.core.allocation.fairness import solve_fair, user_caps
+from malletrain.core.allocation.fairness import solve_fair
 from malletrain.core.allocation.knapsack import solve_counts
+from malletrain.core.allocation.shares import user_caps
 from malletrain.core.cluster import JobState, NodeState
 from malletrain.core.lifecycle import JobPhase
 from malletrain.core.model import ThroughputModel

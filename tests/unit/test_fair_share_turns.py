@@ -16,7 +16,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from malletrain.core.allocation.fairness import fair_turn, solve_fair, user_caps
+from malletrain.core.allocation.fairness import solve_fair
+from malletrain.core.allocation.shares import fair_turn, user_caps
 from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
 from malletrain.core.options import LIVE, REPLAY
 from malletrain.core.policies import make_policy

@@ -14,7 +14,8 @@ from test_fair_share import _running
 from tick_scenes import node, record, slot_job, world
 
 from malletrain.core.accounting import SiteLimits, TresLimit
-from malletrain.core.allocation.fairness import solve_fair, user_caps
+from malletrain.core.allocation.fairness import solve_fair
+from malletrain.core.allocation.shares import user_caps
 from malletrain.core.cluster import JobState, NodeState
 from malletrain.core.lifecycle import JobPhase
 from malletrain.core.model import ThroughputModel

@@ -13,7 +13,8 @@ import pytest
 from test_slurm_limits import _alice_and_bob, golden_texts
 
 from malletrain.core.accounting import SiteLimits, fair_share_weights
-from malletrain.core.allocation.fairness import FairTree, solve_fair, tree_caps, user_caps
+from malletrain.core.allocation.fairness import solve_fair
+from malletrain.core.allocation.shares import FairTree, tree_caps, user_caps
 from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
 from malletrain.core.options import LIVE
 from malletrain.core.policies import make_policy

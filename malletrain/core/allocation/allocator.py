@@ -49,12 +49,12 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from malletrain.core.allocation.fairness import fair_tree, fair_turn, solve_fair
+from malletrain.core.allocation.fairness import solve_fair
 from malletrain.core.allocation.finish import SlotOutlook, finish_weights, slot_rate
 from malletrain.core.allocation.hetero import decide_by_type, is_typed
 from malletrain.core.allocation.knapsack import CountTable, solve_table
@@ -65,6 +65,7 @@ from malletrain.core.allocation.plan_check import (
     keeps_size,
     weighted,
 )
+from malletrain.core.allocation.shares import fair_tree, fair_turn
 from malletrain.core.allocation.spread import with_spread_penalty
 from malletrain.core.allocation.valuation import (
     NodeOffer,
@@ -72,6 +73,7 @@ from malletrain.core.allocation.valuation import (
     node_offer,
     offer_value_table,
 )
+from malletrain.core.allocation.work_units import in_work_units
 from malletrain.core.model import AllocationInput, Plan
 from malletrain.core.options import PolicyOptions
 from malletrain.core.scavenging.holes import HoleLengthModel, HoleTracker
@@ -268,10 +270,10 @@ class MalleTrainPolicy:
         return sol.counts, sol.objective, sol.w, sol.growth_order(inp, sol.counts)
 
     def _solution(self, inp: AllocationInput, price_per_node_s: float) -> Solution:
-        values, w, p, key, offer, table = self._tables(inp, price_per_node_s)
+        values, w, p, key, offer, table, unexplored = self._tables(inp, price_per_node_s)
         if offer is None:
             return Solution({}, 0.0, w, p, key, values, None, table)
-        count_arr, objective, dp = self._counts(inp, values, offer)
+        count_arr, objective, dp = self._counts(inp, values, offer, unexplored)
         if (
             self.finish_weight > 0
             and inp.queued_jobs != 0
@@ -282,16 +284,21 @@ class MalleTrainPolicy:
             beta = self.finish_weights(inp, slot_rate(inp, count_arr))
             if beta.any():
                 values = values * (1.0 + beta)[:, None]
-                count_arr, objective, dp = self._counts(inp, values, offer)
+                if unexplored is not None:
+                    unexplored = unexplored * (1.0 + beta)[:, None]
+                count_arr, objective, dp = self._counts(inp, values, offer, unexplored)
                 table = weighted(table, 1.0 + beta)
         counts = {job.job_id: int(n) for job, n in zip(inp.jobs, count_arr, strict=True)}
         return Solution(counts, objective, w, p, key, values, offer, table, dp)
 
-    def _counts(self, inp: AllocationInput, values: np.ndarray, offer: NodeOffer
+    def _counts(self, inp: AllocationInput, values: np.ndarray, offer: NodeOffer,
+                unexplored: np.ndarray | None = None
                 ) -> tuple[np.ndarray, float, CountTable | None]:
         """The counts, their objective, and where one count problem decided them all (one
         user, no limits) its DP table, the running jobs solved last (the plan check then
-        solves its no-shrink problem from the others' rows)."""
+        solves its no-shrink problem from the others' rows). ``unexplored``: ``values``
+        before ``explore_free_only`` (a user may explore onto the nodes its part moves to
+        it, :func:`.fairness.solve_fair`)."""
         # user-blind (fair_share off): Slurm's limits are still held, with one user's part
         users = [j.user if self.fair_share else "" for j in inp.jobs]
         tree = fair_tree(inp) if self.fair_share and inp.account_weights else None
@@ -304,21 +311,23 @@ class MalleTrainPolicy:
             len(inp.nodes), [j.limits for j in inp.jobs], inp.caps,
             tree.weights if tree else inp.user_weights, tree,
             fair_turn(inp.now_s, self.fair_turn_s),
-            self.fair_share_lend_factor if self.fair_share else 0.0)
+            self.fair_share_lend_factor if self.fair_share else 0.0,
+            unexplored if self.fair_share else None, offer.n_free)
         return counts, objective, None
 
     def value_table(self, inp: AllocationInput, price_per_node_s: float = 0.0
                     ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
         """(V[job, count], node windows, each job's own node indices by descending window);
         ``price_per_node_s`` as in :meth:`solve`."""
-        values, w, _, _, offer, _ = self._tables(inp, price_per_node_s)
+        values, w, _, _, offer, _, _ = self._tables(inp, price_per_node_s)
         return values, w, [] if offer is None else offer.own_idx
 
     def _tables(self, inp: AllocationInput, price_per_node_s: float
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, NodeOffer | None,
-                           TableOf]:
-        """The value table on the pool's offer, and the function that values any other
-        offer the same way (the plan check values the nodes really handed out)."""
+                           TableOf, np.ndarray | None]:
+        """The value table on the pool's offer, the function that values any other offer the
+        same way (the plan check values the nodes really handed out), and the table before
+        ``explore_free_only`` where that rule changed it (else None)."""
         w, p, key = self.effective_windows(inp)
         start = None
         if self.charge_start:
@@ -330,7 +339,8 @@ class MalleTrainPolicy:
         )
         weights = np.array([j.weight for j in inp.jobs], dtype=float)
 
-        def table(offer: NodeOffer, rows: np.ndarray | None = None) -> np.ndarray:
+        def table(offer: NodeOffer, rows: np.ndarray | None = None,
+                  unexplored: list[np.ndarray] | None = None) -> np.ndarray:
             jobs = inp.jobs if rows is None else [inp.jobs[j] for j in rows.tolist()]
             first = start if start is None or rows is None else start[rows]
             margin = margins if rows is None else margins[rows]
@@ -339,41 +349,22 @@ class MalleTrainPolicy:
             if (weight != 1.0).any():  # --nice: within the user's part (MalleableJob.weight)
                 values *= weight[:, None]
             if self.explore_free_only and offer.beyond_free:
+                if unexplored is not None:
+                    unexplored.append(values.copy())
                 no_exploration_beyond_free(values, jobs, offer, first, margin)
             if price_per_node_s > 0 and values.shape[1] > 1:
                 longest = np.sort(w)[::-1][: values.shape[1] - 1]
                 charge = np.concatenate(([0.0], np.cumsum(longest)))
-                values[:, : charge.size] -= price_per_node_s * charge
+                for priced in (values, *(unexplored or ())):
+                    priced[:, : charge.size] -= price_per_node_s * charge
             return values
 
         if not inp.jobs:
-            return np.zeros((0, 1)), w, p, key, None, table
+            return np.zeros((0, 1)), w, p, key, None, table, None
         offer = node_offer(inp, w, p, key)
-        return table(offer), w, p, key, offer, table
-
-
-def in_work_units(inp: AllocationInput) -> AllocationInput:
-    """``inp`` with each job's rates (and remaining samples) divided by its one-node rate.
-
-    Every value the policy forms is linear in the job's rate (throughput over a window,
-    rescale losses, finish weights), so this changes units, not the model: the plan
-    maximises node-seconds of useful work. A job whose model gives no one-node rate is
-    left in samples.
-    """
-    jobs = []
-    for job in inp.jobs:
-        # one unit per job across its node types: its best one-node rate on any of them
-        unit = max([m.rate(1) for m in job.type_throughput.values()] + [job.throughput.rate(1)])
-        if unit <= 0:
-            jobs.append(job)
-            continue
-        left = None if job.remaining_samples is None else job.remaining_samples / unit
-        target = None if job.rate_target is None else job.rate_target / unit
-        by_type = {t: m.scaled(1.0 / unit) for t, m in job.type_throughput.items()}
-        jobs.append(replace(job, throughput=job.throughput.scaled(1.0 / unit),
-                            remaining_samples=left, type_throughput=by_type,
-                            rate_target=target))
-    return replace(inp, jobs=tuple(jobs))
+        unexplored: list[np.ndarray] = []
+        values = table(offer, unexplored=unexplored)
+        return values, w, p, key, offer, table, unexplored[0] if unexplored else None
 
 
 def malletrain_policy(options: PolicyOptions, name: str = "malletrain",

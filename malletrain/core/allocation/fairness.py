@@ -1,234 +1,26 @@
-"""Fair shares among users: the nodes are divided among users before jobs.
+"""Fair shares among users: the jobs sized within each user's part of the nodes.
 
-Every user with a job in the decision is entitled to an equal part of the nodes on offer;
-what a user cannot use (its jobs' largest useful sizes add up to less, or it needs fewer
-nodes than its part to reach its best value) goes to the others, again in equal parts
-(max-min fair, work-conserving). Within its part, a user's jobs are sized by the same exact
-count problem as before (:func:`~.knapsack.solve_counts`), so rescale costs, margins and
-throughput decide among one user's jobs, never across users: a user who submits twenty jobs
-gets one user's part, not twenty jobs' worth, and a job whose reports claim a higher rate
-moves nodes only within its own user's part. A node left over after the equal division goes
-to the users holding the most nodes now, so that a steady state does not trade nodes back
-and forth; but when fewer nodes are left than users holding none (a part of 0), they go in
-turns (:func:`fair_turn`): each turn a fixed order of those users that starts one user later,
-so a user with a runnable job waits a bounded number of turns and nothing moves within one.
-Slurm's limits (``AllocationInput.caps``: ``MaxTRESPerUser``, ``GrpTRES``, ...)
-cap what the users and accounts they bind may hold together before the division, so what
-a capped user cannot hold goes to the others too. Pure.
+:mod:`.shares` divides the nodes on offer among users (and accounts): max-min fair,
+work-conserving, odd nodes and raised minimums in turns. Within its part, a user's jobs are
+sized by the same exact count problem as before (:func:`~.knapsack.solve_counts`), so rescale
+costs, margins and throughput decide among one user's jobs, never across users: a user who
+submits twenty jobs gets one user's part, not twenty jobs' worth, and a job whose reports
+claim a higher rate moves nodes only within its own user's part. Slurm's limits
+(``AllocationInput.caps``: ``MaxTRESPerUser``, ``GrpTRES``, ...) cap what the users and
+accounts they bind may hold together before the division, so what a capped user cannot hold
+goes to the others too; a part its owner's jobs gain far less from than others' may be lent
+(:func:`lend_evenly`, off but in the replays). Pure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from malletrain.core.allocation.knapsack import solve_counts
-from malletrain.core.model import AllocationInput
-
-#: The jobs of one user under one set of limits (user, the keys of the caps they count
-#: against): sized together by one count problem.
-Unit = tuple[str, tuple[str, ...]]
-K = TypeVar("K", str, Unit)
-
-
-def fair_turn(now_s: float, turn_s: float) -> int | None:
-    """The turn of the decision's clock ``now_s`` (turns of ``turn_s`` seconds; 0: none).
-
-    A pure function of the clock, so every decision within one turn (and ``malletrain
-    jobs``'s entitlements) divides the odd nodes the same way, with no state to keep."""
-    return int(now_s // turn_s) if turn_s > 0 else None
-
-
-def user_caps(demand: Mapping[K, int], held: Mapping[K, int], capacity: int,
-              weights: Mapping[K, float] | None = None,
-              turn: int | None = None, minimum: Mapping[K, int] | None = None) -> dict[K, int]:
-    """Max-min fair integer shares of ``capacity`` nodes, none above a user's ``demand``;
-    with ``weights``, in proportion to them (a user not named: 1). ``turn``
-    (:func:`fair_turn`): when fewer odd nodes are left than users with none, they go to
-    those users in name order starting at the ``turn``-th (mod their number): a fixed set of
-    ``u`` such users gets a node within ``u`` turns (``u - odd + 1`` with ``odd`` nodes
-    throughout). None: to the holders (a user with none may wait as long as they run).
-    ``minimum``: the fewest nodes any job of the user can run on; a part below it is raised
-    in turns (:func:`_minimums_in_turn`)."""
-    caps = _max_min(demand, held, capacity, weights, turn)
-    if turn is None or not minimum:
-        return caps
-    return _minimums_in_turn(caps, demand, held, capacity, weights, turn, minimum)
-
-
-def _minimums_in_turn(caps: dict[K, int], demand: Mapping[K, int], held: Mapping[K, int],
-                      capacity: int, weights: Mapping[K, float] | None, turn: int,
-                      minimum: Mapping[K, int]) -> dict[K, int]:
-    """A part smaller than every job of its user can run on is worth nothing to that user,
-    and given back it went to nobody who could use it either: 10 idle nodes and four users
-    whose jobs need 4 each left every node idle, at every decision. So, in turn order (all
-    users by name, from the ``turn``-th), a user whose part is below its ``minimum`` gets
-    its minimum while the nodes last and no user whose part runs a job loses that, and the
-    others divide the rest again: where only such users wait, each waits at most as many
-    turns as there are users, and nothing moves within a turn. Minimums of one node are the
-    odd nodes' turns' already."""
-    names = sorted(demand)
-    k = turn % len(names)
-    runs = {v for v in names if demand[v] > 0 and caps[v] >= max(1, minimum.get(v, 1))}
-    raised: dict[K, int] = {}
-    for u in names[k:] + names[:k]:
-        need = minimum.get(u, 0)
-        left = capacity - sum(raised.values()) - need
-        if need <= 1 or caps[u] >= need or need > demand[u] or left < 0:
-            continue  # a part of 0 against a minimum of 1: the odd nodes' turns (_max_min)
-        rest = {v: d for v, d in demand.items() if v not in raised and v != u}
-        again = {**_max_min(rest, held, left, weights, turn), **raised, u: need}
-        if any(again[v] < max(1, minimum.get(v, 1)) for v in runs if v != u):
-            continue  # never at the cost of a user whose part runs one of its jobs
-        raised[u] = need
-        caps = again
-    return caps
-
-
-def _max_min(demand: Mapping[K, int], held: Mapping[K, int], capacity: int,
-             weights: Mapping[K, float] | None, turn: int | None) -> dict[K, int]:
-    caps = dict.fromkeys(demand, 0)
-    left = capacity
-    # ties: whoever holds more now keeps the odd node (then by name: deterministic)
-    active = sorted((u for u in demand if demand[u] > 0), key=lambda u: (-held.get(u, 0), u))
-    while left > 0 and active:
-        share = _shares(active, left, weights)
-        if not any(share.values()):
-            if weights:  # the odd nodes to users with none first (a light user is not
-                # rounded down to nothing), then to the heaviest
-                active.sort(key=lambda u: (caps[u] > 0, -weights.get(u, 1.0)))
-            if turn is not None:
-                active = _rotation(active, caps, left, turn)
-            for u in active[:left]:
-                caps[u] += 1
-            break
-        still: list[K] = []
-        for u in active:
-            give = min(share[u], demand[u] - caps[u])
-            caps[u] += give
-            left -= give
-            if caps[u] < demand[u]:
-                still.append(u)
-        active = still
-    return caps
-
-
-def _rotation(active: list[K], caps: Mapping[K, int], left: int, turn: int) -> list[K]:
-    """``active`` with the users holding no part first in turn order when ``left`` odd nodes
-    cannot give each of them one (else unchanged: nobody is left with nothing)."""
-    none = sorted(u for u in active if caps[u] == 0)
-    if len(none) <= left:
-        return active
-    k = turn % len(none)
-    return none[k:] + none[:k]
-
-
-def _shares(active: Sequence[K], left: int, weights: Mapping[K, float] | None
-            ) -> dict[K, int]:
-    if not weights:
-        return dict.fromkeys(active, left // len(active))
-    total = sum(weights.get(u, 1.0) for u in active)
-    return {u: int(left * weights.get(u, 1.0) / total) for u in active}
-
-
-@dataclass(frozen=True)
-class FairTree:
-    """Slurm's fair-share tree: accounts (nested, ``account_parents``) above their users. A
-    member is one user in one account (``account/user``: a user with jobs in two accounts
-    is a member of each, as in Slurm's tree), ``weights`` its user's weight, ``parents`` its
-    account."""
-
-    members: tuple[str, ...]             # per job: its member
-    weights: Mapping[str, float]         # member -> its user's weight
-    parents: Mapping[str, str]           # member -> account
-    account_weights: Mapping[str, float]  # account -> weight (absent: 1)
-    account_parents: Mapping[str, str] = field(default_factory=dict)  # account -> parent
-
-
-def fair_tree(inp: AllocationInput) -> FairTree:
-    """The jobs' members of the account tree (``AllocationInput.account_weights`` set)."""
-    members = tuple(f"{j.account}/{j.user}" for j in inp.jobs)
-    weights = {m: inp.user_weights.get(j.user, 1.0)
-               for m, j in zip(members, inp.jobs, strict=True)}
-    parents = {m: j.account for m, j in zip(members, inp.jobs, strict=True)}
-    return FairTree(members, weights, parents, inp.account_weights, inp.account_parents)
-
-
-def tree_caps(demand: Mapping[str, int], held: Mapping[str, int], capacity: int,
-              weights: Mapping[str, float] | None, parents: Mapping[str, str],
-              account_weights: Mapping[str, float], turn: int | None = None,
-              minimum: Mapping[str, int] | None = None,
-              account_parents: Mapping[str, str] | None = None) -> dict[str, int]:
-    """Nested max-min down the account tree: ``capacity`` divided among the top accounts
-    (weighted by ``account_weights``, each at most its sub-tree's demand), each account's
-    part among its child accounts and its members (members weighted by ``weights``), and so
-    on down (``account_parents``; none: one level of accounts), odd nodes in ``turn`` and
-    minimums raised (:func:`user_caps`) at every level. Work-conserving at every level: a
-    part never exceeds what its sub-tree can use, so the members use it all."""
-    up = _acyclic(account_parents or {}, {parents.get(m, "") for m in demand})
-    children: dict[str, set[str]] = {}  # "" is the top
-    for m in demand:
-        children.setdefault(parents.get(m, ""), set()).add(m)
-    for account, parent in up.items():
-        children.setdefault(parent, set()).add(account)
-    out: dict[str, int] = {}
-    _divide("", capacity, children, demand, held, weights or {}, account_weights, turn,
-            minimum or {}, out)
-    return out
-
-
-def _acyclic(up: Mapping[str, str], accounts: set[str]) -> dict[str, str]:
-    """Each of ``accounts`` and their ancestors -> its parent ("" at the top), a cycle (a
-    garbled read) broken where the walk meets it again: that account hangs from the top."""
-    eff: dict[str, str] = {}
-    for start in sorted(a for a in accounts if a):
-        path: list[str] = []
-        node = start
-        while node and node not in eff and node not in path:
-            path.append(node)
-            node = up.get(node, "")
-        for i, account in enumerate(path):
-            nxt = path[i + 1] if i + 1 < len(path) else node
-            eff[account] = "" if nxt in path[: i + 1] else nxt
-    return eff
-
-
-def _divide(account: str, capacity: int, children: Mapping[str, set[str]],
-            demand: Mapping[str, int], held: Mapping[str, int], weights: Mapping[str, float],
-            account_weights: Mapping[str, float], turn: int | None,
-            minimum: Mapping[str, int], out: dict[str, int]) -> None:
-    """``capacity`` among ``account``'s children; members' parts into ``out``."""
-    kids = sorted(children.get(account, ()))
-    totals = {k: _subtree(k, children, demand, held, minimum) for k in kids}
-    parts = user_caps({k: t[0] for k, t in totals.items()},
-                      {k: t[1] for k, t in totals.items()}, capacity,
-                      {k: (weights.get(k, 1.0) if k in demand else account_weights.get(k, 1.0))
-                       for k in kids}, turn,
-                      {k: t[2] for k, t in totals.items() if t[2] > 0})
-    for k in kids:
-        if k in demand:
-            out[k] = parts[k]
-        else:
-            _divide(k, parts[k], children, demand, held, weights, account_weights, turn,
-                    minimum, out)
-
-
-def _subtree(node: str, children: Mapping[str, set[str]], demand: Mapping[str, int],
-             held: Mapping[str, int], minimum: Mapping[str, int]) -> tuple[int, int, int]:
-    """(demand, held, least minimum) of ``node``'s sub-tree (a member: its own)."""
-    if node in demand:
-        return demand[node], held.get(node, 0), minimum.get(node, 0)
-    total = [0, 0, 0]
-    for k in children.get(node, ()):
-        d, h, m = _subtree(k, children, demand, held, minimum)
-        total[0] += d
-        total[1] += h
-        if m > 0:
-            total[2] = m if total[2] == 0 else min(total[2], m)
-    return total[0], total[1], total[2]
+from malletrain.core.allocation.shares import FairTree, Unit, tree_caps, user_caps
 
 
 def cap_demand(demand: Mapping[Unit, int], held: Mapping[Unit, int],
@@ -290,15 +82,17 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int], ca
                keys: Sequence[tuple[str, ...]] | None = None,
                caps: Mapping[str, int] | None = None, weights: Mapping[str, float] | None = None,
                tree: FairTree | None = None, turn: int | None = None,
-               lend_factor: float = 0.0) -> tuple[np.ndarray, float]:
+               lend_factor: float = 0.0, unexplored: np.ndarray | None = None,
+               n_free: int = 0) -> tuple[np.ndarray, float]:
     """:func:`solve_counts` with each user's jobs held to the user's fair share and to the
     ``caps`` on their ``keys``.
 
     ``users[j]``, ``held[j]``: job j's user and the nodes it holds now; ``keys[j]``: the
     limits its nodes count against (``AllocationInput.caps``: Slurm's per-user, per-account
     and QOS limits); ``weights``: users' share weights (``AllocationInput.user_weights``);
-    ``tree``: accounts above users (``users`` are then its members, :func:`tree_caps`);
-    ``turn``: the odd nodes' turn (:func:`user_caps`); ``lend_factor``: :func:`lend_evenly`.
+    ``tree``: accounts above users (``users`` are then its members, :func:`.shares.tree_caps`);
+    ``turn``: the odd nodes' turn (:func:`.shares.user_caps`); ``lend_factor``:
+    :func:`lend_evenly`; ``unexplored``, ``n_free``: :func:`_unit_rows`.
     One user and no caps: exactly :func:`solve_counts`. The jobs of one user under the same
     keys are one *unit*, sized by one exact count problem. Each round solves every unit
     within its cap; a unit whose best plan uses fewer nodes gives the rest back, and the
@@ -315,37 +109,76 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int], ca
     demand = cap_demand({u: int(largest[idx].sum()) for u, idx in units.items()}, holding,
                         caps)
     limit = dict(demand)  # (before the rounds lower it to what a unit's plan uses)
-    counts = np.zeros(values.shape[0], dtype=int)
-    objective: dict[Unit, float] = {}
+
+    def parts_of(user_demand: dict[str, int], user_held: dict[str, int]) -> dict[str, int]:
+        return (tree_caps(user_demand, user_held, capacity, weights, tree.parents,
+                          tree.account_weights, turn, least, tree.account_parents) if tree else
+                user_caps(user_demand, user_held, capacity, weights, turn, least))
+
     solved: dict[tuple[Unit, int], tuple[np.ndarray, float]] = {}
+    rows = None if unexplored is None else values.copy()  # as each unit was sized
+    counts, total = _rounds(units, holding, demand, parts_of, solved,
+                            lambda u, idx, cap: _unit_rows(values, unexplored, idx, held,
+                                                           n_free, cap - holding[u]),
+                            len(users), rows)
+    if lend_factor < 1.0:  # (0: never lend)
+        return counts, total
+    fair = _Fair(values if rows is None else rows, tuple(users), tuple(held), capacity, keys,
+                 caps, weights, tree, turn)
+    return lend_evenly(fair, units, counts, total, limit, lend_factor, solved)
+
+
+def _rounds(units: Mapping[Unit, list[int]], holding: Mapping[Unit, int],
+            demand: dict[Unit, int],
+            parts_of: Callable[[dict[str, int], dict[str, int]], dict[str, int]],
+            solved: dict[tuple[Unit, int], tuple[np.ndarray, float]],
+            unit_rows: Callable[[Unit, list[int], int], np.ndarray], n_jobs: int,
+            rows: np.ndarray | None) -> tuple[np.ndarray, float]:
+    """Divide (``parts_of`` the users' demand and holdings), size each unit within its part
+    on its ``unit_rows`` (written into ``rows`` unless None), lower the demand of a unit that
+    used less, again, until no unit gives back: (counts, objective)."""
+    counts = np.zeros(n_jobs, dtype=int)
+    objective: dict[Unit, float] = {}
+    used: dict[tuple[Unit, int], np.ndarray] = {}
     for _ in range(len(units)):
         user_demand: dict[str, int] = {}
         user_held: dict[str, int] = {}
         for u in units:
             user_demand[u[0]] = user_demand.get(u[0], 0) + demand[u]
             user_held[u[0]] = user_held.get(u[0], 0) + holding[u]
-        parts = (tree_caps(user_demand, user_held, capacity, weights, tree.parents,
-                           tree.account_weights, turn, least, tree.account_parents) if tree else
-                 user_caps(user_demand, user_held, capacity, weights, turn, least))
-        unit_cap = _unit_caps(demand, holding, parts)
+        unit_cap = _unit_caps(demand, holding, parts_of(user_demand, user_held))
         gave_back = False
         for u, idx in units.items():
             key = (u, unit_cap[u])
             if key not in solved:
-                solved[key] = solve_counts(values[idx], unit_cap[u])
-            c, obj = solved[key]
-            counts[idx] = c
-            objective[u] = obj
-            if int(c.sum()) < unit_cap[u]:
-                demand[u] = int(c.sum())  # more is worth nothing to this unit now
+                used[key] = unit_rows(u, idx, unit_cap[u])
+                solved[key] = solve_counts(used[key], unit_cap[u])
+            if rows is not None:
+                rows[idx] = used[key]
+            counts[idx], objective[u] = solved[key]
+            if int(counts[idx].sum()) < unit_cap[u]:
+                demand[u] = int(counts[idx].sum())  # more is worth nothing to it now
                 gave_back = True
         if not gave_back:
             break
-    total = float(sum(objective.values()))
-    if lend_factor < 1.0:  # (0: never lend)
-        return counts, total
-    return lend_evenly(_Fair(values, tuple(users), tuple(held), capacity, keys, caps, weights,
-                             tree, turn), units, counts, total, limit, lend_factor, solved)
+    return counts, float(sum(objective.values()))
+
+
+def _unit_rows(values: np.ndarray, unexplored: np.ndarray | None, idx: Sequence[int],
+               held: Sequence[int], n_free: int, moved: int) -> np.ndarray:
+    """A unit's rows of ``values``, but ``unexplored``'s (the table before
+    ``explore_free_only``) up to each job's size plus the free pool (``n_free``) plus the
+    nodes the division ``moved`` to the unit from other users. The rule values a size beyond
+    the measured ones at the measured rate where its nodes come from another running job (an
+    unmeasured guess must not evict a measured job: the node comes back); across users the
+    node does not come back, it is the unit's by the division. Measured live: a user below
+    its part stayed there while the other user's jobs held the rest."""
+    rows = values[idx]
+    if unexplored is None or moved <= 0:
+        return rows
+    reach = np.asarray(held)[idx] + n_free + moved
+    cols = np.arange(values.shape[1])[None, :]
+    return np.where(cols <= reach[:, None], unexplored[idx], rows)
 
 
 @dataclass(frozen=True)

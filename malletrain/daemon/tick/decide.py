@@ -18,7 +18,7 @@ The caller (:mod:`malletrain.daemon.service.daemon`) applies the actions through
 
 from __future__ import annotations
 
-from malletrain.core.allocation.fairness import fair_turn
+from malletrain.core.allocation.shares import fair_turn
 from malletrain.core.model import Policy
 from malletrain.daemon.tick.actions import Action, TickPlan
 from malletrain.daemon.tick.allocate import allocate, policy_jobs

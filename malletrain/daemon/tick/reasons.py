@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from malletrain.core.allocation.fairness import tree_caps, user_caps
+from malletrain.core.allocation.shares import tree_caps, user_caps
 from malletrain.daemon.jobs.store import JobRecord
 
 
@@ -67,8 +67,8 @@ def entitlements(managed: Sequence[JobRecord], targets: Mapping[str, tuple[str, 
     ``account_weights``, the accounts' parts first (``accounts``: job id -> its account),
     then each account's users' (:func:`tree_caps`, down ``account_parents``' tree); a user in
     two accounts: the sum.
-    ``turn``: the policy's turn for odd nodes (:func:`~.fairness.fair_turn`), so that with
-    fewer nodes than users the entitled users are the ones the policy serves this turn."""
+    ``turn``: the policy's turn for odd nodes (:func:`.shares.fair_turn`), so that with fewer
+    nodes than users the entitled users are the ones the policy serves this turn."""
     tree = bool(account_weights)
     accounts = accounts or {}
     demand: dict[str, int] = {}
