@@ -57,12 +57,11 @@ import numpy as np
 from malletrain.core.allocation.fairness import solve_fair
 from malletrain.core.allocation.finish import SlotOutlook, finish_weights, slot_rate
 from malletrain.core.allocation.hetero import decide_by_type, is_typed
-from malletrain.core.allocation.knapsack import CountTable, solve_table
+from malletrain.core.allocation.knapsack import solve_counts
 from malletrain.core.allocation.plan_check import (
     Solution,
     TableOf,
     better_plan,
-    keeps_size,
     weighted,
 )
 from malletrain.core.allocation.shares import fair_tree, fair_turn
@@ -273,7 +272,7 @@ class MalleTrainPolicy:
         values, w, p, key, offer, table, unexplored = self._tables(inp, price_per_node_s)
         if offer is None:
             return Solution({}, 0.0, w, p, key, values, None, table)
-        count_arr, objective, dp = self._counts(inp, values, offer, unexplored)
+        count_arr, objective = self._counts(inp, values, offer, unexplored)
         if (
             self.finish_weight > 0
             and inp.queued_jobs != 0
@@ -286,26 +285,23 @@ class MalleTrainPolicy:
                 values = values * (1.0 + beta)[:, None]
                 if unexplored is not None:
                     unexplored = unexplored * (1.0 + beta)[:, None]
-                count_arr, objective, dp = self._counts(inp, values, offer, unexplored)
+                count_arr, objective = self._counts(inp, values, offer, unexplored)
                 table = weighted(table, 1.0 + beta)
         counts = {job.job_id: int(n) for job, n in zip(inp.jobs, count_arr, strict=True)}
-        return Solution(counts, objective, w, p, key, values, offer, table, dp)
+        return Solution(counts, objective, w, p, key, values, offer, table)
 
     def _counts(self, inp: AllocationInput, values: np.ndarray, offer: NodeOffer,
-                unexplored: np.ndarray | None = None
-                ) -> tuple[np.ndarray, float, CountTable | None]:
-        """The counts, their objective, and where one count problem decided them all (one
-        user, no limits) its DP table, the running jobs solved last (the plan check then
-        solves its no-shrink problem from the others' rows). ``unexplored``: ``values``
+                unexplored: np.ndarray | None = None) -> tuple[np.ndarray, float]:
+        """The counts and their objective: one count problem (one user, no limits), or each
+        user's jobs within its part (:func:`.fairness.solve_fair`). ``unexplored``: ``values``
         before ``explore_free_only`` (a user may explore onto the nodes its part moves to
-        it, :func:`.fairness.solve_fair`)."""
+        it)."""
         # user-blind (fair_share off): Slurm's limits are still held, with one user's part
         users = [j.user if self.fair_share else "" for j in inp.jobs]
         tree = fair_tree(inp) if self.fair_share and inp.account_weights else None
         if not inp.caps and len(set(tree.members if tree else users)) <= 1:
-            held = np.array([i.size for i in offer.own_idx], dtype=np.int64)
-            dp = solve_table(values, len(inp.nodes), last=keeps_size(values, held))
-            return dp.counts, dp.objective, dp
+            counts, objective = solve_counts(values, len(inp.nodes))
+            return counts, objective
         counts, objective = solve_fair(
             values, tree.members if tree else users, [len(j.nodes) for j in inp.jobs],
             len(inp.nodes), [j.limits for j in inp.jobs], inp.caps,
@@ -313,7 +309,7 @@ class MalleTrainPolicy:
             fair_turn(inp.now_s, self.fair_turn_s),
             self.fair_share_lend_factor if self.fair_share else 0.0,
             unexplored if self.fair_share else None, offer.n_free)
-        return counts, objective, None
+        return counts, objective
 
     def value_table(self, inp: AllocationInput, price_per_node_s: float = 0.0
                     ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -25,35 +24,9 @@ def solve_counts(values: np.ndarray, capacity: int) -> tuple[np.ndarray, float]:
     the capacity the jobs so far can use. Each stage is one strided 2-D update
     over all of a job's sizes (no Python loop over sizes).
     """
-    table = solve_table(values, capacity)
-    return table.counts, table.objective
-
-
-@dataclass
-class CountTable:
-    """A solved count problem with its DP table (``hist``: row p is ``f`` after the first p
-    jobs of ``order``). The jobs it solved last can be solved again on other rows and fewer
-    nodes from the row before them (:func:`resolve_last`): the plan check's problem in which
-    no running job shrinks differs from the plan's only in the running jobs' rows."""
-
-    values: np.ndarray
-    order: np.ndarray
-    hist: np.ndarray
-    reaches: list[int]
-    pad: int
-    #: how many jobs of ``order`` come before the ``last`` ones
-    n_first: int
-    counts: np.ndarray
-    objective: float
-
-
-def solve_table(values: np.ndarray, capacity: int, last: np.ndarray | None = None
-                ) -> CountTable:
-    """:func:`solve_counts`, the jobs where ``last`` is true solved after all others."""
     n_jobs = values.shape[0]
     useful, smallest, largest = _useful_options(values)
-    is_last = np.zeros(n_jobs, dtype=bool) if last is None else last
-    order = np.lexsort((np.arange(n_jobs), largest, is_last))
+    order = np.argsort(largest, kind="stable")
     capacity = int(max(0, min(capacity, int(largest.sum()))))
     # Row p of `hist` is f after p jobs, preceded by `pad` cells of -inf so that
     # f(t - n) for every size n is a strided view of the row (no copies).
@@ -61,42 +34,12 @@ def solve_table(values: np.ndarray, capacity: int, last: np.ndarray | None = Non
     hist = np.empty((n_jobs + 1, pad + capacity + 1))
     hist[:, :pad] = -np.inf
     hist[0, pad:] = 0.0
-    reaches = [0]
-    _forward(values, useful, smallest, largest, order, 0, hist, reaches, pad, capacity)
-    counts, objective = _backtrack(values, useful, order, hist, reaches, pad)
-    return CountTable(values, order, hist, reaches, pad, int(n_jobs - is_last.sum()), counts,
-                      objective)
-
-
-def resolve_last(table: CountTable, rows: np.ndarray, capacity: int
-                 ) -> tuple[np.ndarray, float]:
-    """The problem of ``table`` with the last jobs' rows replaced by ``rows`` (in job order)
-    on ``capacity`` nodes (at most the table's), solved from the first jobs' DP rows: (count
-    per job, objective). Overwrites the table's later rows."""
-    last = np.sort(table.order[table.n_first:])
-    values = table.values.copy()
-    values[last] = rows
-    useful, smallest, largest = _useful_options(values)
-    tail = last[np.argsort(largest[last], kind="stable")]
-    order = np.concatenate((table.order[: table.n_first], tail))
-    width = table.hist.shape[1] - table.pad - 1
-    capacity = int(max(0, min(capacity, width, int(largest.sum()))))
-    reaches = [min(r, capacity) for r in table.reaches[: table.n_first + 1]]
-    _forward(values, useful, smallest, largest, order, table.n_first, table.hist, reaches,
-             table.pad, capacity)
-    return _backtrack(values, useful, order, table.hist, reaches, table.pad)
-
-
-def _forward(values: np.ndarray, useful: np.ndarray, smallest: np.ndarray,
-             largest: np.ndarray, order: np.ndarray, start: int, hist: np.ndarray,
-             reaches: list[int], pad: int, capacity: int) -> None:
-    """Fill ``hist``'s rows after position ``start`` of ``order`` (``reaches`` up to it)."""
     block = np.empty((min(_MAX_BLOCK_SIZES, pad), capacity + 1))
     best = np.empty(capacity + 1)
     options = np.where(useful, values, -np.inf)
-    reach = reaches[-1]
-    for pos in range(start, order.size):
-        j = int(order[pos])
+    reaches = [0]
+    reach = 0
+    for pos, j in enumerate(order.tolist()):
         lo, hi = int(smallest[j]), int(largest[j])
         row_prev = hist[pos]
         new_reach = min(capacity, reach + hi)
@@ -109,6 +52,7 @@ def _forward(values: np.ndarray, useful: np.ndarray, smallest: np.ndarray,
         if lo <= hi:
             _stage(hist, pos, g, options[j, lo : hi + 1], lo, reach, pad, block, best)
         reaches.append(reach)
+    return _backtrack(values, useful, order, hist, reaches, pad)
 
 
 def _useful_options(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from malletrain.core.allocation.knapsack import CountTable, resolve_last, solve_counts
+from malletrain.core.allocation.knapsack import solve_counts
 from malletrain.core.allocation.placement import assign_nodes
 from malletrain.core.allocation.valuation import NodeOffer
 from malletrain.core.model import AllocationInput
@@ -52,9 +52,6 @@ class Solution:
     values: np.ndarray
     offer: NodeOffer | None
     table: TableOf
-    #: the count problem's DP table where one problem decided every count, the jobs that
-    #: can keep their size (:func:`keeps_size`) solved last (:func:`no_shrink_counts`)
-    dp: CountTable | None = None
     #: node name -> window, filled by the first :meth:`place` (``w`` as a mapping)
     windows_s: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
 
@@ -162,14 +159,6 @@ def no_shrink_counts(inp: AllocationInput, sol: Solution, by_user: bool = False
     values = np.take_along_axis(sol.values, np.minimum(cols, width - 1), axis=1)
     values[cols >= width] = -np.inf
     values[:, 0] = np.where(np.isfinite(values[:, 0]), values[:, 0], _FORBIDDEN)
-    dp = sol.dp
-    if not by_user and dp is not None and np.array_equal(dp.values, sol.values):
-        # the plan's own DP solved the jobs that keep their size last: only theirs again
-        last = np.sort(dp.order[dp.n_first:])
-        if np.array_equal(last, np.flatnonzero(fixed > 0)):
-            arr, objective = resolve_last(dp, values[last], len(inp.nodes) - int(fixed.sum()))
-            return ({job.job_id: int(n + f) for job, n, f in zip(inp.jobs, arr, fixed,
-                                                                  strict=True)}, objective)
     groups: dict[str, list[int]] = {}
     for j, job in enumerate(inp.jobs):
         groups.setdefault(job.user if by_user else "", []).append(j)
