@@ -37,11 +37,13 @@ the allocator too, to tell churn from the division's own cost); size changes the
 made (``rescales``, starts included) and those Slurm's jobs forced (``preempted``).
 
 Usage: ``.venv/bin/python benchmarks/fairness.py [--scenario ab|ricc-users ...]
-[--preset replay|live ...] [--days 3] [--workers 2] [--free-rescales] [--set OPTION=VALUE ...]``
+[--preset replay|live ...] [--days 3] [--day D] [--workers 2] [--free-rescales]
+[--set OPTION=VALUE ...]``
 (``--set``: a ``PolicyOptions`` field on the preset, both allocators, e.g.
 ``fair_share_lend_factor=0`` for strict parts under ``REPLAY``);
 ``--guard-parity SLICE`` instead replays one slice of ``benchmarks/evaluate.py`` with the
-report guard on and off.
+report guard on and off; ``--decision-time N`` instead times N decisions of the preset REPLAY
+with strict parts and with lending (at ``--set fair_share_lend_factor=F``, else 8).
 Last line: ``fairness jain=J worst_first_node_s=W starved_fraction=S throughput_vs_unfair=T``
 (the fair replays: the smallest ``jain_share``, the longest wait of a user to its first node,
 the largest ``starved``, the smallest ratio of useful work to the user-blind replay's).
@@ -52,6 +54,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import math
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -130,16 +133,18 @@ def ricc_jobs(day: float, days: float) -> list[SimJob]:
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    trace: Callable[[float], IdleTrace]
-    jobs: Callable[[float], list[SimJob]]
+    #: (first day, days) -> the trace and the jobs
+    trace: Callable[[float, float], IdleTrace]
+    jobs: Callable[[float, float], list[SimJob]]
     #: the user whose waits are reported (the newcomer), or None: the worst user's
     watch: str | None
+    #: the first day of the log replayed unless ``--day`` says otherwise
+    day: float
 
 
 SCENARIOS = {
-    "ab": Scenario("ab", lambda days: philly(14, days), lambda days: ab_jobs(), "b"),
-    "ricc-users": Scenario("ricc-users", lambda days: ricc(30, days),
-                           lambda days: ricc_jobs(30, days), None),
+    "ab": Scenario("ab", philly, lambda day, days: ab_jobs(), "b", 14.0),
+    "ricc-users": Scenario("ricc-users", ricc, ricc_jobs, None, 30.0),
 }
 
 
@@ -261,14 +266,16 @@ PRESETS = {"replay": REPLAY, "live": LIVE}
 
 
 def replay(scenario: str, preset: str, fair: bool, days: float,
-           free_rescales: bool = False, changes: tuple[tuple[str, float], ...] = ()
-           ) -> dict[str, float]:
+           free_rescales: bool = False, changes: tuple[tuple[str, float], ...] = (),
+           day: float | None = None) -> dict[str, float]:
     """One replay (in a worker process): the figures of the module docstring;
     ``free_rescales``: every job's scale-up and scale-down cost 0 (to the allocator too);
-    ``changes``: options set on the preset (``--set``; both allocators)."""
+    ``changes``: options set on the preset (``--set``; both allocators); ``day``: the first
+    day of the log replayed (``--day``; None: the scenario's)."""
     sc = SCENARIOS[scenario]
-    trace = sc.trace(days)
-    jobs = sc.jobs(days)
+    first = sc.day if day is None else day
+    trace = sc.trace(first, days)
+    jobs = sc.jobs(first, days)
     if free_rescales:
         jobs = [replace(j, scale_up_s=0.0, scale_down_s=0.0) for j in jobs]
     options = PRESETS[preset].with_(**dict(changes)).with_(fair_share=fair)
@@ -313,6 +320,25 @@ def guard_parity(slice_name: str) -> None:
     print(f"guard_parity {slice_name} identical={rows[0] == rows[1]}")
 
 
+def decision_time(decisions: int, factor: float, users: int = 50) -> None:
+    """Decision time of the preset REPLAY with strict parts and lending at ``factor``
+    (``fair_share_lend_factor``), interleaved on ``benchmarks/allocator.py``'s random
+    instances (5,000 nodes x 500 jobs) owned by ``users`` users in turn: what lending
+    (``core.allocation.fairness.lend_evenly``) adds to a decision."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from allocator import instance, interleaved_ms, with_users
+
+    inputs = [with_users(instance(5000, 500, k, jobs_seed=0), users)
+              for k in range(decisions + 1)]
+    strict, lend = interleaved_ms([
+        (make_policy(POLICY, REPLAY.with_(fair_share_lend_factor=0.0)), inputs),
+        (make_policy(POLICY, REPLAY.with_(fair_share_lend_factor=factor)), inputs)])
+    print(f"decision time, {users} users, 5000 nodes x 500 jobs, {decisions} decisions: "
+          f"lending (factor {factor:g}) p50 {statistics.median(lend):.1f} ms, max "
+          f"{max(lend):.1f} ms; strict parts p50 {statistics.median(strict):.1f} ms, max "
+          f"{max(strict):.1f} ms")
+
+
 COLUMNS = ("users", "jain_node_s", "jain_work", "jain_share", "starved", "first_idle_s",
            "first_node_s", "share_s", "work", "lost", "finished", "rescales", "preempted", "wall_s")
 
@@ -339,9 +365,16 @@ def main() -> None:
                     help="every job's rescale costs 0: what fairness costs besides its churn")
     ap.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
                     type=_option, help="a PolicyOptions field set on the preset (a number)")
+    ap.add_argument("--day", type=float, help="the first day of the log replayed "
+                    "(default: ab 14, ricc-users 30)")
+    ap.add_argument("--decision-time", type=int, metavar="DECISIONS",
+                    help="instead: REPLAY's decision time, strict parts and lending")
     ap.add_argument("--guard-parity", metavar="SLICE",
                     help="instead: an evaluate.py slice with the report guard on and off")
     args = ap.parse_args()
+    if args.decision_time:
+        decision_time(args.decision_time, dict(args.set).get("fair_share_lend_factor", 8.0))
+        return
     if args.guard_parity:
         guard_parity(args.guard_parity)
         return
@@ -357,7 +390,8 @@ def main() -> None:
         results = dict(zip(runs, pool.map(replay, *zip(*runs, strict=True),
                                           [args.days] * len(runs),
                                           [args.free_rescales] * len(runs),
-                                          [tuple(args.set)] * len(runs)), strict=True))
+                                          [tuple(args.set)] * len(runs),
+                                          [args.day] * len(runs)), strict=True))
     print(f"{'scenario':<12} {'preset':<7} {'allocator':<10} "
           + " ".join(f"{c:>12}" for c in COLUMNS))
     worst = {"jain": math.inf, "first": 0.0, "starved": 0.0, "ratio": math.inf}
