@@ -192,6 +192,6 @@ def analyse(text: str, path: str) -> tuple[ScriptPlan | None, list[str]]:
             f"{path}:1: no launcher malletrain recognises (srun torchrun, torchrun, srun "
             "python, accelerate launch, deepspeed, python -m torch.distributed.run): the "
             "script runs as written, its srun steps on the job's current nodes; workers per "
-            "node unknown, 1 assumed")
+            "node counted as its GPUs per node, else its --ntasks-per-node, else 1")
     return ScriptPlan(interpreter, launches[0] if launches else None, tuple(launches[1:]),
                       tuple(warnings), srun_gpu_lines(text)), []
