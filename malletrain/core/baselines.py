@@ -168,7 +168,7 @@ def freetrain_milp(
     t0 = time.perf_counter()
     if not inp.jobs:
         return MilpResult({}, 0.0, "no jobs", time.perf_counter() - t0)
-    index = {n.name: i for i, n in enumerate(inp.nodes)}
+    index = inp.node_index
     holder = np.full(len(index), -1, dtype=np.int64)
     own: list[list[int]] = []
     for j, job in enumerate(inp.jobs):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Protocol
 
 
@@ -168,6 +169,12 @@ class AllocationInput:
     #: With ``account_weights``: each account's parent account (Slurm's account tree, read
     #: with the limits); an account not named hangs from the top (empty: one level).
     account_parents: Mapping[str, str] = field(default_factory=dict)
+
+    @cached_property
+    def node_index(self) -> dict[str, int]:
+        """Node name -> its position in ``nodes`` (built once: a decision looks it up for
+        its value table, its plan check and its node choice)."""
+        return {n.name: i for i, n in enumerate(self.nodes)}
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ holds as before."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
 from malletrain.core.options import LIVE, REPLAY
 from malletrain.core.policies import make_policy
@@ -38,7 +40,6 @@ def test_a_user_below_its_part_explores_onto_the_others_surplus():
 
 def test_within_one_user_the_unmeasured_guess_still_takes_no_node():
     """One user: a job does not grow past its measured sizes onto its sibling's nodes."""
-    jobs = tuple(j.__class__(**{**j.__dict__, "user": "mt-alice"}) for j in _jobs(("n4", "n5",
-                                                                                   "n8")))
+    jobs = tuple(replace(j, user="mt-alice") for j in _jobs(("n4", "n5", "n8")))
     plan = make_policy("malletrain", LIVE).decide(AllocationInput(1000.0, NODES, jobs))
     assert [plan.count(j) for j in ("a", "b", "c")] == [3, 2, 3]

@@ -101,7 +101,7 @@ def realised_value(inp: AllocationInput, sol: Solution,
     if not rows.size:
         return total
     # every grower's nodes at once: (row, node) pairs, less the nodes it holds now
-    index = {n.name: i for i, n in enumerate(inp.nodes)}
+    index = inp.node_index
     holder = np.full(len(inp.nodes), -1, dtype=np.int64)
     for j in rows.tolist():
         holder[sol.offer.own_idx[j]] = j

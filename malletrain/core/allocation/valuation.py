@@ -252,7 +252,7 @@ class NodeOffer:
 def _own_nodes(inp: AllocationInput, w: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
     """Each job's node indices by descending window, and the free pool likewise (all jobs
     in one sort: a sort per job was most of this at 500 jobs)."""
-    index = {n.name: i for i, n in enumerate(inp.nodes)}
+    index = inp.node_index
     per_job = [[index[n] for n in job.nodes if n in index] for job in inp.jobs]
     sizes = [len(x) for x in per_job]
     node = np.fromiter((i for x in per_job for i in x), dtype=np.int64, count=sum(sizes))
