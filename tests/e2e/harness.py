@@ -8,8 +8,9 @@ daemon on the session's dev cluster, and a polling helper. Nothing is faked.
 
 from __future__ import annotations
 
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import yaml
@@ -18,9 +19,10 @@ from malletrain.devstack import (
     EXAMPLE,
     LocalDaemon,
     check_python_reachable,
+    run,
 )
 
-__all__ = ["EXAMPLE", "Daemon", "check_python_reachable", "wait_until"]
+__all__ = ["EXAMPLE", "Daemon", "check_python_reachable", "grace_time_s", "wait_until"]
 
 
 class Daemon(LocalDaemon):
@@ -51,3 +53,14 @@ def wait_until(predicate: Callable[[], object], timeout_s: float, period_s: floa
             extra = on_timeout() if on_timeout else ""
             raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{extra}")
         time.sleep(period_s)
+
+
+def grace_time_s(env: Mapping[str, str], partition: str = "scavenger") -> float:
+    """The partition's ``GraceTime`` as slurmctld has it: how long a preempted slot may take
+    to leave before Slurm kills it. A slot that leaves within it never makes a regular job
+    wait for Slurm's kill (DESIGN.md's "node back to Slurm within GraceTime, every time");
+    how far within it is a benchmark's figure (``benchmarks/e2e.py``), not a test's."""
+    out = run(["scontrol", "-o", "show", "partition", partition], env).stdout
+    m = re.search(r"\bGraceTime=(\d+)\b", out)
+    assert m, f"no GraceTime in {out!r}"
+    return float(m.group(1))

