@@ -33,6 +33,13 @@ class TresLimit:
             caps.append(self.gpus // gpus_per_node)
         return min(caps) if caps else None
 
+    def less(self, nodes: int, jobs: int) -> TresLimit:
+        """What this limit leaves once running jobs hold ``nodes`` nodes in ``jobs`` jobs
+        (Slurm counts every running job of the association or QOS, regular ones too)."""
+        return TresLimit(None if self.nodes is None else max(0, self.nodes - nodes),
+                         self.gpus,
+                         None if self.jobs is None else max(0, self.jobs - jobs))
+
 
 NO_LIMIT = TresLimit()
 

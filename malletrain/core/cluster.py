@@ -111,6 +111,11 @@ class Job:
     start_time: float | None = None
     end_time: float | None = None
     comment: str = ""
+    #: The Slurm account and QOS the job runs under (empty: Slurm names none): a regular
+    #: job's nodes count against the same association and QOS limits as the slots of the
+    #: malleable jobs of its user and account (``daemon/tick/limits.py``).
+    account: str = ""
+    qos: str = ""
 
 
 @dataclass(frozen=True)

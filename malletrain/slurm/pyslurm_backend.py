@@ -154,6 +154,8 @@ class PyslurmBackend:
             start_time=_epoch(getattr(j, "start_time", None)),
             end_time=_epoch(getattr(j, "end_time", None)),
             comment=str(getattr(j, "comment", "") or ""),
+            account=str(getattr(j, "account", "") or ""),
+            qos=str(getattr(j, "qos", "") or ""),
         )
 
     @staticmethod

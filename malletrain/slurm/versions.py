@@ -56,7 +56,8 @@ NODES_FROM_SCONTROL = Release(23, 2)
 #: (measured: ``--comment=$'a\\n99999|RUNNING|...'`` prints as two lines), which in a plain
 #: text format would let one user forge the records of others; they cannot guess the
 #: token, and every record starts with it (:mod:`malletrain.slurm.parsers.parse_plain_jobs`).
-JOB_FIELDS = ("%A", "%T", "%D", "%l", "%S", "%e", "%V", "%u", "%P", "%N", "%Y", "%r")
+JOB_FIELDS = ("%A", "%T", "%D", "%l", "%S", "%e", "%V", "%u", "%P", "%N", "%Y", "%r", "%a",
+              "%q")
 JOBS_PLAIN = ("squeue", "--all", "--states=all", "--noheader")
 #: The format travels in squeue's environment, not its argv: another user on the login
 #: node can read a process's command line, not its environment.

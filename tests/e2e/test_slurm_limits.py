@@ -1,7 +1,10 @@
 """Slurm's limits through the real daemon on the dev cluster (issue 47): an administrator
 gives mt-bob at most 2 nodes a job (``sacctmgr -i modify user mt-bob set MaxTRES=node=2``,
 real slurmdbd); the daemon reads it with ``sacctmgr`` and holds bob's job at 2 nodes, saying
-``AccountLimit``, while alice's job uses the 6 others (her fair half would be 4)."""
+``AccountLimit``, while alice's job uses the 6 others (her fair half would be 4). Then
+bob's association gets ``GrpTRES=node=3`` and bob starts a regular 2-node job: Slurm counts
+it against the same limit, so his malleable job goes down to the 1 node left (not the 2 its
+MaxTRES allows), alice's to the 5 left beside it. About 60 s."""
 
 from __future__ import annotations
 
@@ -56,6 +59,19 @@ def test_bob_is_held_at_his_account_limit_while_alice_uses_the_rest(bob_limited,
         assert rows[alice]["user_entitled"] == 6, rows[alice]
         table = d.cli("mt-bob", "jobs", "--socket", str(d.socket)).stdout
         assert "AccountLimit" in table
+
+        c.run("sacctmgr", "-i", "modify", "user", "mt-bob", "set", "GrpTRES=node=3")
+        regular = c.sbatch("-p", "batch", "-N", "2", "-t", "2", wrap="sleep 60", user="mt-bob")
+
+        def beside_regular():
+            rows = d.jobs()
+            return (c.job_state(regular) == "RUNNING" and len(rows[bob]["nodes"]) == 1
+                    and len(rows[alice]["nodes"]) == 5)
+
+        wait_until(beside_regular, 60,
+                   what="bob's regular job running, his malleable job on the 1 node left",
+                   on_timeout=lambda: json.dumps(d.jobs(), indent=1) + d.log()[-3000:])
+        assert d.jobs()[bob]["reason"] == "AccountLimit"
         d.cli("mt-alice", "cancel", "--socket", str(d.socket), alice)
         d.cli("mt-bob", "cancel", "--socket", str(d.socket), bob)
         assert "Traceback" not in d.log()

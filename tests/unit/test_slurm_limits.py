@@ -16,7 +16,7 @@ from tick_scenes import node, record, slot_job, world
 from malletrain.core.accounting import SiteLimits, TresLimit
 from malletrain.core.allocation.fairness import solve_fair
 from malletrain.core.allocation.shares import user_caps
-from malletrain.core.cluster import JobState, NodeState
+from malletrain.core.cluster import Job, JobState, NodeState
 from malletrain.core.lifecycle import JobPhase
 from malletrain.core.model import ThroughputModel
 from malletrain.core.options import LIVE
@@ -24,11 +24,12 @@ from malletrain.core.policies import make_policy
 from malletrain.daemon.jobs.spec import JobSpec
 from malletrain.daemon.jobs.store import SlotRecord
 from malletrain.daemon.tick import decide
-from malletrain.daemon.tick.limits import job_limits
+from malletrain.daemon.tick.limits import Usage, job_limits, regular_usage
 from malletrain.daemon.tick.world import JobModel
 from malletrain.slurm.errors import SlurmParseError
 from malletrain.slurm.limits import LimitsReader
 from malletrain.slurm.parsers.parse_limits import COMMANDS, parse_limits, parse_tres
+from malletrain.slurm.parsers.parse_plain_jobs import parse_jobs_plain
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "slurm"
 #: the same scenario recorded on every tested release (slurm/record-golden-limits)
@@ -73,6 +74,71 @@ def test_a_jobs_caps_under_the_recorded_limits():
     assert site.qos_refusal("mt-bob", None, "scav") is None
     assert "not among the QOS" in (site.qos_refusal("mt-alice", None, "scav") or "")
     assert "no association" in (site.qos_refusal("mt-carol", None, "normal") or "")
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_recorded_regular_jobs_come_off_the_caps_of_their_association_and_qos(release):
+    """Recorded beside the limits, with Slurm enforcing them: mt-bob's regular 1-node job
+    under account theory and QOS scav, his second (2 nodes) waiting at AssocGrpGRES, and
+    mt-alice's scavenger job (here one of malletrain's slots). Slurm counts bob's running
+    job against his association, theory and its parents and QOS scav; the waiting one
+    would start if the slots under the same limits gave way, so it counts as if it ran.
+    His malleable jobs may hold that much less; the slot counts nowhere."""
+    d = GOLDEN.parent / release / "limits"
+    jobs = parse_jobs_plain((d / "jobs.txt").read_text(), (d / "jobs.token").read_text())
+    by_name = {j.name: j for j in jobs}
+    running, held, slot = by_name["regular"], by_name["held"], by_name["scav"]
+    assert (running.user, running.account, running.qos, running.node_count) == (
+        "mt-bob", "theory", "scav", 1)
+    assert (held.state, held.state_reason, held.account, held.qos, held.node_count) == (
+        JobState.PENDING, "AssocGrpGRES", "theory", "normal", 2)
+    assert (slot.user, slot.account, slot.qos) == ("mt-alice", "physics", "normal")
+    site = parse_limits(golden_texts(release))
+    used = regular_usage(jobs, {slot.job_id}, site)
+    for key in ("assoc:theory/mt-bob", "assoc:theory", "assoc:physics", "assoc:root"):
+        assert used[key] == Usage(nodes=3, jobs=2), key
+    for key in ("qos:scav/user:mt-bob", "qos:scav/account:theory", "qos:scav"):
+        assert used[key] == Usage(nodes=1, jobs=1), key
+    bob = dataclasses.replace(record("m1", JobPhase.QUEUED, max_nodes=8), user="mt-bob")
+    # GrpTRES=node=3 less 3; theory 4 - 3; physics 6 - 3 (GrpJobs 8 - 2)
+    assert job_limits(bob, site, used).caps == {
+        "assoc:theory/mt-bob": 0, "assoc:theory": 1, "assoc:physics": 3}
+    scav = dataclasses.replace(bob, spec=JobSpec(script="/x/t.py", max_nodes=8,
+                                                 gpus_per_node=4, qos="scav"))
+    caps = job_limits(scav, site, used).caps  # scav: 4 GPUs a user, 5 - 1 nodes an
+    assert (caps["qos:scav/user:mt-bob"], caps["qos:scav/account:theory"],  # account,
+            caps["qos:scav"]) == (1, 4, 5)  # 6 - 1 in all
+    waiting = dataclasses.replace(held, state_reason="Priority")  # not at a limit
+    assert regular_usage([running, waiting, slot], {slot.job_id}, site)[
+        "assoc:theory/mt-bob"] == Usage(nodes=1, jobs=1)
+    assert regular_usage(jobs, set(), site)["assoc:physics"] == Usage(nodes=4, jobs=3)
+    assert regular_usage(jobs, set(), None) == {}
+
+
+def test_decide_gives_bob_what_his_regular_job_leaves_under_his_limit():
+    """mt-bob runs a regular 2-node job elsewhere under his default account (theory:
+    GrpTRES=node=3 for him): his malleable job gets the 1 node left, not the 2 its MaxTRES
+    allows, and says AccountLimit; carol gets the other 15. Slurm would leave a second slot
+    of bob's pending (AssocGrpNodeLimit) on a node nobody else could use. A regular job of
+    his waiting at that limit takes the last node's room too: his slot gives way."""
+    w = _alice_and_bob("carol")
+    regular = Job(4242, "train", "mt-bob", "batch", JobState.RUNNING, node_count=2,
+                  nodes=("r1", "r2"))
+    w = dataclasses.replace(w, snapshot=dataclasses.replace(
+        w.snapshot, jobs=(*w.snapshot.jobs, regular)))
+    plan = decide(w, make_policy("malletrain", LIVE))
+    assert len(plan.targets["m9"]) == 1 and len(plan.targets["m1"]) == 15
+    assert plan.reasons["m9"] == "AccountLimit"
+    # his next regular job waits at the limit his slot fills: the slot gives way
+    waiting = Job(4243, "train", "mt-bob", "batch", JobState.PENDING, "AssocGrpNodeLimit",
+                  node_count=1)
+    plan = decide(dataclasses.replace(w, snapshot=dataclasses.replace(
+        w.snapshot, jobs=(*w.snapshot.jobs, waiting))), make_policy("malletrain", LIVE))
+    assert not plan.targets.get("m9") and len(plan.targets["m1"]) == 16
+    done = dataclasses.replace(regular, state=JobState.COMPLETED)
+    w = dataclasses.replace(w, snapshot=dataclasses.replace(
+        w.snapshot, jobs=(*w.snapshot.jobs[:-1], done)))
+    assert len(decide(w, make_policy("malletrain", LIVE)).targets["m9"]) == 2
 
 
 @pytest.mark.parametrize(("text", "match"), [

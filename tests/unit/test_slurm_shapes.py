@@ -201,7 +201,7 @@ def test_the_job_list_keeps_a_job_of_an_unknown_state_with_its_plan():
 
     t = "t" * 24
     text = (f"{t}7|TELEPORTING|2|10:00|2026-11-25T18:00:00|N/A|2026-11-25T17:00:00|bob|batch"
-            f"||n[1-2]|Resources{t}x{t}(null)\n")
+            f"||n[1-2]|Resources|physics|normal{t}x{t}(null)\n")
     warns: list[str] = []
     (job,) = parse_jobs_plain(text, t, warns)
     assert job.state is JobState.UNKNOWN and job.planned_nodes == ("n1", "n2")
@@ -232,7 +232,7 @@ def test_records_seen_on_the_last_list_are_not_parsed_again():
     assert again == first and all(a is b for a, b in zip(again, first, strict=True))
     t = "t" * 24
     odd = (f"{t}7|TELEPORTING|2|10:00|2026-11-25T18:00:00|N/A|2026-11-25T17:00:00|bob|batch"
-           f"||n[1-2]|Resources{t}x{t}(null)\n")
+           f"||n[1-2]|Resources|physics|normal{t}x{t}(null)\n")
     for _ in range(2):
         warns: list[str] = []
         (job,) = parse_jobs_plain(odd, t, warns, memo)

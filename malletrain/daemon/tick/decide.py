@@ -22,7 +22,13 @@ from malletrain.core.allocation.shares import fair_turn
 from malletrain.core.model import Policy
 from malletrain.daemon.tick.actions import Action, TickPlan
 from malletrain.daemon.tick.allocate import allocate, policy_jobs
-from malletrain.daemon.tick.limits import all_limits, limited_jobs, most_nodes, shared_caps
+from malletrain.daemon.tick.limits import (
+    all_limits,
+    limited_jobs,
+    most_nodes,
+    regular_usage,
+    shared_caps,
+)
 from malletrain.daemon.tick.membership import membership_actions
 from malletrain.daemon.tick.pool import build_pool
 from malletrain.daemon.tick.reasons import entitlements, job_reasons
@@ -41,7 +47,9 @@ def decide(world: World, policy: Policy) -> TickPlan:
               if j.job_id in world.busy}
     gpu_types = frozenset(n.node_type for n in pool.free + pool.held + pool.leaving
                           if n.node_type)
-    limits = all_limits(screened.managed, world.limits)
+    own_ids = {r.slurm_job_id for recs in world.slots.values() for r in recs}
+    limits = all_limits(screened.managed, world.limits,
+                        regular_usage(world.snapshot.jobs, own_ids, world.limits))
     jobs = policy_jobs(world.now_s, free, slots, pool.holdings.held, world.models, gpu_types,
                        frozenset(pool.offered), limits)
     site = world.limits

@@ -13,17 +13,26 @@ each job gets
   settings' ``accounting.user_max_nodes``.
 
 Node and GPU counts become nodes by the job's GPUs per node; job counts are nodes too,
-since each node slot is one Slurm job (:meth:`TresLimit.node_cap`). The allocation holds
+since each node slot is one Slurm job (:meth:`TresLimit.node_cap`). Slurm counts the
+running regular jobs of the same association and QOS against the same limits, so what
+they hold (nodes and jobs, from each tick's job list: :func:`regular_usage`) comes off the
+caps first, and so does what a regular job waiting at such a limit asks for: where
+``AccountingStorageEnforce`` holds limits, Slurm's preemption does not free a limit, so
+slots under it would keep the regular job waiting for as long as they run. Regular jobs'
+GPUs are not in the job list, so a GPU limit is held for the slots alone. The allocation
+holds
 the caps (:mod:`malletrain.core.allocation.fairness`) and ``malletrain jobs`` says
 ``AccountLimit`` or ``QOSLimit`` for a job held at one (:func:`limited_jobs`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import re
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from malletrain.core.accounting import SiteLimits, TresLimit
+from malletrain.core.cluster import Job, JobState
 from malletrain.daemon.jobs.store import JobRecord
 
 ACCOUNT_LIMIT = "AccountLimit"
@@ -47,45 +56,100 @@ def _reason(key: str) -> str:
     return QOS_LIMIT if key.startswith("qos:") else ACCOUNT_LIMIT
 
 
-def _add(caps: dict[str, int], key: str, limit: TresLimit, gpus_per_node: int) -> None:
-    cap = limit.node_cap(gpus_per_node)
+def _add(caps: dict[str, int], key: str, limit: TresLimit, gpus_per_node: int,
+         used: Mapping[str, Usage]) -> None:
+    held = used.get(key, NO_USE)
+    cap = limit.less(held.nodes, held.jobs).node_cap(gpus_per_node)
     if cap is not None:
         caps[key] = cap
 
 
-def job_limits(job: JobRecord, site: SiteLimits) -> JobLimits:
-    """The limits of one job under the site's associations and QOS."""
-    user, gpn = job.user, job.spec.gpus_per_node
+@dataclass(frozen=True)
+class Usage:
+    """What running regular jobs hold under one limit's key."""
+
+    nodes: int = 0
+    jobs: int = 0
+
+
+NO_USE = Usage()
+#: squeue's reasons for a pending job held at a node, job-count or GPU limit that running
+#: jobs of its association or QOS fill (``AssocGrpNodeLimit``, ``QOSMaxJobsPerUserLimit``,
+#: ``AssocGrpGRES``...); not a limit on the job alone (``...PerJob...``, ``...PerNode``)
+#: nor on minutes used
+_HELD_AT_SHARED_LIMIT = re.compile(
+    r"^(Assoc|QOS)(Grp|Max)(Node|Jobs|GRES)(Limit|Per(User|Account)(Limit)?)?$")
+
+
+def _shared(site: SiteLimits, user: str, account: str, qos_name: str
+            ) -> list[tuple[str, TresLimit]]:
+    """The limits shared by every running job of ``user`` in ``account`` under
+    ``qos_name``, by key: its association's, its account's and the parents', its QOS's per
+    user, per account and in total."""
+    out: list[tuple[str, TresLimit]] = []
+    assoc = site.association(user, account)
+    if assoc is not None:
+        out.append((f"assoc:{account}/{user}", assoc.total))
+    out += [(f"assoc:{a.account}", a.total) for a in site.account_chain(account)]
+    qos = site.qos.get(qos_name)
+    if qos is not None:
+        out += [(f"qos:{qos_name}/user:{user}", qos.per_user),
+                (f"qos:{qos_name}/account:{account}", qos.per_account),
+                (f"qos:{qos_name}", qos.total)]
+    return out
+
+
+def regular_usage(jobs: Iterable[Job], own_ids: Container[int], site: SiteLimits | None
+                  ) -> dict[str, Usage]:
+    """key -> the nodes and jobs the Slurm jobs other than malletrain's slots (``own_ids``)
+    hold under it, running or waiting at a limit they share: the regular work of the same
+    users and accounts, which the slots give way to."""
+    used: dict[str, Usage] = {}
+    if site is None or not site.from_accounting:
+        return used
+    for job in jobs:
+        held = (job.state is JobState.PENDING
+                and _HELD_AT_SHARED_LIMIT.match(job.state_reason) is not None)
+        if (job.state is not JobState.RUNNING and not held) or job.job_id in own_ids:
+            continue
+        account = job.account or site.account_of(job.user, None)
+        qos_name = job.qos or site.qos_of(job.user, account, None)
+        for key, _limit in _shared(site, job.user, account, qos_name):
+            u = used.get(key, NO_USE)
+            used[key] = Usage(u.nodes + job.node_count, u.jobs + 1)
+    return used
+
+
+def job_limits(job: JobRecord, site: SiteLimits, used: Mapping[str, Usage] | None = None
+               ) -> JobLimits:
+    """The limits of one job under the site's associations and QOS, less what the
+    running regular jobs hold under each (``used``: :func:`regular_usage`)."""
+    user, gpn, used = job.user, job.spec.gpus_per_node, used or {}
     caps: dict[str, int] = {}
-    if site.user_max_nodes is not None:
+    if site.user_max_nodes is not None:  # malletrain's own cap: on its slots alone
         caps[f"site:user:{user}"] = site.user_max_nodes
     account = site.account_of(user, job.spec.account)
     qos_name = site.qos_of(user, account, job.spec.qos)
+    for key, limit in _shared(site, user, account, qos_name):
+        _add(caps, key, limit, gpn, used)
     per_job: list[tuple[int, str]] = []
     assoc = site.association(user, account)
-    if assoc is not None:
-        _add(caps, f"assoc:{account}/{user}", assoc.total, gpn)
-        if (n := assoc.per_job.node_cap(gpn)) is not None:
-            per_job.append((n, ACCOUNT_LIMIT))
-    for acct in site.account_chain(account):
-        _add(caps, f"assoc:{acct.account}", acct.total, gpn)
+    if assoc is not None and (n := assoc.per_job.node_cap(gpn)) is not None:
+        per_job.append((n, ACCOUNT_LIMIT))
     qos = site.qos.get(qos_name)
-    if qos is not None:
-        _add(caps, f"qos:{qos_name}/user:{user}", qos.per_user, gpn)
-        _add(caps, f"qos:{qos_name}/account:{account}", qos.per_account, gpn)
-        _add(caps, f"qos:{qos_name}", qos.total, gpn)
-        if (n := qos.per_job.node_cap(gpn)) is not None:
-            per_job.append((n, QOS_LIMIT))
+    if qos is not None and (n := qos.per_job.node_cap(gpn)) is not None:
+        per_job.append((n, QOS_LIMIT))
     biggest, why = min(per_job) if per_job else (None, "")
     return JobLimits(account=account, qos=qos_name, max_nodes=biggest, max_reason=why,
                      caps=caps)
 
 
-def all_limits(jobs: Iterable[JobRecord], site: SiteLimits | None) -> dict[str, JobLimits]:
+def all_limits(jobs: Iterable[JobRecord], site: SiteLimits | None,
+               used: Mapping[str, Usage] | None = None) -> dict[str, JobLimits]:
     """job id -> its limits (none without a site's limits)."""
     if site is None:
         return {}
-    return {j.job_id: job_limits(j, site) for j in jobs}
+    return {j.job_id: job_limits(j, site, used) for j in jobs}
 
 
 def shared_caps(limits: Mapping[str, JobLimits], pinned: Mapping[str, Sequence[str]]

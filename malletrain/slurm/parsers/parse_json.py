@@ -352,4 +352,6 @@ def _job(rec: Mapping[str, Any], job_id: int, plan: Mapping[int, PlannedStart],
         start_time=start,
         end_time=end,
         comment=_field(rec, "comment", str, "", where, warns),
+        account=_field(rec, "account", str, "", where, warns),
+        qos=_field(rec, "qos", str, "", where, warns),
     )

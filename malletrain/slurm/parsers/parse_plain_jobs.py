@@ -110,7 +110,7 @@ def _job(safe: str, name: str, comment: str, warns: list[str]) -> Job:
     if len(parts) != len(JOB_FIELDS) or "\n" in safe:
         raise ValueError(f"{len(parts)} fields, not {len(JOB_FIELDS)}")
     job_id, state_name, count, limit, start, end, submit, user, partition, nodes, plan, \
-        reason = parts
+        reason, account, qos = parts
     if not job_id.isdigit() or int(job_id) <= 0:
         raise ValueError(f"job id {job_id!r} is not a number")
     state = job_state(state_name)
@@ -136,4 +136,6 @@ def _job(safe: str, name: str, comment: str, warns: list[str]) -> Job:
         start_time=slurm_time(start),
         end_time=None if time_limit_s is None else slurm_time(end),
         comment=comment,
+        account="" if account in _NULL else account,
+        qos="" if qos in _NULL else qos,
     )
