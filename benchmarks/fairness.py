@@ -18,7 +18,10 @@ side by side in one run:
   1,024 nodes), each job given the user and group (as its account) of one real job of the same
   log and days: the log's submissions in those days, in order, sampled evenly
   (:func:`swf_users`, SWF fields 12-13), so users' shares of the jobs are the centre's own
-  (ALCF Theta's logs have no user ids).
+  (ALCF Theta's logs have no user ids);
+* ``swf-users``: the same on any SWF log with user ids (``--swf FILE --swf-nodes N
+  [--swf-procs-per-node P] [--jobs YAML]``, e.g. one of the Parallel Workloads Archive), days
+  ``--day`` (default 0) to ``--day + --days``.
 
 Figures per replay: Jain's index over users of their node-seconds (``jain_node_s``), of their
 useful work in one-worker-seconds (``jain_work``: normalised throughput, samples divided by the
@@ -36,7 +39,7 @@ one-worker-seconds of rescale downtime; ``--free-rescales``: every job's rescale
 the allocator too, to tell churn from the division's own cost); size changes the allocator
 made (``rescales``, starts included) and those Slurm's jobs forced (``preempted``).
 
-Usage: ``.venv/bin/python benchmarks/fairness.py [--scenario ab|ricc-users ...]
+Usage: ``.venv/bin/python benchmarks/fairness.py [--scenario ab|ricc-users|swf-users ...]
 [--preset replay|live ...] [--days 3] [--day D] [--workers 2] [--free-rescales]
 [--set OPTION=VALUE ...]``
 (``--set``: a ``PolicyOptions`` field on the preset, both allocators, e.g.
@@ -111,7 +114,7 @@ def swf_users(path: Path, from_s: float, to_s: float, count: int) -> list[tuple[
     ``M``, so each user appears in proportion to its share of the log's submissions."""
     pairs: list[tuple[str, str]] = []
     first = None
-    with gzip.open(path, "rt") as fh:
+    with (gzip.open(path, "rt") if path.suffix == ".gz" else path.open()) as fh:
         for line in fh:
             fields = line.split()
             if not fields or line.startswith(";"):
@@ -121,13 +124,40 @@ def swf_users(path: Path, from_s: float, to_s: float, count: int) -> list[tuple[
                 pairs.append((f"u{int(fields[11])}", f"g{int(fields[12])}"))
     if len(pairs) < count:
         raise SystemExit(f"{path}: only {len(pairs)} jobs in [{from_s:g}, {to_s:g}) s")
+    if {u for u, _ in pairs} <= {"u-1"}:
+        raise SystemExit(f"{path}: no user ids (SWF field 12 is -1 in [{from_s:g}, {to_s:g}) s)")
     return [pairs[i * len(pairs) // count] for i in range(count)]
 
 
-def ricc_jobs(day: float, days: float) -> list[SimJob]:
-    jobs = parse_jobs(ROOT / "configs/sim/sia-aws-48.yaml")
-    users = swf_users(RICC, day * DAY, (day + days) * DAY, len(jobs))
+JOBS = ROOT / "configs/sim/sia-aws-48.yaml"
+
+
+def users_jobs(log: Path, day: float, days: float, jobs_file: Path = JOBS) -> list[SimJob]:
+    """The jobs of ``jobs_file``, each given the user and group of one job of ``log``."""
+    jobs = parse_jobs(jobs_file)
+    users = swf_users(log, day * DAY, (day + days) * DAY, len(jobs))
     return [replace(j, user=u, account=g) for j, (u, g) in zip(jobs, users, strict=True)]
+
+
+def ricc_jobs(day: float, days: float) -> list[SimJob]:
+    return users_jobs(RICC, day, days)
+
+
+@dataclass(frozen=True)
+class SwfLog:
+    """``--swf``: a log of the user's choice for the scenario ``swf-users``."""
+
+    path: Path
+    nodes: int
+    procs_per_node: int = 1
+    jobs_file: Path = JOBS
+
+    def trace(self, day: float, days: float) -> IdleTrace:
+        return swf_trace(self.path, self.nodes, day * DAY, (day + days) * DAY,
+                         self.procs_per_node)
+
+    def jobs(self, day: float, days: float) -> list[SimJob]:
+        return users_jobs(self.path, day, days, self.jobs_file)
 
 
 @dataclass(frozen=True)
@@ -267,12 +297,14 @@ PRESETS = {"replay": REPLAY, "live": LIVE}
 
 def replay(scenario: str, preset: str, fair: bool, days: float,
            free_rescales: bool = False, changes: tuple[tuple[str, float], ...] = (),
-           day: float | None = None) -> dict[str, float]:
+           day: float | None = None, swf: SwfLog | None = None) -> dict[str, float]:
     """One replay (in a worker process): the figures of the module docstring;
     ``free_rescales``: every job's scale-up and scale-down cost 0 (to the allocator too);
     ``changes``: options set on the preset (``--set``; both allocators); ``day``: the first
-    day of the log replayed (``--day``; None: the scenario's)."""
-    sc = SCENARIOS[scenario]
+    day of the log replayed (``--day``; None: the scenario's); ``swf``: the log of
+    ``swf-users``."""
+    sc = (SCENARIOS[scenario] if swf is None or scenario != "swf-users"
+          else Scenario(scenario, swf.trace, swf.jobs, None, 0.0))
     first = sc.day if day is None else day
     trace = sc.trace(first, days)
     jobs = sc.jobs(first, days)
@@ -357,7 +389,13 @@ def _option(text: str) -> tuple[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--scenario", action="append", choices=sorted(SCENARIOS))
+    ap.add_argument("--scenario", action="append", choices=[*sorted(SCENARIOS), "swf-users"])
+    ap.add_argument("--swf", type=Path, metavar="FILE",
+                    help="scenario swf-users: an SWF log (.swf or .swf.gz) with user ids")
+    ap.add_argument("--swf-nodes", type=int, metavar="N", help="--swf's machine size")
+    ap.add_argument("--swf-procs-per-node", type=int, default=1, metavar="P")
+    ap.add_argument("--jobs", type=Path, default=JOBS,
+                    help=f"swf-users' jobs (default {JOBS.relative_to(ROOT)})")
     ap.add_argument("--days", type=float, default=3.0)
     ap.add_argument("--preset", action="append", choices=sorted(PRESETS))
     ap.add_argument("--workers", type=int, default=2)
@@ -378,7 +416,15 @@ def main() -> None:
     if args.guard_parity:
         guard_parity(args.guard_parity)
         return
-    names = args.scenario or list(SCENARIOS)
+    swf = None
+    if args.swf:
+        if not args.swf_nodes:
+            ap.error("--swf needs --swf-nodes N (the machine's node count)")
+        swf = SwfLog(args.swf, args.swf_nodes, args.swf_procs_per_node, args.jobs)
+        swf.jobs(args.day or 0.0, args.days)  # a log without users fails here, not in a worker
+    names = args.scenario or (["swf-users"] if swf else list(SCENARIOS))
+    if "swf-users" in names and swf is None:
+        ap.error("--scenario swf-users needs --swf FILE --swf-nodes N")
     presets = args.preset or list(PRESETS)
     try:  # bad values fail here, not in every worker
         for p in presets:
@@ -391,7 +437,8 @@ def main() -> None:
                                           [args.days] * len(runs),
                                           [args.free_rescales] * len(runs),
                                           [tuple(args.set)] * len(runs),
-                                          [args.day] * len(runs)), strict=True))
+                                          [args.day] * len(runs), [swf] * len(runs)),
+                                 strict=True))
     print(f"{'scenario':<12} {'preset':<7} {'allocator':<10} "
           + " ".join(f"{c:>12}" for c in COLUMNS))
     worst = {"jain": math.inf, "first": 0.0, "starved": 0.0, "ratio": math.inf}
