@@ -135,6 +135,12 @@ def test_decide_gives_bob_what_his_regular_job_leaves_under_his_limit():
     plan = decide(dataclasses.replace(w, snapshot=dataclasses.replace(
         w.snapshot, jobs=(*w.snapshot.jobs, waiting))), make_policy("malletrain", LIVE))
     assert not plan.targets.get("m9") and len(plan.targets["m1"]) == 16
+    # one that could not start even with no slot (5 nodes under his 3) waits for nothing
+    # the slots hold: it takes nothing from them, however many nodes it asks for
+    huge = dataclasses.replace(waiting, node_count=5)
+    plan = decide(dataclasses.replace(w, snapshot=dataclasses.replace(
+        w.snapshot, jobs=(*w.snapshot.jobs, huge))), make_policy("malletrain", LIVE))
+    assert len(plan.targets["m9"]) == 1
     done = dataclasses.replace(regular, state=JobState.COMPLETED)
     w = dataclasses.replace(w, snapshot=dataclasses.replace(
         w.snapshot, jobs=(*w.snapshot.jobs[:-1], done)))

@@ -102,22 +102,39 @@ def _shared(site: SiteLimits, user: str, account: str, qos_name: str
 def regular_usage(jobs: Iterable[Job], own_ids: Container[int], site: SiteLimits | None
                   ) -> dict[str, Usage]:
     """key -> the nodes and jobs the Slurm jobs other than malletrain's slots (``own_ids``)
-    hold under it, running or waiting at a limit they share: the regular work of the same
-    users and accounts, which the slots give way to."""
+    hold under it: the running ones, then those waiting at a limit they share that would
+    fit in it beside them were the slots gone (submit order), which the slots give way to.
+    One that cannot fit even so (a 1,000-node job under a 64-node ``GrpTRES``) waits for
+    regular work or forever, not for the slots, and takes nothing from them."""
     used: dict[str, Usage] = {}
     if site is None or not site.from_accounting:
         return used
-    for job in jobs:
-        held = (job.state is JobState.PENDING
-                and _HELD_AT_SHARED_LIMIT.match(job.state_reason) is not None)
-        if (job.state is not JobState.RUNNING and not held) or job.job_id in own_ids:
-            continue
-        account = job.account or site.account_of(job.user, None)
-        qos_name = job.qos or site.qos_of(job.user, account, None)
-        for key, _limit in _shared(site, job.user, account, qos_name):
-            u = used.get(key, NO_USE)
-            used[key] = Usage(u.nodes + job.node_count, u.jobs + 1)
+    running = [j for j in jobs if j.state is JobState.RUNNING and j.job_id not in own_ids]
+    waiting = sorted((j for j in jobs if j.state is JobState.PENDING and j.job_id not in own_ids
+                      and _HELD_AT_SHARED_LIMIT.match(j.state_reason)),
+                     key=lambda j: (j.submit_time or 0.0, j.job_id))
+    for job in running:
+        _count(used, job, _job_keys(site, job), fits_only=False)
+    for job in waiting:
+        _count(used, job, _job_keys(site, job), fits_only=True)
     return used
+
+
+def _job_keys(site: SiteLimits, job: Job) -> list[tuple[str, TresLimit]]:
+    account = job.account or site.account_of(job.user, None)
+    return _shared(site, job.user, account, job.qos or site.qos_of(job.user, account, None))
+
+
+def _count(used: dict[str, Usage], job: Job, keys: list[tuple[str, TresLimit]],
+           fits_only: bool) -> None:
+    """Add ``job`` under its ``keys`` (``fits_only``: only if it fits every limit)."""
+    after = {key: Usage(used.get(key, NO_USE).nodes + job.node_count,
+                        used.get(key, NO_USE).jobs + 1) for key, _ in keys}
+    if fits_only and any((lim.nodes is not None and after[key].nodes > lim.nodes)
+                         or (lim.jobs is not None and after[key].jobs > lim.jobs)
+                         for key, lim in keys):
+        return
+    used.update(after)
 
 
 def job_limits(job: JobRecord, site: SiteLimits, used: Mapping[str, Usage] | None = None
