@@ -76,3 +76,30 @@ def test_no_generation_no_stop_record():
         assert [d.epoch for d in coord.departures("j2")] == [None]
     finally:
         coord.close()
+
+
+def test_a_node_whose_script_crashed_is_not_waited_for():
+    """The next generation waits for every node of the last one to record its stop, up to
+    its bound (15 s and more). A node whose batch shell failed departs ``crashed`` once what
+    the shell started has ended there, so it is not waited for, even if its stop record
+    never came; ``failed`` (the daemon's word for a slot that vanished) neither; one still
+    running (its departure is a ``sigterm`` whose stop is still on its way) is."""
+    coord = Coordinator.start()
+    try:
+        secret = bytes.fromhex(coord.job_secret("j1"))
+        js = _opener(coord.address, "j1", secret)(5.0)
+        for m in ("a", "b", "c", "d"):
+            js.register(MemberInfo(m, f"n-{m}", 1, 1, time.time()))
+        coord.publish("j1", ["a", "b", "c", "d"])
+        for m in ("b", "c", "d"):
+            handover.record(js, m, 1, "run")
+        js.depart("b", "crashed", 1, 0, detail="the batch script exited with code 1")
+        js.depart("c", "sigterm", 1, 0)
+        coord.publish("j1", ["a"])
+        m2 = js.current()
+        assert m2 is not None and m2.members == ("a",)
+        assert handover.still_running(js, m2, "a") == ["c", "d"]
+        handover.record(js, "c", 1, "stop")
+        assert handover.still_running(js, m2, "a") == ["d"]
+    finally:
+        coord.close()

@@ -171,6 +171,7 @@ class NodeAgent:
         if refused or now - self.failed_at > RESTART_WAIT_S:
             log.error("the launch failed (exit %d): %s", rc, why or "no step failed")
             why = why or f"the batch script exited with code {rc}"
+            self._record(c.epoch, "stop")  # what the shell started has ended here
             self._call(lambda: self.link.js.depart(self.config.member_id, "crashed",
                                                    c.epoch, 0, detail=why))
             return rc if rc > 0 else 128 - rc

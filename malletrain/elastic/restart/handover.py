@@ -9,8 +9,10 @@ write the checkpoint at the same time. Each agent therefore records, under
 stopped (``<epoch>:stop``), and waits for the others before it starts.
 
 A member whose slot ended without a word (SIGKILL, a node lost: the daemon records its
-departure as ``failed``) runs nothing any more; an agent that died before writing its stop
-is waited for up to the bound the caller gives (the stop grace and the kill stages).
+departure as ``failed``) runs nothing any more, nor does one whose batch shell failed (its
+agent departs ``crashed`` once what the shell started has ended there, and records its stop
+first); an agent that died before writing its stop is waited for up to the bound the caller
+gives (the stop grace and the kill stages).
 
 A preempted node's last words (:class:`Farewell`), sent while its tasks are being stopped.
 On Slurm's SIGTERM a regular job waits for the node: every millisecond from the signal to the
@@ -68,7 +70,8 @@ def still_running(js: JobStore, m: p.Membership, me: str) -> list[str]:
     others = [x for x in p.previous_members(js.membership, m) if x != me]
     if not others:
         return []
-    gone = p.departed(js.events(), "failed")
+    events = js.events()
+    gone = p.departed(events, "failed") | p.departed(events, "crashed")
     busy = []
     for x in others:
         if x in gone:
