@@ -20,8 +20,7 @@ caps first, and so does what a regular job waiting at such a limit asks for: whe
 ``AccountingStorageEnforce`` holds limits, Slurm's preemption does not free a limit, so
 slots under it would keep the regular job waiting for as long as they run. Regular jobs'
 GPUs are not in the job list, so a GPU limit is held for the slots alone. The allocation
-holds
-the caps (:mod:`malletrain.core.allocation.fairness`) and ``malletrain jobs`` says
+holds the caps (:mod:`malletrain.core.allocation.fairness`) and ``malletrain jobs`` says
 ``AccountLimit`` or ``QOSLimit`` for a job held at one (:func:`limited_jobs`).
 """
 
@@ -56,17 +55,9 @@ def _reason(key: str) -> str:
     return QOS_LIMIT if key.startswith("qos:") else ACCOUNT_LIMIT
 
 
-def _add(caps: dict[str, int], key: str, limit: TresLimit, gpus_per_node: int,
-         used: Mapping[str, Usage]) -> None:
-    held = used.get(key, NO_USE)
-    cap = limit.less(held.nodes, held.jobs).node_cap(gpus_per_node)
-    if cap is not None:
-        caps[key] = cap
-
-
 @dataclass(frozen=True)
 class Usage:
-    """What running regular jobs hold under one limit's key."""
+    """What regular jobs hold (or wait at the limit for) under one limit's key."""
 
     nodes: int = 0
     jobs: int = 0
@@ -79,6 +70,14 @@ NO_USE = Usage()
 #: nor on minutes used
 _HELD_AT_SHARED_LIMIT = re.compile(
     r"^(Assoc|QOS)(Grp|Max)(Node|Jobs|GRES)(Limit|Per(User|Account)(Limit)?)?$")
+
+
+def _add(caps: dict[str, int], key: str, limit: TresLimit, gpus_per_node: int,
+         used: Mapping[str, Usage]) -> None:
+    held = used.get(key, NO_USE)
+    cap = limit.less(held.nodes, held.jobs).node_cap(gpus_per_node)
+    if cap is not None:
+        caps[key] = cap
 
 
 def _shared(site: SiteLimits, user: str, account: str, qos_name: str
@@ -139,8 +138,8 @@ def _count(used: dict[str, Usage], job: Job, keys: list[tuple[str, TresLimit]],
 
 def job_limits(job: JobRecord, site: SiteLimits, used: Mapping[str, Usage] | None = None
                ) -> JobLimits:
-    """The limits of one job under the site's associations and QOS, less what the
-    running regular jobs hold under each (``used``: :func:`regular_usage`)."""
+    """The limits of one job under the site's associations and QOS, less what regular
+    jobs hold or wait for under each (``used``: :func:`regular_usage`)."""
     user, gpn, used = job.user, job.spec.gpus_per_node, used or {}
     caps: dict[str, int] = {}
     if site.user_max_nodes is not None:  # malletrain's own cap: on its slots alone
