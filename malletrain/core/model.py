@@ -176,6 +176,11 @@ class AllocationInput:
         its value table, its plan check and its node choice)."""
         return {n.name: i for i, n in enumerate(self.nodes)}
 
+    @cached_property
+    def node_switch(self) -> dict[str, str | None]:
+        """Node name -> its switch (None: no topology), for every node choice of a decision."""
+        return {n.name: n.switch for n in self.nodes}
+
 
 @dataclass(frozen=True)
 class Plan:

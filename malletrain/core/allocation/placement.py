@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from malletrain.core.model import AllocationInput, IdleNode
+from malletrain.core.model import AllocationInput
 
 log = logging.getLogger(__name__)
 
@@ -33,35 +33,24 @@ log = logging.getLogger(__name__)
 _WINDOW_BUCKET_RATIO = 1.25
 
 
-def node_windows(nodes: Sequence[IdleNode]) -> dict[str, float]:
-    """Predicted windows with ``None`` mapped to infinity."""
-    return {n.name: math.inf if n.window_s is None else max(0.0, n.window_s) for n in nodes}
-
-
-def _buckets(win: Mapping[str, float], names: Sequence[str]) -> np.ndarray:
-    """Coarse window rank per node of ``names``: log-spaced buckets so similar windows tie."""
-    w = np.maximum(np.fromiter((win[n] for n in names), dtype=float, count=len(names)), 0.0)
+def _buckets(w: np.ndarray) -> np.ndarray:
+    """Coarse window rank per node: log-spaced buckets so similar windows tie."""
+    w = np.maximum(w, 0.0)
     with np.errstate(invalid="ignore"):
         return np.where(np.isinf(w), np.inf,
                         np.floor(np.log1p(w) / math.log(_WINDOW_BUCKET_RATIO)))
 
 
-def _pool_order(names: Sequence[str], win: Mapping[str, float], bucket: np.ndarray
-                ) -> list[str]:
-    """Every node in the pool's order: longest bucket first, then longest window, then name."""
-    w = np.fromiter((win[n] for n in names), dtype=float, count=len(names))
-    order = np.lexsort((np.array(names, dtype=str), -w, -bucket))
-    return [names[i] for i in order.tolist()]
-
-
-def _all_windows(inp: AllocationInput, windows_s: Mapping[str, float] | None
-                 ) -> dict[str, float]:
-    """The caller's windows (they may name only some nodes), the plan's for the others."""
-    win = dict(windows_s) if windows_s is not None else node_windows(inp.nodes)
-    if not all(n.name in win for n in inp.nodes):
-        for n in inp.nodes:
-            win.setdefault(n.name, math.inf if n.window_s is None else n.window_s)
-    return win
+def _window_array(inp: AllocationInput, windows_s: Mapping[str, float] | None) -> np.ndarray:
+    """Each node's window in ``inp.nodes`` order: the caller's (they may name only some
+    nodes), the plan's for the others (``None``: infinite; without the caller's, below 0
+    counts as 0)."""
+    plan = np.array([math.inf if n.window_s is None else n.window_s for n in inp.nodes],
+                    dtype=float)
+    if windows_s is None:
+        return np.maximum(plan, 0.0)
+    return np.array([windows_s.get(n.name, w) for n, w in zip(inp.nodes, plan.tolist(),
+                                                               strict=True)], dtype=float)
 
 
 def assign_nodes(
@@ -70,21 +59,22 @@ def assign_nodes(
     *,
     windows_s: Mapping[str, float] | None = None,
     growth_order: Sequence[str] | None = None,
+    window_array: np.ndarray | None = None,
 ) -> dict[str, tuple[str, ...]]:
     """Turn per-job node counts into node names.
 
     ``counts`` must be feasible (sum <= number of nodes). ``growth_order`` is the
     order in which growing jobs pick from the free pool (first = longest
-    windows); by default submit order. O(nodes log nodes + jobs x switches).
+    windows); by default submit order. ``window_array``: the windows already in
+    ``inp.nodes`` order (else from ``windows_s``). O(nodes log nodes + jobs x switches).
     """
-    win = _all_windows(inp, windows_s)
-    switch = {n.name: n.switch for n in inp.nodes}
-    names = list(switch)
-    bucket_arr = _buckets(win, names)
-    bucket = dict(zip(names, bucket_arr.tolist(), strict=True))
+    w = _window_array(inp, windows_s) if window_array is None else window_array
+    names = [n.name for n in inp.nodes]
+    index, switch = inp.node_index, inp.node_switch
+    bucket_arr = _buckets(w)
     total = sum(max(0, c) for c in counts.values())
-    if total > len(switch):
-        raise ValueError(f"plan asks for {total} nodes but only {len(switch)} are available")
+    if total > len(names):
+        raise ValueError(f"plan asks for {total} nodes but only {len(names)} are available")
 
     result: dict[str, tuple[str, ...]] = {}
     taken: set[str] = set()
@@ -93,26 +83,22 @@ def assign_nodes(
     for job in inp.jobs:
         want = max(0, counts.get(job.job_id, 0))
         own = [n for n in job.nodes
-               if n in switch and n not in taken and n not in job.excluded_nodes]
+               if n in index and n not in taken and n not in job.excluded_nodes]
         if not own or want == 0:
             result[job.job_id] = ()
             continue
         if want < len(own):  # shrinking: release the shortest windows first
             home = _home_switch(own, switch)
-            own.sort(key=lambda n: (-bucket[n], switch[n] != home, -win[n], n))
+            own.sort(key=lambda n: (-bucket_arr[index[n]], switch[n] != home, -w[index[n]], n))
         keep = own[:want]
         result[job.job_id] = tuple(keep)
         taken.update(keep)
     # 2. growth from the pool: longest windows first, same switch as the job's nodes
-    pool = _Pool([n for n in _pool_order(names, win, bucket_arr) if n not in taken], bucket,
-                 switch)
-    if growth_order is None:
-        order = [j.job_id for j in sorted(inp.jobs, key=lambda j: (j.submit_order, j.job_id))]
-    else:
-        order = list(growth_order)
-        seen = set(order)
-        order += [j.job_id for j in inp.jobs if j.job_id not in seen]
-    for job_id in order:
+    order = np.lexsort((_name_rank(inp), -w, -bucket_arr)).tolist()
+    buckets = bucket_arr.tolist()
+    free = [i for i in order if names[i] not in taken]
+    pool = _Pool([names[i] for i in free], [buckets[i] for i in free], switch)
+    for job_id in _growth_order(inp, growth_order):
         if job_id not in jobs_by_id:
             continue
         have = list(result.get(job_id, ()))
@@ -126,6 +112,23 @@ def assign_nodes(
     return result
 
 
+def _name_rank(inp: AllocationInput) -> np.ndarray:
+    """Each node's rank by name (ties of window are broken by name)."""
+    order = np.argsort(np.array([n.name for n in inp.nodes], dtype=str), kind="stable")
+    rank = np.empty(len(inp.nodes), dtype=np.int64)
+    rank[order] = np.arange(len(inp.nodes))
+    return rank
+
+
+def _growth_order(inp: AllocationInput, growth_order: Sequence[str] | None) -> list[str]:
+    """The growing jobs' order of picking: ``growth_order`` then the rest, or submit order."""
+    if growth_order is None:
+        return [j.job_id for j in sorted(inp.jobs, key=lambda j: (j.submit_order, j.job_id))]
+    order = list(growth_order)
+    seen = set(order)
+    return order + [j.job_id for j in inp.jobs if j.job_id not in seen]
+
+
 class _Pool:
     """Free nodes in window-bucket order, each bucket split by switch; taken front first.
 
@@ -136,16 +139,15 @@ class _Pool:
     def __init__(
         self,
         names: list[str],
-        bucket: Mapping[str, float],
+        bucket: list[float],
         switch: Mapping[str, str | None],
     ) -> None:
-        """``names``: the free nodes in pool order (:func:`_pool_order`)."""
+        """``names``: the free nodes in pool order, ``bucket`` their window buckets."""
         self.switch = switch
         self.buckets: list[list[str]] = []
         self.by_switch: list[dict[str | None, list[str]]] = []
         last: float | None = None
-        for n in names:
-            b = bucket[n]
+        for n, b in zip(names, bucket, strict=True):
             if last is None or b != last:
                 self.buckets.append([])
                 self.by_switch.append({})

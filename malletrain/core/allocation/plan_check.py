@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -52,8 +52,6 @@ class Solution:
     values: np.ndarray
     offer: NodeOffer | None
     table: TableOf
-    #: node name -> window, filled by the first :meth:`place` (``w`` as a mapping)
-    windows_s: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
 
     def growth_order(self, inp: AllocationInput, counts: Mapping[str, int]) -> list[str]:
         """Growing jobs, the largest value per new node first (it picks from the pool first)."""
@@ -72,10 +70,7 @@ class Solution:
 
     def place(self, inp: AllocationInput, counts: Mapping[str, int]
               ) -> dict[str, tuple[str, ...]]:
-        if not self.windows_s:  # once per decision: the plan and the kept plan share them
-            self.windows_s.update(zip((n.name for n in inp.nodes), self.w.tolist(),
-                                      strict=True))
-        return assign_nodes(inp, counts, windows_s=self.windows_s,
+        return assign_nodes(inp, counts, window_array=self.w,
                             growth_order=self.growth_order(inp, counts))
 
 
