@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from malletrain.core.allocation.fairness import solve_fair
 from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
 from malletrain.core.options import LIVE, REPLAY
 from malletrain.core.policies import make_policy
@@ -100,3 +101,40 @@ def test_within_a_user_the_rate_still_decides():
     plan = make_policy("malletrain", LIVE).decide(inp)
     assert (plan.count("a"), plan.count("a-slow"), plan.count("b")) == (32, 0, 32)
     assert np.isclose(plan.count("a") + plan.count("b"), 64)
+
+
+@pytest.mark.parametrize("preset", [LIVE, REPLAY], ids=["live", "replay"])
+def test_nodes_nobody_else_takes_go_back_to_a_user_whose_part_is_worth_less_than_zero(preset):
+    """RICC day 31 (``benchmarks/fairness.py --scenario ricc-users``, t = 107,144 s): every
+    idle node goes back to Slurm within a second, so alice's job on 6 nodes is worth less at
+    every size of her part (5) than stopped (a shrink and then a reclaim cost more than one
+    stop) and most at the 6 it holds; bob keeps his 2. The rounds of the division lowered
+    alice's demand to the 0 her plan used within 5, and her 6 nodes stayed idle though
+    nobody else wanted them: she was planned at 0 where keeping was worth more. The nodes no
+    user takes are offered again (``fairness._offer_rest``): she keeps her 6, as user-blind."""
+    names = [f"n{i}" for i in range(10)]
+    curve = _curve(1.0, 0.9, 16)
+    alice = MalleableJob("a", 1, 16, tuple(names[:6]), curve, 18.0, 12.0, 0, "alice")
+    bob = MalleableJob("b", 1, 16, tuple(names[6:8]), curve, 18.0, 12.0, 1, "bob")
+    inp = AllocationInput(now_s=1e6, nodes=tuple(IdleNode(n, 1.0) for n in names),
+                          jobs=(alice, bob))
+    policy = make_policy("malletrain", preset)
+    values, _, _ = policy.value_table(inp)
+    assert values[0, 1:6].max() < values[0, 0] < values[0, 6]  # her part alone: stop
+    plan = policy.decide(inp)
+    assert (plan.count("a"), plan.count("b")) == (6, 2)
+    blind = make_policy("malletrain", preset.with_(fair_share=False)).decide(inp)
+    assert (blind.count("a"), blind.count("b")) == (6, 2)
+
+
+def test_the_rest_goes_only_where_a_unit_gains_from_it():
+    """Pure division: a unit whose plan gave nodes back because more was worth nothing keeps
+    its plan; one whose row peaks above its part gets the rest once nobody else wants it."""
+    peak = np.array([[-10.0, -12.0, -13.0, -14.0, -5.0, -np.inf]])  # held 4, part 2
+    flat = np.array([[0.0, 3.0, 4.0, 4.0, 4.0, 4.0]])               # best at 2
+    values = np.vstack([peak, flat])
+    counts, total = solve_fair(values, ["alice", "bob"], [4, 1], 5)
+    assert list(counts) == [0, 2]  # 1 node left: not enough for alice's 4
+    counts, total = solve_fair(np.pad(values, ((0, 0), (0, 1)), constant_values=-np.inf),
+                               ["alice", "bob"], [4, 1], 6)
+    assert list(counts) == [4, 2] and total == -5.0 + 4.0

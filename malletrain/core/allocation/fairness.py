@@ -96,7 +96,8 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int], ca
     One user and no caps: exactly :func:`solve_counts`. The jobs of one user under the same
     keys are one *unit*, sized by one exact count problem. Each round solves every unit
     within its cap; a unit whose best plan uses fewer nodes gives the rest back, and the
-    parts are divided again (at most one round per unit)."""
+    parts are divided again (at most one round per unit); the nodes no unit took then are
+    offered to the units that gave some back (:func:`_offer_rest`)."""
     caps = caps or {}
     units = _units(users, keys, caps)
     if len({u[0] for u in units}) <= 1 and not any(u[1] for u in units):
@@ -110,17 +111,18 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int], ca
                         caps)
     limit = dict(demand)  # (before the rounds lower it to what a unit's plan uses)
 
-    def parts_of(user_demand: dict[str, int], user_held: dict[str, int]) -> dict[str, int]:
-        return (tree_caps(user_demand, user_held, capacity, weights, tree.parents,
+    def parts_of(user_demand: dict[str, int], user_held: dict[str, int],
+                 nodes: int) -> dict[str, int]:
+        return (tree_caps(user_demand, user_held, nodes, weights, tree.parents,
                           tree.account_weights, turn, least, tree.account_parents) if tree else
-                user_caps(user_demand, user_held, capacity, weights, turn, least))
+                user_caps(user_demand, user_held, nodes, weights, turn, least))
 
     solved: dict[tuple[Unit, int], tuple[np.ndarray, float]] = {}
     rows = None if unexplored is None else values.copy()  # as each unit was sized
     counts, total = _rounds(units, holding, demand, parts_of, solved,
                             lambda u, idx, cap: _unit_rows(values, unexplored, idx, held,
                                                            n_free, cap - holding[u]),
-                            len(users), rows)
+                            capacity, rows)
     if lend_factor < 1.0:  # (0: never lend)
         return counts, total
     fair = _Fair(values if rows is None else rows, tuple(users), tuple(held), capacity, keys,
@@ -128,40 +130,120 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int], ca
     return lend_evenly(fair, units, counts, total, limit, lend_factor, solved)
 
 
+#: divides nodes among users: (each user's demand, what it holds, the nodes) -> its part
+PartsOf = Callable[[dict[str, int], dict[str, int], int], dict[str, int]]
+#: a unit's rows of the value table when sized within a cap: (unit, its jobs, cap) -> rows
+UnitRows = Callable[[Unit, list[int], int], np.ndarray]
+
+
+def _by_user(demand: Mapping[Unit, int], holding: Mapping[Unit, int]
+             ) -> tuple[dict[str, int], dict[str, int]]:
+    """The units' demand and holdings summed per user."""
+    user_demand: dict[str, int] = {}
+    user_held: dict[str, int] = {}
+    for u in demand:
+        user_demand[u[0]] = user_demand.get(u[0], 0) + demand[u]
+        user_held[u[0]] = user_held.get(u[0], 0) + holding[u]
+    return user_demand, user_held
+
+
 def _rounds(units: Mapping[Unit, list[int]], holding: Mapping[Unit, int],
-            demand: dict[Unit, int],
-            parts_of: Callable[[dict[str, int], dict[str, int]], dict[str, int]],
+            demand: dict[Unit, int], parts_of: PartsOf,
             solved: dict[tuple[Unit, int], tuple[np.ndarray, float]],
-            unit_rows: Callable[[Unit, list[int], int], np.ndarray], n_jobs: int,
+            unit_rows: UnitRows, capacity: int,
             rows: np.ndarray | None) -> tuple[np.ndarray, float]:
     """Divide (``parts_of`` the users' demand and holdings), size each unit within its part
     on its ``unit_rows`` (written into ``rows`` unless None), lower the demand of a unit that
-    used less, again, until no unit gives back: (counts, objective)."""
-    counts = np.zeros(n_jobs, dtype=int)
+    used less, again, until no unit gives back; then what no unit took is offered again
+    (:func:`_offer_rest`): (counts, objective)."""
+    counts = np.zeros(sum(len(idx) for idx in units.values()), dtype=int)
     objective: dict[Unit, float] = {}
-    used: dict[tuple[Unit, int], np.ndarray] = {}
+    sized: dict[tuple[Unit, int], np.ndarray] = {}  # the rows each (unit, cap) is sized on
+
+    def rows_at(u: Unit, cap: int) -> np.ndarray:
+        if (u, cap) not in sized:
+            sized[(u, cap)] = unit_rows(u, units[u], cap)
+        return sized[(u, cap)]
+
+    def size(u: Unit, cap: int) -> tuple[np.ndarray, float]:
+        if (u, cap) not in solved:
+            solved[(u, cap)] = solve_counts(rows_at(u, cap), cap)
+        return solved[(u, cap)]
+
+    wants = dict(demand)
+    tried: dict[Unit, int] = {}  # the largest cap each unit was sized within
+    cap_of: dict[Unit, int] = {}  # the cap of each unit's plan
     for _ in range(len(units)):
-        user_demand: dict[str, int] = {}
-        user_held: dict[str, int] = {}
-        for u in units:
-            user_demand[u[0]] = user_demand.get(u[0], 0) + demand[u]
-            user_held[u[0]] = user_held.get(u[0], 0) + holding[u]
-        unit_cap = _unit_caps(demand, holding, parts_of(user_demand, user_held))
+        cap_of = _unit_caps(demand, holding, parts_of(*_by_user(demand, holding), capacity))
         gave_back = False
         for u, idx in units.items():
-            key = (u, unit_cap[u])
-            if key not in solved:
-                used[key] = unit_rows(u, idx, unit_cap[u])
-                solved[key] = solve_counts(used[key], unit_cap[u])
-            if rows is not None:
-                rows[idx] = used[key]
-            counts[idx], objective[u] = solved[key]
-            if int(counts[idx].sum()) < unit_cap[u]:
+            counts[idx], objective[u] = size(u, cap_of[u])
+            tried[u] = max(tried.get(u, 0), cap_of[u])
+            if int(counts[idx].sum()) < cap_of[u]:
                 demand[u] = int(counts[idx].sum())  # more is worth nothing to it now
                 gave_back = True
         if not gave_back:
             break
+    _offer_rest(units, holding, wants, tried, parts_of, (rows_at, size), capacity,
+                (counts, objective, cap_of))
+    if rows is not None:
+        for u, idx in units.items():
+            rows[idx] = rows_at(u, cap_of[u])
     return counts, float(sum(objective.values()))
+
+
+def _offer_rest(units: Mapping[Unit, list[int]], holding: Mapping[Unit, int],
+                wants: Mapping[Unit, int], tried: dict[Unit, int], parts_of: PartsOf,
+                sizing: tuple[Callable[[Unit, int], np.ndarray],
+                              Callable[[Unit, int], tuple[np.ndarray, float]]],
+                capacity: int,
+                plan: tuple[np.ndarray, dict[Unit, float], dict[Unit, int]]) -> None:
+    """The nodes no unit took after the rounds, divided again (``parts_of``) among the units
+    that gave some back, each sized within what it took plus its part of them; ``plan``
+    (counts, each unit's objective and cap) updated in place; ``sizing``: a unit's rows and
+    its best plan within a cap.
+
+    The rounds lower a unit's demand to what its plan used within its part, as if more were
+    worth nothing to it; but a running job's row peaks at the size it holds (no rescale
+    cost there) and may be worth less at every size of its part than at 0. A user holding
+    17 nodes with a part of 5, all of them back to Slurm within a second, stopped (a shrink
+    and then a reclaim cost more than one stop), and its 17 nodes stayed idle though nobody
+    else wanted them and keeping was worth more (RICC day 31, issue 47). A unit is sized
+    again only where its part of the rest takes it above every cap it was sized within and
+    its rows there could be worth more than its plan (the sum of its jobs' best values
+    bounds any plan): a unit that gave back because more was worth nothing to it is not
+    solved again. A unit that cannot use its part drops out; the others try again."""
+    rows_at, size = sizing
+    counts, objective, cap_of = plan
+    out: set[Unit] = set()  # units that cannot use more
+
+    def could_gain(u: Unit, cap: int) -> bool:  # (the sum of the jobs' best values bounds)
+        return bool(rows_at(u, cap).max(axis=1).sum() > objective[u] + 1e-9 * abs(objective[u]))
+
+    for _ in range(2 * len(units)):
+        took = {u: int(counts[idx].sum()) for u, idx in units.items()}
+        left = capacity - sum(took.values())
+        if left <= 0:
+            return
+        out.update(u for u in units if u not in out and (
+            wants[u] <= tried[u] or not could_gain(u, min(wants[u], took[u] + left))))
+        more = {u: wants[u] - took[u] for u in units if u not in out}
+        if not more:
+            return
+        extra = _unit_caps(more, holding, parts_of(*_by_user(more, holding), left))
+        offered = False
+        for u, n in extra.items():
+            cap = took[u] + n
+            if cap <= tried[u]:
+                continue  # (too little to change its plan)
+            tried[u], offered = cap, True
+            arr, value = size(u, cap)
+            if int(arr.sum()) > took[u] and value > objective[u]:
+                counts[units[u]], objective[u], cap_of[u] = arr, value, cap
+            else:
+                out.add(u)
+        if not offered:
+            return
 
 
 def _unit_rows(values: np.ndarray, unexplored: np.ndarray | None, idx: Sequence[int],
