@@ -292,3 +292,31 @@ def test_gpus_asked_only_on_srun_lines_are_said_at_submit():
     spec, opts = spec_from(with_gpus, path="/j.sh")
     assert not any("srun asks" in w for w in spec_warnings(opts, spec, script_mode(
         with_gpus, "/j.sh")[0]))
+
+
+@pytest.mark.parametrize(("line", "ok"), [
+    ("#SBATCH --exclusive=user", True), ("#SBATCH --exclusive=MCS", True),
+    ("#SBATCH --exclusive", True), ("#SBATCH --no-kill=off", True),
+    ("#SBATCH --kill-on-invalid-dep=yes", True),
+    ("#SBATCH --exclusive=everyone", False), ("#SBATCH --kill-on-invalid-dep", False),
+])
+def test_optional_values_are_read_as_getopt_gives_them_to_sbatch(line, ok):
+    """sbatch's ``--exclusive[=user|mcs|topo]``, ``--no-kill[=off]`` and ``--nice[=N]`` take
+    a value only as ``--opt=value`` (getopt_long's optional argument); the next word is
+    never theirs. A value sbatch does not know is refused as sbatch refuses it."""
+    text = f"#!/bin/bash\n#SBATCH -N 2\n{line}\nsrun torchrun x.py\n"
+    if ok:
+        spec, _ = spec_from(text, path="/j.sh")
+        assert spec.min_nodes == 2
+    else:
+        with pytest.raises(ScriptErrors) as err:
+            spec_from(text, path="/j.sh")
+        assert all(p.startswith("/j.sh:3:") for p in err.value.problems)
+
+
+def test_nice_alone_is_sbatchs_100_and_never_takes_the_next_word():
+    spec, _ = spec_from("#!/bin/bash\n#SBATCH --nice --nodes=3\nsrun x\n", path="/j.sh")
+    assert (spec.nice, spec.min_nodes) == (100, 3)
+    with pytest.raises(ScriptErrors) as err:  # getopt: 50 is not --nice's value
+        spec_from("#!/bin/bash\n#SBATCH --nice 50\nsrun x\n", path="/j.sh")
+    assert any("'50' is not an option" in p for p in err.value.problems)

@@ -32,6 +32,11 @@ class Rule:
     short: str | None = None
     value: bool = True
     why: str = ""
+    #: getopt's optional argument (``--exclusive[=user]``, ``--nice[=N]``): a value only as
+    #: ``--opt=value``, never the next word; this one when none is given
+    optional: str | None = None
+    #: the values sbatch accepts, when it names them (compared without case, as sbatch does)
+    choices: tuple[str, ...] = ()
 
 
 _TABLE: tuple[Rule, ...] = (
@@ -46,7 +51,8 @@ _TABLE: tuple[Rule, ...] = (
     Rule("--export", _USE), Rule("--account", _USE, "-A"), Rule("--kind", _USE),
     Rule("--launcher", _USE), Rule("--signal", _USE), Rule("--rate-target", _USE),
     Rule("--exclude", _USE, "-x"), Rule("--array", _USE, "-a"),
-    Rule("--dependency", _USE, "-d"), Rule("--qos", _USE, "-q"), Rule("--nice", _USE),
+    Rule("--dependency", _USE, "-d"), Rule("--qos", _USE, "-q"),
+    Rule("--nice", _USE, optional="100"),  # sbatch's --nice alone: 100
     # -- honoured by Slurm on every node slot
     *(Rule(o, _SLOT, s) for o, s in (
         ("--cpus-per-task", "-c"), ("--mem", None), ("--mem-per-cpu", None),
@@ -59,7 +65,12 @@ _TABLE: tuple[Rule, ...] = (
     # -- accepted, with a warning
     Rule("--partition", _IGNORE, "-p",
          why="malleable jobs run their node slots in the scavenger partition"),
-    Rule("--exclusive", _IGNORE, value=False, why="node slots always hold a whole node"),
+    Rule("--exclusive", _IGNORE, value=False, why="node slots always hold a whole node",
+         optional="", choices=("", "exclusive", "oversubscribe", "user", "mcs", "topo")),
+    Rule("--no-kill", _IGNORE, "-k", value=False, why="a lost node is handled by the daemon",
+         optional="", choices=("", "off")),
+    Rule("--kill-on-invalid-dep", _IGNORE, choices=("yes", "no"),
+         why="a dependency never satisfied fails the job"),
     Rule("--requeue", _IGNORE, value=False,
          why="node slots are always requeued by the daemon"),
     *(Rule(o, _IGNORE, s, why=w) for o, s, w in (
@@ -94,11 +105,9 @@ _TABLE: tuple[Rule, ...] = (
     *(Rule(o, _IGNORE, s, value=False, why=w) for o, s, w in (
         ("--parsable", None, "`malletrain submit --parsable` prints the job id"),
         ("--quiet", "-Q", "not needed"), ("--verbose", "-v", "not needed"),
-        ("--no-kill", "-k", "a lost node is handled by the daemon"),
         ("--oversubscribe", "-s", "node slots always hold a whole node"),
         ("--overcommit", "-O", "not applied to node slots"),
         ("--spread-job", None, "the daemon chooses the nodes"),
-        ("--kill-on-invalid-dep", None, "a dependency never satisfied fails the job"),
         ("--share", None, "node slots always hold a whole node"),
         ("--contiguous", None, "the daemon chooses the nodes"),
         ("--use-min-nodes", None, "the daemon chooses the node count"),
@@ -117,12 +126,12 @@ _TABLE: tuple[Rule, ...] = (
         ("--container", None, "not supported"),
         ("--clusters", "-M", "one cluster per daemon"),
         ("--het-group", None, "heterogeneous jobs are not malleable"),
-        ("--propagate", None, "not supported"),
-        ("--get-user-env", None, "not supported"),
         ("--batch", None, "node features: use --constraint"),
         ("--export-file", None, "use --export"),
         ("--nodefile", "-F", "the daemon chooses the nodes among the idle ones"),
         ("--cluster-constraint", None, "one cluster per daemon"))),
+    *(Rule(o, _REFUSE, value=False, why="not supported", optional="")
+      for o in ("--propagate", "--get-user-env")),
     *(Rule(o, _REFUSE, s, value=False, why=w) for o, s, w in (
         ("--hold", "-H", "the daemon holds and releases node slots itself"),
         ("--test-only", None, "use `malletrain submit --test-only`"),
@@ -224,6 +233,27 @@ def _spank(opt: str, value: str | None, where: str, slot: list[str], warnings: l
                     "every node slot, which the site's plugin serves")
 
 
+def _value_of(rule: Rule, opt: str, value: str | None, tokens: Sequence[str], i: int,
+              where: str) -> tuple[str, int, str | None]:
+    """An option's value as getopt_long gives it to sbatch, where the next word is read
+    from, and the problem, if any. An optional argument (``--exclusive[=user]``) is only
+    ever ``--opt=value``: the next word is not its value."""
+    if rule.optional is not None:
+        value = rule.optional if value is None else value
+    elif not rule.value:
+        if value is not None:
+            return "", i, f"{where}: {opt} takes no value"
+        value = ""
+    elif value is None:
+        if i >= len(tokens):
+            return "", i, f"{where}: {opt} needs a value"
+        value, i = tokens[i], i + 1
+    if rule.choices and value.lower() not in rule.choices:
+        return value, i, (f"{where}: {opt}={value}: invalid {opt} specification (sbatch "
+                          f"takes {', '.join(c for c in rule.choices if c) or 'none'})")
+    return value, i, None
+
+
 def parse_option_tokens(tokens: Sequence[str], where: str) -> Options:
     """``["-N", "2-4", "--time=30"]`` -> Options; every problem collected, none raised."""
     values: dict[str, str] = {}
@@ -252,17 +282,10 @@ def parse_option_tokens(tokens: Sequence[str], where: str) -> Options:
             problems.append(f"{where}: unknown option {opt} (not an sbatch option; the "
                             "options malletrain reads are in docs/user-guide.md)")
             continue
-        if not rule.value:
-            if value is not None:
-                problems.append(f"{where}: {opt} takes no value")
-                continue
-            value = ""
-        elif value is None:
-            if i >= len(tokens):
-                problems.append(f"{where}: {opt} needs a value")
-                continue
-            value = tokens[i]
-            i += 1
+        value, i, problem = _value_of(rule, opt, value, tokens, i, where)
+        if problem:
+            problems.append(problem)
+            continue
         if rule.fate == _REFUSE:
             problems.append(f"{where}: {opt} cannot be used for a malleable job: {rule.why}")
         elif rule.fate == _IGNORE:
