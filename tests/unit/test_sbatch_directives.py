@@ -320,3 +320,18 @@ def test_nice_alone_is_sbatchs_100_and_never_takes_the_next_word():
     with pytest.raises(ScriptErrors) as err:  # getopt: 50 is not --nice's value
         spec_from("#!/bin/bash\n#SBATCH --nice 50\nsrun x\n", path="/j.sh")
     assert any("'50' is not an option" in p for p in err.value.problems)
+
+
+def test_options_sbatch_has_and_has_not_are_read_as_sbatch_reads_them():
+    """``--bb``, ``--gpus-per-socket``, ``--ntasks-per-tres`` and ``--cluster`` are
+    sbatch's (22.05); ``--share`` and ``--burst-buffer`` are not."""
+    spec, opts = spec_from("#!/bin/bash\n#SBATCH -N 2 --bb=capacity=1G --ntasks-per-tres=1\n"
+                           "#SBATCH --gpus-per-socket=2\nsrun x\n", path="/j.sh")
+    assert spec.slot_options == ("--gpus-per-socket=2",)
+    assert sum("ignored" in w for w in opts.warnings) == 2
+    for line, needle in (("--cluster=c2", "--cluster cannot be used"),
+                         ("--share", "unknown option --share"),
+                         ("--burst-buffer=x", "unknown option --burst-buffer")):
+        with pytest.raises(ScriptErrors) as err:
+            spec_from(f"#!/bin/bash\n#SBATCH {line}\nsrun x\n", path="/j.sh")
+        assert any(needle in p for p in err.value.problems), err.value.problems
