@@ -322,6 +322,32 @@ def test_nice_alone_is_sbatchs_100_and_never_takes_the_next_word():
     assert any("'50' is not an option" in p for p in err.value.problems)
 
 
+def test_directives_are_found_where_sbatch_finds_them():
+    """sbatch's ``_opt_batch_script``: a directive starts in the first column (an indented
+    one is a comment), its options may follow ``#SBATCH`` without a space, ``#SLURM`` is
+    read too (with a warning), and a backslash makes the next character plain."""
+    text = ("#!/bin/bash\n#SBATCH -N 2\n  #SBATCH -N 3\n\t#SBATCH --time=10\n"
+            "#SBATCH--time=5\n#SLURM --ntasks-per-node=4\n#SBATCH -J a\\ b\\#c # note\n"
+            "srun x\n")
+    spec, opts = spec_from(text, path="/j.sh")
+    assert (spec.min_nodes, spec.time_limit_s, spec.name) == (2, 300, "a b#c")
+    assert opts.values["ntasks-per-node"] == "4"
+    assert any(w.startswith("/j.sh:6: #SLURM") for w in opts.warnings)
+    with pytest.raises(ScriptErrors) as err:  # sbatch: Invalid directive found: X
+        spec_from("#!/bin/bash\n#SBATCHX -N 2\nsrun x\n", path="/j.sh")
+    assert any(p.startswith("/j.sh:2: 'X' is not an option") for p in err.value.problems)
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("#!/bin/bash\r\n#SBATCH -N 2\r\nsrun x\r\n", "/j.sh:1: DOS line breaks"),
+    ("#!/bin/bash\n#SBATCH -N 2\nsrun x\0\n", "/j.sh:3: a NUL character"),
+    (" #!/bin/bash\n#SBATCH -N 2\nsrun x\n", "/j.sh:1: the first line must start with #!"),
+])
+def test_a_script_sbatch_cannot_read_is_refused_as_sbatch_refuses_it(text, needle):
+    plan, problems = script_mode(text, "/j.sh")
+    assert plan is None and any(p.startswith(needle) for p in problems), problems
+
+
 def test_options_sbatch_has_and_has_not_are_read_as_sbatch_reads_them():
     """``--bb``, ``--gpus-per-socket``, ``--ntasks-per-tres`` and ``--cluster`` are
     sbatch's (22.05); ``--share`` and ``--burst-buffer`` are not."""

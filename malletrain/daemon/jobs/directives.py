@@ -16,6 +16,7 @@ import math
 import re
 import signal
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TypeVar
 
 from malletrain.daemon.jobs import option_values
@@ -63,34 +64,39 @@ def _position(problem: str) -> tuple[int, int]:
     return (0, int(line)) if line.isdigit() else (1, 0)
 
 
-def read_directives(script_text: str, path: str) -> Options:
-    """The ``#SBATCH`` options of a script, read like sbatch does.
+#: the words that start a directive, as sbatch knows them (``#SLURM``: an old spelling it
+#: still reads, saying to change it)
+_MAGIC = ("#SBATCH", "#SLURM")
+#: C's isspace(), which sbatch uses to split a directive's words
+_SPACE = " \t\n\v\f\r"
 
-    sbatch stops at the first line that is not blank and not a comment; so does this.
-    Later directives win over earlier ones, like later command-line options.
+
+def read_directives(script_text: str, path: str) -> Options:
+    """The ``#SBATCH`` options of a script, read like sbatch does (``_opt_batch_script``).
+
+    A directive is a line that starts with ``#SBATCH`` (or ``#SLURM``) in its first column:
+    an indented one is a comment, as is the ``#!`` line. What follows the word is read as
+    options even without a space (``#SBATCH--nodes=2``). sbatch stops at the first line that
+    is not blank and not a comment; so does this. Later directives win over earlier ones,
+    like later command-line options.
     """
     parts: list[Options] = []
-    for lineno, raw in enumerate(script_text.splitlines(), start=1):
-        line = raw.strip()
-        if lineno == 1 and line.startswith("#!"):
-            continue
-        if not line:
-            continue
-        if not line.startswith("#"):
-            break
-        if not line.startswith("#SBATCH"):
-            continue
-        rest = line[len("#SBATCH"):]
-        if rest and not rest[0].isspace():
-            continue  # e.g. "#SBATCHX": not a directive, like sbatch
-        body = rest.strip()
-        if not body:
+    for lineno, line in enumerate(script_text.split("\n"), start=1):
+        magic = next((m for m in _MAGIC if line.startswith(m)), None)
+        if magic is None:
+            code = line.lstrip(_SPACE)
+            if code and not code.startswith("#"):
+                break  # the first command: sbatch reads no further
             continue
         where = f"{path}:{lineno}"
         try:
-            parts.append(parse_option_tokens(_tokenize(body, where), where))
+            opts = parse_option_tokens(_tokenize(line[len(magic):], where), where)
         except SpecError as exc:
-            parts.append(Options({}, {}, problems=(str(exc),)))
+            opts = Options({}, {}, problems=(str(exc),))
+        if magic == "#SLURM":
+            said = f"{where}: #SLURM: sbatch reads it too, and asks to change it to #SBATCH"
+            opts = replace(opts, warnings=(said, *opts.warnings))
+        parts.append(opts)
     merged = Options({}, {})
     for part in parts:
         merged = merge(merged, part)
@@ -101,9 +107,9 @@ def script_mode(script_text: str, path: str) -> tuple[ScriptPlan | None, tuple[s
     """A shell batch script's plan (restart mode, with the problems of its launch line);
     None for a Python script (native mode); any other interpreter is refused."""
     first = script_text.split("\n", 1)[0].strip()
-    if not first.startswith("#!") and not path.endswith(".py"):
-        return None, (f"{path}:1: the first line must start with #! followed by the path to "
-                      "an interpreter (sbatch's rule; a Python script may leave it out)",)
+    unreadable = _what_sbatch_refuses(script_text, path)
+    if unreadable:
+        return None, unreadable
     if is_shell_script(script_text):
         plan, problems = analyse(script_text, path)
         if len(script_text.encode()) > MAX_RESTART_SCRIPT_BYTES:
@@ -115,6 +121,23 @@ def script_mode(script_text: str, path: str) -> tuple[ScriptPlan | None, tuple[s
                       "batch scripts (restart mode) and Python scripts written with "
                       "ElasticJob (native mode)",)
     return None, ()
+
+
+def _what_sbatch_refuses(script_text: str, path: str) -> tuple[str, ...]:
+    """What sbatch refuses in a script before it reads a directive (``_get_script_buffer``):
+    no ``#!`` in its first two bytes (a Python script may leave it out here), DOS line
+    breaks, a NUL character."""
+    if not script_text.startswith("#!") and not path.endswith(".py"):
+        return (f"{path}:1: the first line must start with #! followed by the path to an "
+                "interpreter (sbatch's rule; a Python script may leave it out)",)
+    if "\r\n" in script_text:
+        line = script_text.count("\n", 0, script_text.index("\r\n")) + 1
+        return (f"{path}:{line}: DOS line breaks (\\r\\n): sbatch refuses the script; "
+                "convert it (dos2unix)",)
+    if "\0" in script_text:
+        line = script_text.count("\n", 0, script_text.index("\0")) + 1
+        return (f"{path}:{line}: a NUL character: sbatch refuses the script",)
+    return ()
 
 
 def spec_warnings(opts: Options, spec: JobSpec, plan: ScriptPlan | None = None
@@ -142,16 +165,21 @@ def spec_warnings(opts: Options, spec: JobSpec, plan: ScriptPlan | None = None
 
 
 def _tokenize(body: str, where: str) -> list[str]:
-    """Split a directive as sbatch does: words, quotes, and an unquoted ``#`` that starts a
-    comment (``#SBATCH --nodes=128   # total nodes``)."""
+    """Split a directive as sbatch does (``get_argument``): words split at whitespace,
+    quotes that group (``-J "my job"``), a backslash that makes the next character plain
+    (``a\\ b``, ``\\#``), and an unquoted ``#`` that starts a comment (``#SBATCH
+    --nodes=128   # total nodes``)."""
     tokens: list[str] = []
     cur: list[str] = []
     quote: str | None = None
-    started = False
+    started = escape = False
     for ch in body:
-        if ch == "#" and not quote:
-            break
-        if quote:
+        if escape:
+            cur.append(ch)
+            escape = False
+        elif ch == "\\":
+            escape = started = True
+        elif quote:
             if ch == quote:
                 quote = None
             else:
@@ -159,11 +187,13 @@ def _tokenize(body: str, where: str) -> list[str]:
         elif ch in "\"'":
             quote = ch
             started = True
-        elif ch.isspace():
+        elif ch in _SPACE:
             if started or cur:
                 tokens.append("".join(cur))
                 cur = []
                 started = False
+        elif ch == "#":
+            break
         else:
             cur.append(ch)
     if quote:
