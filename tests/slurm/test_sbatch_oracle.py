@@ -146,7 +146,44 @@ def test_malletrain_reads_each_script_as_real_sbatch_does(row, oracle, capsys, m
     monkeypatch.setenv("MALLETRAIN_SOCKET", os.path.join(oracle["WORK"], "none.sock"))
     path = Path(oracle["WORK"]) / row["file"]
     shutil.copyfile(CORPUS / row["file"], path)
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", row["file"])[:60]
+    _agrees(oracle, path, re.sub(r"[^A-Za-z0-9_.-]", "_", row["file"])[:60], capsys)
+
+
+_RUN = "srun torchrun --nproc_per_node=2 t.py\n"
+#: sbatch's grammar at its edges (src/sbatch/opt.c: _opt_batch_script, get_argument; the
+#: optional arguments of src/common/slurm_opt.c), each a script written for this test
+GRAMMAR_PROBES = {
+    "indented": "#!/bin/bash\n#SBATCH -N 2\n  #SBATCH -N 3\n\t#SBATCH --time=10\n" + _RUN,
+    "no-space": "#!/bin/bash\n#SBATCH--nodes=3\n#SBATCH\t-t 5\n" + _RUN,
+    "slurm-word": "#!/bin/bash\n#SLURM --nodes=2\n#SBATCH -t 7\n" + _RUN,
+    "escapes": "#!/bin/bash\n#SBATCH -N 2 -J a\\#b # note\n#SBATCH -t 3\n" + _RUN,
+    "quoted-hash": '#!/bin/bash\n#SBATCH --job-name="x #y" -N 2\n' + _RUN,
+    "comments-between": "#!/bin/bash\n#SBATCH -N 2\n\n# set up\n#SBATCH -t 9\n" + _RUN,
+    "after-command": "#!/bin/bash\n#SBATCH -N 2\nexport A=1\n#SBATCH -N 4\n" + _RUN,
+    "word-glued": "#!/bin/bash\n#SBATCHX -N 2\n" + _RUN,
+    "dos-breaks": "#!/bin/bash\r\n#SBATCH -N 2\r\n" + _RUN,
+    "space-before-hashbang": " #!/bin/bash\n#SBATCH -N 2\n" + _RUN,
+    "optional-values": "#!/bin/bash\n#SBATCH --exclusive=user -N 2\n#SBATCH --nice\n"
+                       "#SBATCH --no-kill=off --kill-on-invalid-dep=yes\n" + _RUN,
+    "optional-value-bad": "#!/bin/bash\n#SBATCH --exclusive=everyone -N 2\n" + _RUN,
+    "optional-not-next": "#!/bin/bash\n#SBATCH -N 2 --nice 50\n" + _RUN,
+    "required-missing": "#!/bin/bash\n#SBATCH -N 2 --kill-on-invalid-dep\n" + _RUN,
+    "no-such-option": "#!/bin/bash\n#SBATCH -N 2 --share\n" + _RUN,
+}
+
+
+@pytest.mark.parametrize("probe", sorted(GRAMMAR_PROBES))
+def test_sbatchs_grammar_at_its_edges_is_read_as_real_sbatch_reads_it(probe, oracle, capsys,
+                                                                     monkeypatch):
+    monkeypatch.setenv("MALLETRAIN_SOCKET", os.path.join(oracle["WORK"], "none.sock"))
+    path = Path(oracle["WORK"]) / f"probe-{probe}.sh"
+    path.write_bytes(GRAMMAR_PROBES[probe].encode())
+    _agrees(oracle, path, f"probe-{probe}", capsys)
+
+
+def _agrees(oracle: dict[str, str], path: Path, name: str,
+            capsys: pytest.CaptureFixture[str]) -> None:
+    """malletrain reads ``path`` as real sbatch does, or refuses what sbatch refuses."""
     parsed, message = _sbatch(oracle, path, name)
     ours = _ours(path, capsys)
     if parsed is None:
