@@ -361,3 +361,24 @@ def test_options_sbatch_has_and_has_not_are_read_as_sbatch_reads_them():
         with pytest.raises(ScriptErrors) as err:
             spec_from(f"#!/bin/bash\n#SBATCH {line}\nsrun x\n", path="/j.sh")
         assert any(needle in p for p in err.value.problems), err.value.problems
+
+
+def test_the_launch_line_is_read_with_what_slurm_sets_in_the_batch_shell():
+    """``${SLURM_GPUS_PER_NODE:-1}`` is the job's --gpus-per-node where it is given, and its
+    default where only --gres asks for GPUs (Slurm sets the variable from --gpus-per-node
+    alone); ``$SLURM_GPUS_ON_NODE`` is the GPUs per node however asked for."""
+    from malletrain.daemon.jobs.directives import batch_environment
+    line = "srun torchrun --nproc_per_node=${SLURM_GPUS_PER_NODE:-1} t.py\n"
+    for head, workers in (("#SBATCH -N 2 --gpus-per-node=8\n", 8),
+                          ("#SBATCH -N 2 --gres=gpu:8\n", 1)):
+        text = "#!/bin/bash\n" + head + line
+        opts = read_directives(text, "/j.sh")
+        env = batch_environment(opts)
+        plan, _ = script_mode(text, "/j.sh", env)
+        spec = build_spec(opts, script="/j.sh", args=[], cwd="/", python="/p",
+                          default_name="j.sh", plan=plan)
+        assert spec.nproc_per_node == workers, (head, env)
+    opts = read_directives("#!/bin/bash\n#SBATCH -N 2 --gres=gpu:a100:4 -c 8 "
+                           "--ntasks-per-node=1\nsrun x\n", "/j.sh")
+    assert batch_environment(opts) == {"SLURM_GPUS_ON_NODE": "4", "SLURM_CPUS_PER_TASK": "8",
+                                       "SLURM_NTASKS_PER_NODE": "1"}

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
@@ -23,13 +22,10 @@ from malletrain.daemon.jobs import option_values
 from malletrain.daemon.jobs.sbatch_options import Options, parse_option_tokens
 from malletrain.daemon.jobs.spec import (
     MAX_NODES_LIMIT,
-    MAX_STOP_GRACE_S,
-    STOP_SIGNALS,
     JobSpec,
     SpecError,
     parse_export,
     parse_nodes,
-    parse_time_s,
     positive_int,
 )
 from malletrain.elastic.restart.arrays import parse_array
@@ -42,8 +38,8 @@ from malletrain.elastic.restart.script import (
 
 T = TypeVar("T")
 
-__all__ = ["Options", "ScriptErrors", "build_spec", "merge", "parse_option_tokens",
-           "read_directives", "script_mode", "spec_warnings"]
+__all__ = ["Options", "ScriptErrors", "batch_environment", "build_spec", "merge",
+           "parse_option_tokens", "read_directives", "script_mode", "spec_warnings"]
 
 #: a restart-mode script travels in its slots' environment (one variable, under Linux's
 #: 128 KiB limit for one)
@@ -103,15 +99,17 @@ def read_directives(script_text: str, path: str) -> Options:
     return merged
 
 
-def script_mode(script_text: str, path: str) -> tuple[ScriptPlan | None, tuple[str, ...]]:
+def script_mode(script_text: str, path: str, environment: Mapping[str, str] | None = None
+                ) -> tuple[ScriptPlan | None, tuple[str, ...]]:
     """A shell batch script's plan (restart mode, with the problems of its launch line);
-    None for a Python script (native mode); any other interpreter is refused."""
+    None for a Python script (native mode); any other interpreter is refused.
+    ``environment``: what Slurm sets in its batch shell (:func:`batch_environment`)."""
     first = script_text.split("\n", 1)[0].strip()
     unreadable = _what_sbatch_refuses(script_text, path)
     if unreadable:
         return None, unreadable
     if is_shell_script(script_text):
-        plan, problems = analyse(script_text, path)
+        plan, problems = analyse(script_text, path, environment)
         if len(script_text.encode()) > MAX_RESTART_SCRIPT_BYTES:
             problems.append(f"{path}:1: a batch script of more than "
                             f"{MAX_RESTART_SCRIPT_BYTES} bytes")
@@ -121,6 +119,33 @@ def script_mode(script_text: str, path: str) -> tuple[ScriptPlan | None, tuple[s
                       "batch scripts (restart mode) and Python scripts written with "
                       "ElasticJob (native mode)",)
     return None, ()
+
+
+#: sbatch's options whose value Slurm puts, as given, in the batch shell's environment
+#: (src/common/env.c: only where the option is given)
+_ENVIRONMENT = (("gpus-per-node", "SLURM_GPUS_PER_NODE"), ("gpus-per-task", "SLURM_GPUS_PER_TASK"),
+                ("gpus", "SLURM_GPUS"), ("ntasks-per-node", "SLURM_NTASKS_PER_NODE"),
+                ("job-name", "SLURM_JOB_NAME"))
+
+
+def batch_environment(opts: Options) -> dict[str, str]:
+    """What Slurm sets in a batch shell from the job's options, for the static reading of
+    its launch lines: ``--nproc_per_node=${SLURM_GPUS_PER_NODE:-1}`` reads the job's value
+    where ``--gpus-per-node`` is given, the default where it is not, as the shell would.
+    ``SLURM_GPUS_ON_NODE`` (the gres plugin's) is the GPUs per node however asked for;
+    ``SLURM_CPUS_PER_TASK`` comes with ``--cpus-per-task``. The node count is not set: it
+    changes with a malleable job's size."""
+    env = {name: opts.values[key].strip() for key, name in _ENVIRONMENT if key in opts.values}
+    for option in opts.slot:
+        name, _, value = option.partition("=")
+        if name == "--cpus-per-task":
+            env["SLURM_CPUS_PER_TASK"] = value
+    c = _Collect(opts)
+    tasks = c.get("ntasks-per-node", lambda t, w: positive_int(t, w, 256))
+    gpus = _gpus(c, _nodes(c), tasks)[1]
+    if gpus and not c.problems:
+        env["SLURM_GPUS_ON_NODE"] = str(gpus)
+    return env
 
 
 def _what_sbatch_refuses(script_text: str, path: str) -> tuple[str, ...]:
@@ -238,52 +263,6 @@ class _Collect:
         self.problems.append(f"{self.where(key)}: {message}")
 
 
-def _gpu_count(text: str, where: str) -> tuple[str | None, int]:
-    """``[type:]N`` -> (type, N), as --gpus-per-node/--gpus/--gpus-per-task take it."""
-    kind, sep, count = text.strip().rpartition(":")
-    return (kind or None) if sep else None, positive_int(count, where, 64 * 1024)
-
-
-def _gres_gpus(text: str, where: str) -> tuple[str | None, int]:
-    """``--gres=gpu[:type]:N[,other...]`` -> the GPU part (None, 0 without one)."""
-    for item in text.split(","):
-        name, _, rest = item.strip().partition(":")
-        if name != "gpu":
-            continue
-        if not rest:
-            return None, 1  # "gpu" alone is one GPU, as Slurm reads it
-        kind, sep, count = rest.rpartition(":")
-        if not sep and not rest.isdigit():
-            return rest, 1  # "gpu:a100"
-        return (kind or None), positive_int(count if sep else rest, where, 64)
-    return None, 0
-
-
-def _time(text: str, where: str) -> int | None:
-    return None if text.strip().upper() in ("UNLIMITED", "INFINITE") else parse_time_s(text, where)
-
-
-def _stop_signal(text: str, where: str) -> tuple[str, int, bool]:
-    """``[{R|B}:]SIG[@seconds]`` -> (signal name, grace, to the batch shell only), as sbatch
-    reads it (60 s by default)."""
-    body = text.strip()
-    shell_only = body.startswith("B:")
-    if len(body) > 2 and body[1] == ":" and body[0] in "RB":
-        body = body[2:]
-    sig, at, grace = body.partition("@")
-    name = sig.upper().removeprefix("SIG")
-    if name.isdigit():
-        try:
-            name = signal.Signals(int(name)).name.removeprefix("SIG")
-        except ValueError:
-            name = sig
-    if name not in STOP_SIGNALS:
-        raise SpecError(f"{where}: {sig!r} is not a signal a job may ask for "
-                        f"({', '.join(STOP_SIGNALS)})")
-    seconds = positive_int(grace, where, MAX_STOP_GRACE_S) if at else 60
-    return name, seconds, shell_only
-
-
 def _nodes(c: _Collect) -> tuple[int, int]:
     lo, hi = c.get("nodes", parse_nodes) or _nodes_from_tasks(c)
     lo = c.get("min-nodes", lambda t, w: positive_int(t, w, MAX_NODES_LIMIT)) or lo
@@ -316,14 +295,15 @@ def _per_node(c: _Collect, total: int, key: str, nodes: tuple[int, int], what: s
 
 def _gpus(c: _Collect, nodes: tuple[int, int], tasks: int | None) -> tuple[str | None, int]:
     """GPUs per node and their type, from whichever of sbatch's four ways the script used."""
-    for key, parse in (("gres", _gres_gpus), ("gpus-per-node", _gpu_count)):
+    for key, parse in (("gres", option_values.gres_gpus),
+                       ("gpus-per-node", option_values.gpu_count)):
         got = c.get(key, parse)
         if got is not None and got[1]:
             return got
-    got = c.get("gpus-per-task", _gpu_count)
+    got = c.get("gpus-per-task", option_values.gpu_count)
     if got is not None:
         return got[0], got[1] * (tasks or 1)
-    got = c.get("gpus", _gpu_count)
+    got = c.get("gpus", option_values.gpu_count)
     if got is not None:
         return got[0], _per_node(c, got[1], "gpus", nodes, "GPUs")
     return None, 0
@@ -338,7 +318,7 @@ def build_spec(opts: Options, *, script: str, args: Sequence[str], cwd: str, pyt
     c = _Collect(opts)
     v = opts.values
     nodes = _nodes(c)
-    time_s = c.get("time", _time)
+    time_s = c.get("time", option_values.time)
     tasks = c.get("ntasks-per-node", lambda t, w: positive_int(t, w, 256))
     tasks = tasks or c.get("nproc-per-node", lambda t, w: positive_int(t, w, 256))
     if tasks is None and "ntasks" in v:
@@ -350,8 +330,9 @@ def build_spec(opts: Options, *, script: str, args: Sequence[str], cwd: str, pyt
     if not chdir.startswith("/"):
         chdir = cwd.rstrip("/") + "/" + chdir
     slot = tuple(opts.slot) + ((f"--gres={v['gres']}",) if "gres" in v and gpus else ())
-    stop_signal, grace, shell_only = ((c.get("signal", _stop_signal) or ("TERM", 0, False))
-                                      if plan else ("TERM", 0, False))
+    stop_signal, grace, shell_only = (
+        (c.get("signal", option_values.stop_signal) or ("TERM", 0, False)) if plan
+        else ("TERM", 0, False))
     target = c.get("rate-target", option_values.rate)
     exclude = c.get("exclude", option_values.exclude) or ()
     dependency = c.get("dependency", option_values.dependency)

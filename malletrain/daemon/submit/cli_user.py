@@ -24,6 +24,7 @@ from typing import Any
 from malletrain.daemon.jobs.array_tasks import task_count, task_spec
 from malletrain.daemon.jobs.directives import (
     ScriptErrors,
+    batch_environment,
     build_spec,
     merge,
     parse_option_tokens,
@@ -147,7 +148,7 @@ def _read_spec(args: argparse.Namespace) -> ReadScript:
     path, text = read_script(args.script)
     tokens = command_line_tokens(args)
     opts = merge(read_directives(text, str(path)), parse_option_tokens(tokens, "command line"))
-    plan, problems = script_mode(text, str(path))
+    plan, problems = script_mode(text, str(path), batch_environment(opts))
     opts = replace(opts, problems=opts.problems + problems)
     script_args = list(args.args)
     if script_args and script_args[0] == "--":
