@@ -169,6 +169,14 @@ GRAMMAR_PROBES = {
     "optional-not-next": "#!/bin/bash\n#SBATCH -N 2 --nice 50\n" + _RUN,
     "required-missing": "#!/bin/bash\n#SBATCH -N 2 --kill-on-invalid-dep\n" + _RUN,
     "no-such-option": "#!/bin/bash\n#SBATCH -N 2 --share\n" + _RUN,
+    "input-environment": "#!/bin/bash\n#SBATCH -N 2 -t 10 -J from-script\n" + _RUN,
+    "input-environment-bad": "#!/bin/bash\n#SBATCH -N 2\n" + _RUN,
+}
+#: sbatch's input environment, which wins over the script's #SBATCH lines
+PROBE_ENVIRONMENT = {
+    "input-environment": {"SBATCH_TIMELIMIT": "45", "SBATCH_JOB_NAME": "from-env",
+                          "SBATCH_GPUS_PER_NODE": "1", "SBATCH_EXCLUSIVE": ""},
+    "input-environment-bad": {"SBATCH_TIMELIMIT": "soon"},
 }
 
 
@@ -178,7 +186,10 @@ def test_sbatchs_grammar_at_its_edges_is_read_as_real_sbatch_reads_it(probe, ora
     monkeypatch.setenv("MALLETRAIN_SOCKET", os.path.join(oracle["WORK"], "none.sock"))
     path = Path(oracle["WORK"]) / f"probe-{probe}.sh"
     path.write_bytes(GRAMMAR_PROBES[probe].encode())
-    _agrees(oracle, path, f"probe-{probe}", capsys)
+    environment = PROBE_ENVIRONMENT.get(probe, {})
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    _agrees({**oracle, **environment}, path, f"probe-{probe}", capsys)
 
 
 def _agrees(oracle: dict[str, str], path: Path, name: str,

@@ -363,6 +363,26 @@ def test_options_sbatch_has_and_has_not_are_read_as_sbatch_reads_them():
         assert any(needle in p for p in err.value.problems), err.value.problems
 
 
+def test_sbatchs_input_environment_wins_over_the_script_and_flags_over_it():
+    """sbatch reads ``SBATCH_*`` after the ``#SBATCH`` lines and before the command line."""
+    from malletrain.daemon.jobs.sbatch_options import environment_options
+    text = "#!/bin/bash\n#SBATCH -N 2 -t 10 -J script --account=a\nsrun x\n"
+    env = environment_options({"SBATCH_TIMELIMIT": "45", "SBATCH_JOB_NAME": "env",
+                               "SBATCH_ACCOUNT": "b", "SBATCH_EXCLUSIVE": "", "HOME": "/h"})
+    d = read_directives(text, "/j.sh")
+    opts = merge(merge(d, env), parse_option_tokens(["--account=c"], "command line"))
+    spec = build_spec(opts, script="/j.sh", args=[], cwd="/", python="/p",
+                      default_name="j.sh")
+    assert (spec.time_limit_s, spec.name, spec.account) == (2700, "env", "c")
+    assert any(w.startswith("$SBATCH_EXCLUSIVE: --exclusive ignored") for w in opts.warnings)
+    bad = environment_options({"SBATCH_TIMELIMIT": "soon", "SBATCH_WAIT": "1"})
+    with pytest.raises(ScriptErrors) as err:
+        build_spec(merge(d, bad), script="/j.sh", args=[], cwd="/", python="/p",
+                   default_name="j.sh")
+    assert sorted(p.split(":")[0] for p in err.value.problems) == ["$SBATCH_TIMELIMIT",
+                                                                    "$SBATCH_WAIT"]
+
+
 def test_the_launch_line_is_read_with_what_slurm_sets_in_the_batch_shell():
     """``${SLURM_GPUS_PER_NODE:-1}`` is the job's --gpus-per-node where it is given, and its
     default where only --gres asks for GPUs (Slurm sets the variable from --gpus-per-node

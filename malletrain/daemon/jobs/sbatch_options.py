@@ -313,3 +313,61 @@ def parse_option_tokens(tokens: Sequence[str], where: str) -> Options:
             values[key] = value
             origin[key] = where
     return Options(values, origin, tuple(warnings), tuple(problems), tuple(slot))
+
+
+#: sbatch's input environment variables (src/sbatch/opt.c: env_vars, Slurm 22.05), each the
+#: option it sets: they win over the script's ``#SBATCH`` lines, command-line flags win over
+#: them. A later one wins over an earlier one (``SLURM_CLUSTERS`` over ``SBATCH_CLUSTERS``).
+ENVIRONMENT_OPTIONS: tuple[tuple[str, str], ...] = (
+    ("SBATCH_ACCOUNT", "--account"), ("SBATCH_ARRAY_INX", "--array"),
+    ("SBATCH_ACCTG_FREQ", "--acctg-freq"), ("SBATCH_BATCH", "--batch"),
+    ("SBATCH_BURST_BUFFER", "--bb"), ("SBATCH_CLUSTER_CONSTRAINT", "--cluster-constraint"),
+    ("SBATCH_CLUSTERS", "--clusters"), ("SLURM_CLUSTERS", "--clusters"),
+    ("SBATCH_CONTAINER", "--container"), ("SBATCH_CONSTRAINT", "--constraint"),
+    ("SBATCH_CORE_SPEC", "--core-spec"), ("SBATCH_CPU_FREQ_REQ", "--cpu-freq"),
+    ("SBATCH_CPUS_PER_GPU", "--cpus-per-gpu"), ("SBATCH_DEBUG", "--verbose"),
+    ("SBATCH_DELAY_BOOT", "--delay-boot"), ("SBATCH_DISTRIBUTION", "--distribution"),
+    ("SBATCH_EXCLUSIVE", "--exclusive"), ("SBATCH_EXPORT", "--export"),
+    ("SBATCH_GET_USER_ENV", "--get-user-env"), ("SBATCH_GRES", "--gres"),
+    ("SBATCH_GRES_FLAGS", "--gres-flags"), ("SBATCH_GPUS", "--gpus"),
+    ("SBATCH_GPU_BIND", "--gpu-bind"), ("SBATCH_GPU_FREQ", "--gpu-freq"),
+    ("SBATCH_GPUS_PER_NODE", "--gpus-per-node"), ("SBATCH_GPUS_PER_SOCKET", "--gpus-per-socket"),
+    ("SBATCH_GPUS_PER_TASK", "--gpus-per-task"), ("SLURM_HINT", "--hint"),
+    ("SBATCH_HINT", "--hint"), ("SBATCH_JOB_NAME", "--job-name"),
+    ("SBATCH_MEM_BIND", "--mem-bind"), ("SBATCH_MEM_PER_CPU", "--mem-per-cpu"),
+    ("SBATCH_MEM_PER_GPU", "--mem-per-gpu"), ("SBATCH_MEM_PER_NODE", "--mem"),
+    ("SBATCH_NETWORK", "--network"), ("SBATCH_NO_KILL", "--no-kill"),
+    ("SBATCH_NO_REQUEUE", "--no-requeue"), ("SBATCH_OPEN_MODE", "--open-mode"),
+    ("SBATCH_OVERCOMMIT", "--overcommit"), ("SBATCH_PARTITION", "--partition"),
+    ("SBATCH_POWER", "--power"), ("SBATCH_PROFILE", "--profile"), ("SBATCH_QOS", "--qos"),
+    ("SBATCH_REQ_SWITCH", "--switches"), ("SBATCH_REQUEUE", "--requeue"),
+    ("SBATCH_RESERVATION", "--reservation"), ("SBATCH_SIGNAL", "--signal"),
+    ("SBATCH_SPREAD_JOB", "--spread-job"), ("SBATCH_THREAD_SPEC", "--thread-spec"),
+    ("SBATCH_THREADS_PER_CORE", "--threads-per-core"), ("SBATCH_TIMELIMIT", "--time"),
+    ("SBATCH_USE_MIN_NODES", "--use-min-nodes"), ("SBATCH_WAIT", "--wait"),
+    ("SBATCH_WAIT_ALL_NODES", "--wait-all-nodes"), ("SBATCH_WCKEY", "--wckey"),
+)
+
+
+def environment_options(environ: Mapping[str, str]) -> Options:
+    """The options sbatch takes from its input environment (``SBATCH_TIMELIMIT=30``,
+    ``SBATCH_ACCOUNT=proj``), read with the table like a ``#SBATCH`` line; each problem
+    names its variable. A variable of an option without a value sets it, whatever it holds."""
+    values: dict[str, str] = {}
+    origin: dict[str, str] = {}
+    warnings: list[str] = []
+    problems: list[str] = []
+    slot: list[str] = []
+    for var, opt in ENVIRONMENT_OPTIONS:
+        if var not in environ:
+            continue
+        rule, value = RULES[opt], environ[var]
+        flag = (not rule.value and rule.optional is None) or (rule.optional is not None
+                                                             and not value)
+        got = parse_option_tokens([opt if flag else f"{opt}={value}"], f"${var}")
+        values.update(got.values)
+        origin.update(got.origin)
+        warnings += got.warnings
+        problems += got.problems
+        slot += got.slot
+    return Options(values, origin, tuple(warnings), tuple(problems), tuple(slot))
