@@ -402,3 +402,22 @@ def test_the_launch_line_is_read_with_what_slurm_sets_in_the_batch_shell():
                            "--ntasks-per-node=1\nsrun x\n", "/j.sh")
     assert batch_environment(opts) == {"SLURM_GPUS_ON_NODE": "4", "SLURM_CPUS_PER_TASK": "8",
                                        "SLURM_NTASKS_PER_NODE": "1"}
+
+
+def test_short_options_are_split_as_getopt_splits_them():
+    """``-N2``: the rest of the word is the value, as written (``-J=abc`` names the job
+    ``=abc``, ``-t=10`` is no time: sbatch refuses it); flags share a dash (``-Qv``)."""
+    spec, opts = spec_from("#!/bin/bash\n#SBATCH -N2 -t5 -J=abc -Qv\nsrun x\n", path="/j.sh")
+    assert (spec.min_nodes, spec.time_limit_s, spec.name) == (2, 300, "=abc")
+    assert sum("ignored: not needed" in w for w in opts.warnings) == 2
+    for line in ("-N=2", "-t=10"):
+        with pytest.raises(ScriptErrors):
+            spec_from(f"#!/bin/bash\n#SBATCH {line}\nsrun x\n", path="/j.sh")
+
+
+def test_node_counts_read_as_slurm_reads_them():
+    assert parse_nodes("2k") == (2048, 2048) and parse_nodes("1-2K") == (1, 2048)
+    assert parse_nodes("-4") == (1, 4)  # no minimum: Slurm's is 1
+    for bad in ("2x", "k", "2-", "4-2"):
+        with pytest.raises(SpecError):
+            parse_nodes(bad)

@@ -202,12 +202,20 @@ _ALIASES = {"--tasks-per-node": "--ntasks-per-node"}
 
 
 def _split(token: str) -> tuple[str, str | None]:
+    """``--opt=value`` or ``-Xvalue`` -> (option, value), as getopt_long splits a word: a
+    short option's value is the rest of the word as written (``-t=10`` is the time
+    ``=10``, which sbatch refuses); the rest of a flag's word is more flags (``-Qv``)."""
     if token.startswith("--"):
         opt, sep, value = token.partition("=")
         return opt, (value if sep else None)
     if token.startswith("-") and len(token) > 2:
-        return token[:2], token[2:].removeprefix("=")
+        return token[:2], token[2:]
     return token, None
+
+
+def _is_flag(opt: str) -> bool:
+    rule = RULES.get(opt)
+    return rule is not None and not rule.value and rule.optional is None
 
 
 def resolve_long(opt: str) -> str | list[str]:
@@ -274,11 +282,15 @@ def parse_option_tokens(tokens: Sequence[str], where: str) -> Options:
     warnings: list[str] = []
     problems: list[str] = []
     slot: list[str] = []
+    tokens = list(tokens)
     i = 0
     while i < len(tokens):
         token = tokens[i]
         i += 1
         opt, value = _split(token)
+        if value is not None and not opt.startswith("--") and _is_flag(opt):
+            tokens.insert(i, "-" + value)  # ``-Qv``: -Q, then -v
+            token, value = opt, None
         problem = _not_an_option(token, where) or _unresolved(opt, where)
         if problem:
             problems.append(problem)
