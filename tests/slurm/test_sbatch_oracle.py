@@ -128,9 +128,9 @@ def _gpus(parsed: dict[str, str | None], nodes: int, tasks: int | None
     for key, scale in (("tres_per_node", 1), ("tres_per_task", tasks or 1),
                        ("tres_per_job", None)):
         text = parsed.get(key) or ""
-        m = re.search(r"gres[:/]gpu(?::([A-Za-z][A-Za-z0-9_]*))?[:=](\d+)", text)
+        m = re.search(r"gres[:/]gpu(?::([A-Za-z][A-Za-z0-9_]*))?(?:[:=](\d+))?(?:,|$)", text)
         if m:
-            count = int(m.group(2))
+            count = int(m.group(2) or 1)  # ``gres:gpu``, ``gres:gpu:a100``: one GPU
             per_node = count * scale if scale is not None else count // max(nodes, 1)
             return per_node, m.group(1)
     return 0, None
@@ -168,6 +168,22 @@ GRAMMAR_PROBES = {
     "optional-value-bad": "#!/bin/bash\n#SBATCH --exclusive=everyone -N 2\n" + _RUN,
     "optional-not-next": "#!/bin/bash\n#SBATCH -N 2 --nice 50\n" + _RUN,
     "required-missing": "#!/bin/bash\n#SBATCH -N 2 --kill-on-invalid-dep\n" + _RUN,
+    "short-eq-n": "#!/bin/bash\n#SBATCH -N=2\n" + _RUN,
+    "short-eq-t": "#!/bin/bash\n#SBATCH -N 2 -t=10\n" + _RUN,
+    "short-eq-j": "#!/bin/bash\n#SBATCH -N 2 -J=abc\n" + _RUN,
+    "cluster-flags": "#!/bin/bash\n#SBATCH -N 2 -Qv\n" + _RUN,
+    "short-glued": "#!/bin/bash\n#SBATCH -N2 -t5 -Jabc\n" + _RUN,
+    "long-space-eq": "#!/bin/bash\n#SBATCH --nodes 2 --time= 5\n" + _RUN,
+    "gres-gpu-only": "#!/bin/bash\n#SBATCH -N 2 --gres=gpu\n" + _RUN,
+    "ntasks-only": "#!/bin/bash\n#SBATCH -n 8 --ntasks-per-node=4\n" + _RUN,
+    "gpus-type": "#!/bin/bash\n#SBATCH -N 2 --gpus=a100:4\n" + _RUN,
+    "time-dh": "#!/bin/bash\n#SBATCH -N 2 -t 1-2\n" + _RUN,
+    "time-ms": "#!/bin/bash\n#SBATCH -N 2 -t 90:30\n" + _RUN,
+    "nodes-range": "#!/bin/bash\n#SBATCH -N 2-4\n" + _RUN,
+    "nodes-k": "#!/bin/bash\n#SBATCH -N 2k\n" + _RUN,
+    "tab-sep": "#!/bin/bash\n#SBATCH\t--nodes=2\t--time=5\n" + _RUN,
+    "empty-directive": "#!/bin/bash\n#SBATCH\n#SBATCH -N 2\n" + _RUN,
+    "uppercase": "#!/bin/bash\n#sbatch -N 3\n#SBATCH -N 2\n" + _RUN,
     "no-such-option": "#!/bin/bash\n#SBATCH -N 2 --share\n" + _RUN,
     "input-environment": "#!/bin/bash\n#SBATCH -N 2 -t 10 -J from-script\n" + _RUN,
     "input-environment-bad": "#!/bin/bash\n#SBATCH -N 2\n" + _RUN,
