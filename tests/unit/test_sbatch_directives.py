@@ -421,3 +421,17 @@ def test_node_counts_read_as_slurm_reads_them():
     for bad in ("2x", "k", "2-", "4-2"):
         with pytest.raises(SpecError):
             parse_nodes(bad)
+
+
+def test_zero_counts_and_times_and_the_gpu_options_order_as_slurm_reads_them():
+    """``-t 0`` is no limit, ``--gpus-per-node=0`` and ``--gres=gpu:0`` no GPUs, and
+    ``--gpus-per-node`` wins over ``--gres=gpu`` whichever comes first (Slurm 22.05); a
+    time with spaces around it is not one."""
+    spec, _ = spec_from("#!/bin/bash\n#SBATCH -N 2 -t 0 --gpus-per-node=0\nsrun x\n")
+    assert (spec.time_limit_s, spec.gpus_per_node) == (None, 0)
+    assert spec_from("#!/bin/bash\n#SBATCH -t 0-00:00\nsrun x\n")[0].time_limit_s is None
+    for line in ("--gres=gpu:4 --gpus-per-node=a100:2", "--gpus-per-node=a100:2 --gres=gpu:4"):
+        spec, _ = spec_from(f"#!/bin/bash\n#SBATCH -N 2 {line}\nsrun x\n")
+        assert (spec.gpus_per_node, spec.gpu_type) == (2, "a100")
+    with pytest.raises(ScriptErrors):
+        spec_from('#!/bin/bash\n#SBATCH -N 2 -t " 30 "\nsrun x\n')

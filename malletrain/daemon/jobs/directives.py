@@ -295,8 +295,9 @@ def _per_node(c: _Collect, total: int, key: str, nodes: tuple[int, int], what: s
 
 def _gpus(c: _Collect, nodes: tuple[int, int], tasks: int | None) -> tuple[str | None, int]:
     """GPUs per node and their type, from whichever of sbatch's four ways the script used."""
-    for key, parse in (("gres", option_values.gres_gpus),
-                       ("gpus-per-node", option_values.gpu_count)):
+    # --gpus-per-node wins over --gres=gpu (Slurm 22.05; 26.05 refuses the two together)
+    for key, parse in (("gpus-per-node", option_values.gpu_count),
+                       ("gres", option_values.gres_gpus)):
         got = c.get(key, parse)
         if got is not None and got[1]:
             return got

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import re
 import signal
 
 from malletrain.daemon.jobs.dependency import DependencyError, parse_dependency
@@ -81,7 +82,12 @@ def array(text: str, where: str) -> str:
 def gpu_count(text: str, where: str) -> tuple[str | None, int]:
     """``[type:]N`` -> (type, N), as --gpus-per-node/--gpus/--gpus-per-task take it."""
     kind, sep, count = text.strip().rpartition(":")
-    return (kind or None) if sep else None, positive_int(count, where, 64 * 1024)
+    return (kind or None) if sep else None, _gpu_number(count, where, 64 * 1024)
+
+
+def _gpu_number(text: str, where: str, limit: int) -> int:
+    """A GPU count: 0 (no GPUs, which sbatch takes) up to ``limit``."""
+    return 0 if text.strip() == "0" else positive_int(text, where, limit)
 
 
 def gres_gpus(text: str, where: str) -> tuple[str | None, int]:
@@ -95,12 +101,22 @@ def gres_gpus(text: str, where: str) -> tuple[str | None, int]:
         kind, sep, count = rest.rpartition(":")
         if not sep and not rest.isdigit():
             return rest, 1  # "gpu:a100"
-        return (kind or None), positive_int(count if sep else rest, where, 64)
+        return (kind or None), _gpu_number(count if sep else rest, where, 64)
     return None, 0
 
 
+#: a time limit of zero, in any of Slurm's forms: "no time limit" (sbatch's man page)
+_ZERO_TIME = re.compile(r"^(?:0+-)?0+(?::0+){0,2}$")
+
+
 def time(text: str, where: str) -> int | None:
-    return None if text.strip().upper() in ("UNLIMITED", "INFINITE") else parse_time_s(text, where)
+    """``--time``: seconds; None for no limit (``UNLIMITED``, ``INFINITE``, or zero, which
+    Slurm reads as no limit). Spaces around it are not Slurm's (``" 30 "``: refused)."""
+    if text != text.strip():
+        raise SpecError(f"{where}: {text!r} is not a time (spaces around it)")
+    if text.upper() in ("UNLIMITED", "INFINITE") or _ZERO_TIME.match(text):
+        return None
+    return parse_time_s(text, where)
 
 
 def stop_signal(text: str, where: str) -> tuple[str, int, bool]:
