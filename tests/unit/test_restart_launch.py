@@ -196,3 +196,13 @@ def test_srun_options_with_and_without_values():
                     "--mpi": "pmix"}
 
 
+
+
+def test_srun_options_with_an_optional_value_never_take_the_next_word():
+    """srun's ``--propagate[=rlimit]``, ``--nice[=adj]``, ``--resv-ports[=n]``, ``--x11[=...]``
+    take a value only as ``--opt=value`` (getopt's optional argument)."""
+    for opt in ("--propagate", "--nice", "--resv-ports", "--x11", "--send-libs"):
+        opts, cmd = split_srun(["srun", opt, "python", "t.py"])
+        assert cmd == ["python", "t.py"] and opts == {opt: ""}, opt
+    opts, cmd = split_srun(["srun", "--propagate=STACK", "--nice=10", "python", "t.py"])
+    assert cmd == ["python", "t.py"] and opts == {"--propagate": "STACK", "--nice": "10"}

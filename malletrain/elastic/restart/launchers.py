@@ -59,8 +59,11 @@ class Launch:
 
 # ------------------------------------------------------------------------------------ srun
 
-#: srun options that take no value (a value only as ``--opt=value``).
+#: srun options that take no value, or an optional one (getopt's optional argument: a value
+#: only as ``--opt=value``, never the next word: ``srun --propagate python t.py``).
 _SRUN_FLAGS = frozenset({
+    "--propagate", "--nice", "--resv-ports", "--x11", "--send-libs", "--oom-kill-step",
+    "--external-launcher", "--quit-on-interrupt",
     "--exclusive", "--overlap", "--kill-on-bad-exit", "-K", "--label", "-l", "--unbuffered",
     "-u", "--quiet", "-Q", "--verbose", "-v", "--exact", "--overcommit", "-O", "--no-allocate",
     "-Z", "--pty", "--disable-status", "-X", "--preserve-env", "-E", "--oversubscribe", "-s",
