@@ -435,3 +435,19 @@ def test_zero_counts_and_times_and_the_gpu_options_order_as_slurm_reads_them():
         assert (spec.gpus_per_node, spec.gpu_type) == (2, "a100")
     with pytest.raises(ScriptErrors):
         spec_from('#!/bin/bash\n#SBATCH -N 2 -t " 30 "\nsrun x\n')
+
+
+def test_task_counts_slurm_derives_from_the_gpus():
+    """``--ntasks-per-gpu`` tasks for each GPU; one task per ``--gpus-per-task`` GPUs of the
+    node's; ``--gpus-per-task`` with no task count at all is refused, as sbatch refuses it."""
+    spec, _ = spec_from("#!/bin/bash\n#SBATCH -N 64 --gpus=512 --ntasks-per-gpu=1\nsrun x\n",
+                        path="/j.sh")
+    assert (spec.gpus_per_node, spec.nproc_per_node) == (8, 8)
+    spec, _ = spec_from("#!/bin/bash\n#SBATCH -N 2 --gpus-per-node=8 --gpus-per-task=4\n"
+                        "srun x\n", path="/j.sh")
+    assert spec.nproc_per_node == 2
+    with pytest.raises(ScriptErrors) as err:
+        spec_from("#!/bin/bash\n#SBATCH --gpus-per-task=1\nsrun x\n", path="/j.sh")
+    assert any("--gpus-per-task: used without a task count" in p for p in err.value.problems)
+    spec, opts = spec_from("#!/bin/bash\n#SBATCH -N 2 --get-user-env=10L\nsrun x\n")
+    assert any("--get-user-env ignored" in w for w in opts.warnings)

@@ -310,6 +310,30 @@ def _gpus(c: _Collect, nodes: tuple[int, int], tasks: int | None) -> tuple[str |
     return None, 0
 
 
+def _tasks(c: _Collect, nodes: tuple[int, int]) -> int | None:
+    """Tasks per node: ``--ntasks-per-node`` (malletrain's ``--nproc-per-node``), else
+    ``--ntasks`` over a fixed node count."""
+    tasks = c.get("ntasks-per-node", lambda t, w: positive_int(t, w, 256))
+    tasks = tasks or c.get("nproc-per-node", lambda t, w: positive_int(t, w, 256))
+    if tasks is None and "ntasks" in c.opts.values:
+        total = c.get("ntasks", lambda t, w: positive_int(t, w, 1 << 20))
+        tasks = _per_node(c, total, "ntasks", nodes, "tasks") if total else None
+    return tasks
+
+
+def _tasks_from_gpus(c: _Collect, gpus: int) -> int | None:
+    """Slurm's task count from the GPUs where no task count is given: ``--ntasks-per-gpu``
+    tasks for each GPU, or one per ``--gpus-per-task`` GPUs of the node's."""
+    per_gpu = c.get("ntasks-per-gpu", lambda t, w: positive_int(t, w, 256))
+    per_task = (c.get("gpus-per-task", option_values.gpu_count) or (None, 0))[1]
+    if per_task and not {"ntasks", "ntasks-per-node", "gpus", "nodes"} & set(c.opts.values):
+        c.problem("gpus-per-task", "used without a task count (-n, --ntasks-per-node, "
+                  "--nodes) or --gpus: sbatch refuses it")
+    if per_gpu and gpus:
+        return per_gpu * gpus
+    return gpus // per_task if per_task and gpus and gpus % per_task == 0 else None
+
+
 def build_spec(opts: Options, *, script: str, args: Sequence[str], cwd: str, python: str,
                default_name: str, plan: ScriptPlan | None = None) -> JobSpec:
     """Merged options -> a validated spec, or :class:`ScriptErrors` with every problem.
@@ -320,12 +344,9 @@ def build_spec(opts: Options, *, script: str, args: Sequence[str], cwd: str, pyt
     v = opts.values
     nodes = _nodes(c)
     time_s = c.get("time", option_values.time)
-    tasks = c.get("ntasks-per-node", lambda t, w: positive_int(t, w, 256))
-    tasks = tasks or c.get("nproc-per-node", lambda t, w: positive_int(t, w, 256))
-    if tasks is None and "ntasks" in v:
-        total = c.get("ntasks", lambda t, w: positive_int(t, w, 1 << 20))
-        tasks = _per_node(c, total, "ntasks", nodes, "tasks") if total else None
+    tasks = _tasks(c, nodes)
     gpu_type, gpus = _gpus(c, nodes, tasks)
+    tasks = tasks or _tasks_from_gpus(c, gpus)
     export, env = c.get("export", parse_export) or ("ALL", {})
     chdir = v.get("chdir", cwd)
     if not chdir.startswith("/"):

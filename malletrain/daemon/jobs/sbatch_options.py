@@ -51,7 +51,7 @@ _TABLE: tuple[Rule, ...] = (
     Rule("--export", _USE), Rule("--account", _USE, "-A"), Rule("--kind", _USE),
     Rule("--launcher", _USE), Rule("--signal", _USE), Rule("--rate-target", _USE),
     Rule("--exclude", _USE, "-x"), Rule("--array", _USE, "-a"),
-    Rule("--dependency", _USE, "-d"), Rule("--qos", _USE, "-q"),
+    Rule("--dependency", _USE, "-d"), Rule("--qos", _USE, "-q"), Rule("--ntasks-per-gpu", _USE),
     Rule("--nice", _USE, optional="100"),  # sbatch's --nice alone: 100
     # -- honoured by Slurm on every node slot
     *(Rule(o, _SLOT, s) for o, s in (
@@ -99,7 +99,6 @@ _TABLE: tuple[Rule, ...] = (
          "outside reservations"),
         ("--mem-bind", None, "not applied to node slots"),
         ("--time-min", None, "the daemon sets each node slot's time from its idle window"),
-        ("--ntasks-per-gpu", None, "workers are placed per node by the launcher"),
         ("--delay-boot", None, "node slots run on nodes that are up"),
         ("--mcs-label", None, "not used by node slots"),
         ("--power", None, "not applied to node slots"),
@@ -143,8 +142,9 @@ _TABLE: tuple[Rule, ...] = (
         ("--export-file", None, "use --export"),
         ("--nodefile", "-F", "the daemon chooses the nodes among the idle ones"),
         ("--cluster-constraint", None, "one cluster per daemon"))),
-    *(Rule(o, _REFUSE, value=False, why="not supported", optional="")
-      for o in ("--propagate", "--get-user-env")),
+    Rule("--propagate", _REFUSE, value=False, why="not supported", optional=""),
+    Rule("--get-user-env", _IGNORE, value=False, optional="", why="sbatch acts on it only "
+         "for root's --uid; node slots run as you, with this command's environment"),
     *(Rule(o, _REFUSE, s, value=False, why=w) for o, s, w in (
         ("--hold", "-H", "the daemon holds and releases node slots itself"),
         ("--test-only", None, "use `malletrain submit --test-only`"),
