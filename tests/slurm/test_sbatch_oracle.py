@@ -128,7 +128,7 @@ def _gpus(parsed: dict[str, str | None], nodes: int, tasks: int | None
     for key, scale in (("tres_per_node", 1), ("tres_per_task", tasks or 1),
                        ("tres_per_job", None)):
         text = parsed.get(key) or ""
-        m = re.search(r"gres[:/]gpu(?::([A-Za-z][A-Za-z0-9_]*))?(?:[:=](\d+))?(?:,|$)", text)
+        m = re.search(r"gres[:/]gpu(?::(\w*[A-Za-z_]\w*))?(?:[:=](\d+))?(?:,|$)", text)
         if m:
             count = int(m.group(2) or 1)  # ``gres:gpu``, ``gres:gpu:a100``: one GPU
             per_node = count * scale if scale is not None else count // max(nodes, 1)
@@ -210,6 +210,13 @@ GRAMMAR_PROBES = {
     "ntasks-alone": "#!/bin/bash\n#SBATCH -n 8\n" + _RUN,
     "nodes-range-unlimited": "#!/bin/bash\n#SBATCH -N 2-3 --time=UNLIMITED\n" + _RUN,
     "cpus-per-gpu": _N2 + "--cpus-per-gpu=4 --gpus-per-node=2\n" + _RUN,
+    "gpus-per-task-alone": "#!/bin/bash\n#SBATCH --gpus-per-task=1\n" + _RUN,
+    "gpus-per-task-nodes": _N2 + "--gpus-per-task=1\n" + _RUN,
+    "gpus-per-task-per-node": "#!/bin/bash\n#SBATCH --gpus-per-task=1 --ntasks-per-node=2\n" + _RUN,
+    "gpus-per-node-and-per-task": _N2 + "--gpus-per-node=8 --gpus-per-task=4\n" + _RUN,
+    "ntasks-per-gpu": _N2 + "--gpus-per-node=4 --ntasks-per-gpu=2\n" + _RUN,
+    "gres-type-digit": _N2 + "--gres=gpu:1080ti:2\n" + _RUN,
+    "get-user-env": _N2 + "--get-user-env\n" + _RUN,
     "no-such-option": _N2 + "--share\n" + _RUN,
     "input-environment": _N2 + "-t 10 -J from-script\n" + _RUN,
     "input-environment-bad": "#!/bin/bash\n#SBATCH -N 2\n" + _RUN,
