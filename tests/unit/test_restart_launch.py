@@ -206,3 +206,15 @@ def test_srun_options_with_an_optional_value_never_take_the_next_word():
         assert cmd == ["python", "t.py"] and opts == {opt: ""}, opt
     opts, cmd = split_srun(["srun", "--propagate=STACK", "--nice=10", "python", "t.py"])
     assert cmd == ["python", "t.py"] and opts == {"--propagate": "STACK", "--nice": "10"}
+
+
+def test_a_launcher_behind_a_sites_container_wrapper_is_found():
+    """CSC's ``apptainer_wrapper exec`` and ``singularity_wrapper exec`` (and any
+    ``*-wrapper``) run the command after their own words, as ``apptainer exec`` does."""
+    from malletrain.elastic.restart.launchers import launcher_kind
+    for cmd, kind in ((["apptainer_wrapper", "exec", "accelerate", "launch", "t.py"],
+                       "accelerate"),
+                      (["singularity_wrapper", "exec", "deepspeed", "t.py"], "deepspeed"),
+                      (["/opt/site/run-wrapper.sh", "torchrun", "t.py"], "torchrun"),
+                      (["mywrapper", "torchrun", "t.py"], None)):
+        assert launcher_kind(cmd, under_srun=True) == kind, cmd

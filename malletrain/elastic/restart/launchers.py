@@ -140,11 +140,22 @@ WRAPPERS = frozenset({
 })
 
 
+#: a site's own container or environment wrapper: CSC's ``apptainer_wrapper exec``,
+#: ``singularity_wrapper exec``, a ``run-in-container.sh``-like ``*-wrapper``
+_WRAPPER_NAME = re.compile(r"^(?:apptainer|singularity)[\w.-]*$|^[\w.-]+[_-]wrapper(?:\.sh)?$")
+
+
+def is_wrapper(word: str) -> bool:
+    """Whether a program runs the command given after its own words (:data:`WRAPPERS`)."""
+    name = program_name(word)
+    return name in WRAPPERS or bool(_WRAPPER_NAME.match(name))
+
+
 def behind_wrappers(cmd: Sequence[str]) -> int:
     """Where the program starts in ``cmd``: after wrappers (``numactl --membind=0-3 nsys
     profile -s none python3 ...``: at ``python3``) when a launcher or Python follows them;
     0 when ``cmd`` starts with no wrapper or none follows."""
-    if not cmd or program_name(cmd[0]) not in WRAPPERS:
+    if not cmd or not is_wrapper(cmd[0]):
         return 0
     for at in range(1, len(cmd)):
         name = program_name(cmd[at])
