@@ -218,3 +218,10 @@ def test_a_launcher_behind_a_sites_container_wrapper_is_found():
                       (["/opt/site/run-wrapper.sh", "torchrun", "t.py"], "torchrun"),
                       (["mywrapper", "torchrun", "t.py"], None)):
         assert launcher_kind(cmd, under_srun=True) == kind, cmd
+
+
+def test_pyxis_flags_on_srun_take_no_value():
+    opts, cmd = split_srun(["srun", "--container-image", "img.sqsh", "--container-mount-home",
+                            "--container-mounts", "/a:/a", "--no-container-remap-root", "-l",
+                            "torchrun", "t.py"])
+    assert cmd == ["torchrun", "t.py"] and opts["--container-mount-home"] == ""

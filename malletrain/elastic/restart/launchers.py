@@ -64,6 +64,10 @@ class Launch:
 _SRUN_FLAGS = frozenset({
     "--propagate", "--nice", "--resv-ports", "--x11", "--send-libs", "--oom-kill-step",
     "--external-launcher", "--quit-on-interrupt",
+    # pyxis's flags (a SPANK plugin's srun options)
+    "--container-mount-home", "--no-container-mount-home", "--container-remap-root",
+    "--no-container-remap-root", "--container-writable", "--container-readonly",
+    "--container-entrypoint", "--no-container-entrypoint",
     "--exclusive", "--overlap", "--kill-on-bad-exit", "-K", "--label", "-l", "--unbuffered",
     "-u", "--quiet", "-Q", "--verbose", "-v", "--exact", "--overcommit", "-O", "--no-allocate",
     "-Z", "--pty", "--disable-status", "-X", "--preserve-env", "-E", "--oversubscribe", "-s",
