@@ -221,3 +221,16 @@ def test_a_shell_string_is_found_after_the_shells_own_options():
     plan, problems = analyse(script, "job.sh")
     assert not problems and plan is not None and plan.launch is not None
     assert plan.launch.kind == "torchrun" and declared_workers(plan.launch) == 4
+
+
+def test_a_continuation_at_the_end_of_the_file_and_jscs_torchrun():
+    """A last line ending in ``\\`` continues nothing (bash runs it); JSC's ``torchrun_jsc``
+    takes torchrun's options and is read as torchrun."""
+    script = "#!/bin/bash\nsrun --cpu_bind=v python t.py \\\n  --lr 1 \\\n"
+    plan, problems = analyse(script, "job.sh")
+    assert not problems and plan is not None and plan.launch is not None
+    assert plan.launch.kind == "srun-python" and plan.launch.words[-2:] == ("--lr", "1")
+    plan, _ = analyse('#!/bin/bash\nsrun bash -c "torchrun_jsc --nproc_per_node=4 t.py"\n',
+                      "job.sh")
+    assert plan is not None and plan.launch is not None
+    assert plan.launch.kind == "torchrun" and declared_workers(plan.launch) == 4

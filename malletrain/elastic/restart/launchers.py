@@ -163,7 +163,7 @@ def behind_wrappers(cmd: Sequence[str]) -> int:
         return 0
     for at in range(1, len(cmd)):
         name = program_name(cmd[at])
-        if name in ("torchrun", "deepspeed") or _is_python(cmd[at]) or (
+        if name in ("torchrun", "torchrun_jsc", "deepspeed") or _is_python(cmd[at]) or (
                 name == "accelerate" and cmd[at + 1:at + 2] == ["launch"]):
             return at
     return 0
@@ -176,7 +176,7 @@ def launcher_kind(cmd: Sequence[str], under_srun: bool) -> str | None:
     if not cmd:
         return None
     first = program_name(cmd[0])
-    if first == "torchrun":
+    if first in ("torchrun", "torchrun_jsc"):  # JSC's torchrun, its options the same
         return "torchrun"
     if first == "accelerate" and len(cmd) > 1 and cmd[1] == "launch":
         return "accelerate"

@@ -83,6 +83,8 @@ def logical_lines(text: str) -> list[tuple[int, str]]:
         m = re.search(r"(?<!<)<<-?(?!<)\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)", buf)
         if m and not buf.lstrip().startswith("#"):
             heredoc = m.group(1)
+        if i + 1 == len(lines) and buf.endswith("\\") and not buf.endswith("\\\\"):
+            buf = buf[:-1]  # a continuation at the end of the file continues nothing
         out.append((start, buf))
         i += 1
     return out
