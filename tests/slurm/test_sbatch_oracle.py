@@ -128,9 +128,9 @@ def _gpus(parsed: dict[str, str | None], nodes: int, tasks: int | None
     for key, scale in (("tres_per_node", 1), ("tres_per_task", tasks or 1),
                        ("tres_per_job", None)):
         text = parsed.get(key) or ""
-        m = re.search(r"gres[:/]gpu(?::([A-Za-z][A-Za-z0-9_]*))?[:=](\d+)", text)
+        m = re.search(r"gres[:/]gpu(?::(\w*[A-Za-z_]\w*))?(?:[:=](\d+))?(?:,|$)", text)
         if m:
-            count = int(m.group(2))
+            count = int(m.group(2) or 1)  # ``gres:gpu``, ``gres:gpu:a100``: one GPU
             per_node = count * scale if scale is not None else count // max(nodes, 1)
             return per_node, m.group(1)
     return 0, None
@@ -146,7 +146,104 @@ def test_malletrain_reads_each_script_as_real_sbatch_does(row, oracle, capsys, m
     monkeypatch.setenv("MALLETRAIN_SOCKET", os.path.join(oracle["WORK"], "none.sock"))
     path = Path(oracle["WORK"]) / row["file"]
     shutil.copyfile(CORPUS / row["file"], path)
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", row["file"])[:60]
+    _agrees(oracle, path, re.sub(r"[^A-Za-z0-9_.-]", "_", row["file"])[:60], capsys)
+
+
+_RUN = "srun torchrun --nproc_per_node=2 t.py\n"
+_N2 = "#!/bin/bash\n#SBATCH -N 2 "
+#: sbatch's grammar at its edges (src/sbatch/opt.c: _opt_batch_script, get_argument; the
+#: optional arguments of src/common/slurm_opt.c), each a script written for this test
+GRAMMAR_PROBES = {
+    "indented": "#!/bin/bash\n#SBATCH -N 2\n  #SBATCH -N 3\n\t#SBATCH --time=10\n" + _RUN,
+    "no-space": "#!/bin/bash\n#SBATCH--nodes=3\n#SBATCH\t-t 5\n" + _RUN,
+    "slurm-word": "#!/bin/bash\n#SLURM --nodes=2\n#SBATCH -t 7\n" + _RUN,
+    "escapes": "#!/bin/bash\n#SBATCH -N 2 -J a\\#b # note\n#SBATCH -t 3\n" + _RUN,
+    "quoted-hash": '#!/bin/bash\n#SBATCH --job-name="x #y" -N 2\n' + _RUN,
+    "comments-between": "#!/bin/bash\n#SBATCH -N 2\n\n# set up\n#SBATCH -t 9\n" + _RUN,
+    "after-command": "#!/bin/bash\n#SBATCH -N 2\nexport A=1\n#SBATCH -N 4\n" + _RUN,
+    "word-glued": "#!/bin/bash\n#SBATCHX -N 2\n" + _RUN,
+    "dos-breaks": "#!/bin/bash\r\n#SBATCH -N 2\r\n" + _RUN,
+    "space-before-hashbang": " #!/bin/bash\n#SBATCH -N 2\n" + _RUN,
+    "optional-values": "#!/bin/bash\n#SBATCH --exclusive=user -N 2\n#SBATCH --nice\n"
+                       "#SBATCH --no-kill=off --kill-on-invalid-dep=yes\n" + _RUN,
+    "optional-value-bad": "#!/bin/bash\n#SBATCH --exclusive=everyone -N 2\n" + _RUN,
+    "optional-not-next": _N2 + "--nice 50\n" + _RUN,
+    "required-missing": _N2 + "--kill-on-invalid-dep\n" + _RUN,
+    "short-eq-n": "#!/bin/bash\n#SBATCH -N=2\n" + _RUN,
+    "short-eq-t": _N2 + "-t=10\n" + _RUN,
+    "short-eq-j": _N2 + "-J=abc\n" + _RUN,
+    "cluster-flags": _N2 + "-Qv\n" + _RUN,
+    "short-glued": "#!/bin/bash\n#SBATCH -N2 -t5 -Jabc\n" + _RUN,
+    "long-space-eq": "#!/bin/bash\n#SBATCH --nodes 2 --time= 5\n" + _RUN,
+    "gres-gpu-only": _N2 + "--gres=gpu\n" + _RUN,
+    "ntasks-only": "#!/bin/bash\n#SBATCH -n 8 --ntasks-per-node=4\n" + _RUN,
+    "gpus-type": _N2 + "--gpus=a100:4\n" + _RUN,
+    "time-dh": _N2 + "-t 1-2\n" + _RUN,
+    "time-ms": _N2 + "-t 90:30\n" + _RUN,
+    "nodes-range": "#!/bin/bash\n#SBATCH -N 2-4\n" + _RUN,
+    "nodes-k": "#!/bin/bash\n#SBATCH -N 2k\n" + _RUN,
+    "tab-sep": "#!/bin/bash\n#SBATCH\t--nodes=2\t--time=5\n" + _RUN,
+    "empty-directive": "#!/bin/bash\n#SBATCH\n#SBATCH -N 2\n" + _RUN,
+    "uppercase": "#!/bin/bash\n#sbatch -N 3\n#SBATCH -N 2\n" + _RUN,
+    "dependency-singleton": _N2 + "--dependency=singleton\n" + _RUN,
+    "time-zero": _N2 + "-t 0\n" + _RUN,
+    "gpus-per-node-zero": _N2 + "--gpus-per-node=0\n" + _RUN,
+    "gres-gpu-zero": _N2 + "--gres=gpu:0\n" + _RUN,
+    "time-seconds": _N2 + "-t 00:00:30\n" + _RUN,
+    "gres-none": _N2 + "--gres=none\n" + _RUN,
+    "time-days-hours": _N2 + "--time=7-0\n" + _RUN,
+    "time-four-parts": _N2 + "-t 1:2:3:4\n" + _RUN,
+    "gpus-per-task-times-tasks": _N2 + "--gpus-per-task=2 --ntasks-per-node=4\n" + _RUN,
+    "export-none-signal-number": _N2 + "--export=NONE --signal=10@60\n" + _RUN,
+    "nodes-twice": "#!/bin/bash\n#SBATCH --nodes=2 --nodes=3\n" + _RUN,
+    "array": _N2 + "--array=0-3%2\n" + _RUN,
+    "gpus-per-node-before-gres": _N2 + "--gpus-per-node=2 --gres=gpu:4\n" + _RUN,
+    "gres-before-gpus-per-node": _N2 + "--gres=gpu:4 --gpus-per-node=2\n" + _RUN,
+    "time-min": _N2 + "--time=1:00:00 --time-min=30\n" + _RUN,
+    "ntasks-and-per-node": _N2 + "--ntasks-per-node=4 --ntasks=8\n" + _RUN,
+    "gres-two-types": _N2 + "--gres=gpu:a100:2,gpu:v100:2\n" + _RUN,
+    "time-minutes-seconds": _N2 + "-t 60:00\n" + _RUN,
+    "time-five-parts": _N2 + "-t 1-00:00:00:00\n" + _RUN,
+    "time-spaces": "#!/bin/bash\n#SBATCH -N 2 -t \" 30 \"\n" + _RUN,
+    "time-sixty-minutes": _N2 + "--time=2:60:00\n" + _RUN,
+    "ntasks-over-nodes": _N2 + "--ntasks=4\n" + _RUN,
+    "ntasks-alone": "#!/bin/bash\n#SBATCH -n 8\n" + _RUN,
+    "nodes-range-unlimited": "#!/bin/bash\n#SBATCH -N 2-3 --time=UNLIMITED\n" + _RUN,
+    "cpus-per-gpu": _N2 + "--cpus-per-gpu=4 --gpus-per-node=2\n" + _RUN,
+    "gpus-per-task-alone": "#!/bin/bash\n#SBATCH --gpus-per-task=1\n" + _RUN,
+    "gpus-per-task-nodes": _N2 + "--gpus-per-task=1\n" + _RUN,
+    "gpus-per-task-per-node": "#!/bin/bash\n#SBATCH --gpus-per-task=1 --ntasks-per-node=2\n" + _RUN,
+    "gpus-per-node-and-per-task": _N2 + "--gpus-per-node=8 --gpus-per-task=4\n" + _RUN,
+    "ntasks-per-gpu": _N2 + "--gpus-per-node=4 --ntasks-per-gpu=2\n" + _RUN,
+    "gres-type-digit": _N2 + "--gres=gpu:1080ti:2\n" + _RUN,
+    "get-user-env": _N2 + "--get-user-env\n" + _RUN,
+    "no-such-option": _N2 + "--share\n" + _RUN,
+    "input-environment": _N2 + "-t 10 -J from-script\n" + _RUN,
+    "input-environment-bad": "#!/bin/bash\n#SBATCH -N 2\n" + _RUN,
+}
+#: sbatch's input environment, which wins over the script's #SBATCH lines
+PROBE_ENVIRONMENT = {
+    "input-environment": {"SBATCH_TIMELIMIT": "45", "SBATCH_JOB_NAME": "from-env",
+                          "SBATCH_GPUS_PER_NODE": "1", "SBATCH_EXCLUSIVE": ""},
+    "input-environment-bad": {"SBATCH_TIMELIMIT": "soon"},
+}
+
+
+@pytest.mark.parametrize("probe", sorted(GRAMMAR_PROBES))
+def test_sbatchs_grammar_at_its_edges_is_read_as_real_sbatch_reads_it(probe, oracle, capsys,
+                                                                     monkeypatch):
+    monkeypatch.setenv("MALLETRAIN_SOCKET", os.path.join(oracle["WORK"], "none.sock"))
+    path = Path(oracle["WORK"]) / f"probe-{probe}.sh"
+    path.write_bytes(GRAMMAR_PROBES[probe].encode())
+    environment = PROBE_ENVIRONMENT.get(probe, {})
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    _agrees({**oracle, **environment}, path, f"probe-{probe}", capsys)
+
+
+def _agrees(oracle: dict[str, str], path: Path, name: str,
+            capsys: pytest.CaptureFixture[str]) -> None:
+    """malletrain reads ``path`` as real sbatch does, or refuses what sbatch refuses."""
     parsed, message = _sbatch(oracle, path, name)
     ours = _ours(path, capsys)
     if parsed is None:

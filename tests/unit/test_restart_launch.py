@@ -196,3 +196,32 @@ def test_srun_options_with_and_without_values():
                     "--mpi": "pmix"}
 
 
+
+
+def test_srun_options_with_an_optional_value_never_take_the_next_word():
+    """srun's ``--propagate[=rlimit]``, ``--nice[=adj]``, ``--resv-ports[=n]``, ``--x11[=...]``
+    take a value only as ``--opt=value`` (getopt's optional argument)."""
+    for opt in ("--propagate", "--nice", "--resv-ports", "--x11", "--send-libs"):
+        opts, cmd = split_srun(["srun", opt, "python", "t.py"])
+        assert cmd == ["python", "t.py"] and opts == {opt: ""}, opt
+    opts, cmd = split_srun(["srun", "--propagate=STACK", "--nice=10", "python", "t.py"])
+    assert cmd == ["python", "t.py"] and opts == {"--propagate": "STACK", "--nice": "10"}
+
+
+def test_a_launcher_behind_a_sites_container_wrapper_is_found():
+    """CSC's ``apptainer_wrapper exec`` and ``singularity_wrapper exec`` (and any
+    ``*-wrapper``) run the command after their own words, as ``apptainer exec`` does."""
+    from malletrain.elastic.restart.launchers import launcher_kind
+    for cmd, kind in ((["apptainer_wrapper", "exec", "accelerate", "launch", "t.py"],
+                       "accelerate"),
+                      (["singularity_wrapper", "exec", "deepspeed", "t.py"], "deepspeed"),
+                      (["/opt/site/run-wrapper.sh", "torchrun", "t.py"], "torchrun"),
+                      (["mywrapper", "torchrun", "t.py"], None)):
+        assert launcher_kind(cmd, under_srun=True) == kind, cmd
+
+
+def test_pyxis_flags_on_srun_take_no_value():
+    opts, cmd = split_srun(["srun", "--container-image", "img.sqsh", "--container-mount-home",
+                            "--container-mounts", "/a:/a", "--no-container-remap-root", "-l",
+                            "torchrun", "t.py"])
+    assert cmd == ["torchrun", "t.py"] and opts["--container-mount-home"] == ""

@@ -203,3 +203,34 @@ def test_a_launcher_behind_numactl_and_nsys_is_found_and_rewritten_behind_them()
                           "--nproc_per_node", "4", "t.py"], g)
     assert launch.argv[:3] == ("numactl", "--membind=0-3", "torchrun")
     assert "--nnodes=2" in launch.argv and "4" not in launch.argv[3:5]
+
+
+def test_a_shell_string_is_found_after_the_shells_own_options():
+    """``bash -lc``, ``sh -xeuc``, ``bash -l -c``, ``bash --login -c``, ``bash -euo pipefail
+    -c`` and ``bash -c -x`` all run the first word that is not an option, as the shell does."""
+    for cmd, at in ((["bash", "-lc", "torchrun t.py"], 2), (["sh", "-xeuc", "s"], 2),
+                    (["bash", "-l", "-c", "s"], 3), (["bash", "--login", "-c", "s"], 3),
+                    (["bash", "-euo", "pipefail", "-c", "s"], 4), (["bash", "-c", "-x", "s"], 3),
+                    (["/bin/bash", "--rcfile", "f", "-c", "s"], 4)):
+        assert sh.shell_string(cmd) == at, cmd
+    for cmd in (["bash", "-x", "run.sh"], ["bash", "run.sh", "-c"], ["bash", "-lc"],
+                ["python", "-c", "x"]):
+        assert sh.shell_string(cmd) is None, cmd
+    script = ('#!/bin/bash\nSRUN="srun --mpi=pmix"\nCMD="uv run python -m torch.distributed.run'
+              ' --nproc_per_node=4 t.py"\n$SRUN bash -lc "\n  set -e\n  cd /opt\n  $CMD\n"\n')
+    plan, problems = analyse(script, "job.sh")
+    assert not problems and plan is not None and plan.launch is not None
+    assert plan.launch.kind == "torchrun" and declared_workers(plan.launch) == 4
+
+
+def test_a_continuation_at_the_end_of_the_file_and_jscs_torchrun():
+    """A last line ending in ``\\`` continues nothing (bash runs it); JSC's ``torchrun_jsc``
+    takes torchrun's options and is read as torchrun."""
+    script = "#!/bin/bash\nsrun --cpu_bind=v python t.py \\\n  --lr 1 \\\n"
+    plan, problems = analyse(script, "job.sh")
+    assert not problems and plan is not None and plan.launch is not None
+    assert plan.launch.kind == "srun-python" and plan.launch.words[-2:] == ("--lr", "1")
+    plan, _ = analyse('#!/bin/bash\nsrun bash -c "torchrun_jsc --nproc_per_node=4 t.py"\n',
+                      "job.sh")
+    assert plan is not None and plan.launch is not None
+    assert plan.launch.kind == "torchrun" and declared_workers(plan.launch) == 4

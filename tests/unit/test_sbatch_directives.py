@@ -292,3 +292,162 @@ def test_gpus_asked_only_on_srun_lines_are_said_at_submit():
     spec, opts = spec_from(with_gpus, path="/j.sh")
     assert not any("srun asks" in w for w in spec_warnings(opts, spec, script_mode(
         with_gpus, "/j.sh")[0]))
+
+
+@pytest.mark.parametrize(("line", "ok"), [
+    ("#SBATCH --exclusive=user", True), ("#SBATCH --exclusive=MCS", True),
+    ("#SBATCH --exclusive", True), ("#SBATCH --no-kill=off", True),
+    ("#SBATCH --kill-on-invalid-dep=yes", True),
+    ("#SBATCH --exclusive=everyone", False), ("#SBATCH --kill-on-invalid-dep", False),
+])
+def test_optional_values_are_read_as_getopt_gives_them_to_sbatch(line, ok):
+    """sbatch's ``--exclusive[=user|mcs|topo]``, ``--no-kill[=off]`` and ``--nice[=N]`` take
+    a value only as ``--opt=value`` (getopt_long's optional argument); the next word is
+    never theirs. A value sbatch does not know is refused as sbatch refuses it."""
+    text = f"#!/bin/bash\n#SBATCH -N 2\n{line}\nsrun torchrun x.py\n"
+    if ok:
+        spec, _ = spec_from(text, path="/j.sh")
+        assert spec.min_nodes == 2
+    else:
+        with pytest.raises(ScriptErrors) as err:
+            spec_from(text, path="/j.sh")
+        assert all(p.startswith("/j.sh:3:") for p in err.value.problems)
+
+
+def test_nice_alone_is_sbatchs_100_and_never_takes_the_next_word():
+    spec, _ = spec_from("#!/bin/bash\n#SBATCH --nice --nodes=3\nsrun x\n", path="/j.sh")
+    assert (spec.nice, spec.min_nodes) == (100, 3)
+    with pytest.raises(ScriptErrors) as err:  # getopt: 50 is not --nice's value
+        spec_from("#!/bin/bash\n#SBATCH --nice 50\nsrun x\n", path="/j.sh")
+    assert any("'50' is not an option" in p for p in err.value.problems)
+
+
+def test_directives_are_found_where_sbatch_finds_them():
+    """sbatch's ``_opt_batch_script``: a directive starts in the first column (an indented
+    one is a comment), its options may follow ``#SBATCH`` without a space, ``#SLURM`` is
+    read too (with a warning), and a backslash makes the next character plain."""
+    text = ("#!/bin/bash\n#SBATCH -N 2\n  #SBATCH -N 3\n\t#SBATCH --time=10\n"
+            "#SBATCH--time=5\n#SLURM --ntasks-per-node=4\n#SBATCH -J a\\ b\\#c # note\n"
+            "srun x\n")
+    spec, opts = spec_from(text, path="/j.sh")
+    assert (spec.min_nodes, spec.time_limit_s, spec.name) == (2, 300, "a b#c")
+    assert opts.values["ntasks-per-node"] == "4"
+    assert any(w.startswith("/j.sh:6: #SLURM") for w in opts.warnings)
+    with pytest.raises(ScriptErrors) as err:  # sbatch: Invalid directive found: X
+        spec_from("#!/bin/bash\n#SBATCHX -N 2\nsrun x\n", path="/j.sh")
+    assert any(p.startswith("/j.sh:2: 'X' is not an option") for p in err.value.problems)
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("#!/bin/bash\r\n#SBATCH -N 2\r\nsrun x\r\n", "/j.sh:1: DOS line breaks"),
+    ("#!/bin/bash\n#SBATCH -N 2\nsrun x\0\n", "/j.sh:3: a NUL character"),
+    (" #!/bin/bash\n#SBATCH -N 2\nsrun x\n", "/j.sh:1: the first line must start with #!"),
+])
+def test_a_script_sbatch_cannot_read_is_refused_as_sbatch_refuses_it(text, needle):
+    plan, problems = script_mode(text, "/j.sh")
+    assert plan is None and any(p.startswith(needle) for p in problems), problems
+
+
+def test_options_sbatch_has_and_has_not_are_read_as_sbatch_reads_them():
+    """``--bb``, ``--gpus-per-socket``, ``--ntasks-per-tres`` and ``--cluster`` are
+    sbatch's (22.05); ``--share`` and ``--burst-buffer`` are not."""
+    spec, opts = spec_from("#!/bin/bash\n#SBATCH -N 2 --bb=capacity=1G --ntasks-per-tres=1\n"
+                           "#SBATCH --gpus-per-socket=2\nsrun x\n", path="/j.sh")
+    assert spec.slot_options == ("--gpus-per-socket=2",)
+    assert sum("ignored" in w for w in opts.warnings) == 2
+    for line, needle in (("--cluster=c2", "--cluster cannot be used"),
+                         ("--share", "unknown option --share"),
+                         ("--burst-buffer=x", "unknown option --burst-buffer")):
+        with pytest.raises(ScriptErrors) as err:
+            spec_from(f"#!/bin/bash\n#SBATCH {line}\nsrun x\n", path="/j.sh")
+        assert any(needle in p for p in err.value.problems), err.value.problems
+
+
+def test_sbatchs_input_environment_wins_over_the_script_and_flags_over_it():
+    """sbatch reads ``SBATCH_*`` after the ``#SBATCH`` lines and before the command line."""
+    from malletrain.daemon.jobs.sbatch_options import environment_options
+    text = "#!/bin/bash\n#SBATCH -N 2 -t 10 -J script --account=a\nsrun x\n"
+    env = environment_options({"SBATCH_TIMELIMIT": "45", "SBATCH_JOB_NAME": "env",
+                               "SBATCH_ACCOUNT": "b", "SBATCH_EXCLUSIVE": "", "HOME": "/h"})
+    d = read_directives(text, "/j.sh")
+    opts = merge(merge(d, env), parse_option_tokens(["--account=c"], "command line"))
+    spec = build_spec(opts, script="/j.sh", args=[], cwd="/", python="/p",
+                      default_name="j.sh")
+    assert (spec.time_limit_s, spec.name, spec.account) == (2700, "env", "c")
+    assert any(w.startswith("$SBATCH_EXCLUSIVE: --exclusive ignored") for w in opts.warnings)
+    bad = environment_options({"SBATCH_TIMELIMIT": "soon", "SBATCH_WAIT": "1"})
+    with pytest.raises(ScriptErrors) as err:
+        build_spec(merge(d, bad), script="/j.sh", args=[], cwd="/", python="/p",
+                   default_name="j.sh")
+    assert sorted(p.split(":")[0] for p in err.value.problems) == ["$SBATCH_TIMELIMIT",
+                                                                    "$SBATCH_WAIT"]
+
+
+def test_the_launch_line_is_read_with_what_slurm_sets_in_the_batch_shell():
+    """``${SLURM_GPUS_PER_NODE:-1}`` is the job's --gpus-per-node where it is given, and its
+    default where only --gres asks for GPUs (Slurm sets the variable from --gpus-per-node
+    alone); ``$SLURM_GPUS_ON_NODE`` is the GPUs per node however asked for."""
+    from malletrain.daemon.jobs.directives import batch_environment
+    line = "srun torchrun --nproc_per_node=${SLURM_GPUS_PER_NODE:-1} t.py\n"
+    for head, workers in (("#SBATCH -N 2 --gpus-per-node=8\n", 8),
+                          ("#SBATCH -N 2 --gres=gpu:8\n", 1)):
+        text = "#!/bin/bash\n" + head + line
+        opts = read_directives(text, "/j.sh")
+        env = batch_environment(opts)
+        plan, _ = script_mode(text, "/j.sh", env)
+        spec = build_spec(opts, script="/j.sh", args=[], cwd="/", python="/p",
+                          default_name="j.sh", plan=plan)
+        assert spec.nproc_per_node == workers, (head, env)
+    opts = read_directives("#!/bin/bash\n#SBATCH -N 2 --gres=gpu:a100:4 -c 8 "
+                           "--ntasks-per-node=1\nsrun x\n", "/j.sh")
+    assert batch_environment(opts) == {"SLURM_GPUS_ON_NODE": "4", "SLURM_CPUS_PER_TASK": "8",
+                                       "SLURM_NTASKS_PER_NODE": "1"}
+
+
+def test_short_options_are_split_as_getopt_splits_them():
+    """``-N2``: the rest of the word is the value, as written (``-J=abc`` names the job
+    ``=abc``, ``-t=10`` is no time: sbatch refuses it); flags share a dash (``-Qv``)."""
+    spec, opts = spec_from("#!/bin/bash\n#SBATCH -N2 -t5 -J=abc -Qv\nsrun x\n", path="/j.sh")
+    assert (spec.min_nodes, spec.time_limit_s, spec.name) == (2, 300, "=abc")
+    assert sum("ignored: not needed" in w for w in opts.warnings) == 2
+    for line in ("-N=2", "-t=10"):
+        with pytest.raises(ScriptErrors):
+            spec_from(f"#!/bin/bash\n#SBATCH {line}\nsrun x\n", path="/j.sh")
+
+
+def test_node_counts_read_as_slurm_reads_them():
+    assert parse_nodes("2k") == (2048, 2048) and parse_nodes("1-2K") == (1, 2048)
+    assert parse_nodes("-4") == (1, 4)  # no minimum: Slurm's is 1
+    for bad in ("2x", "k", "2-", "4-2"):
+        with pytest.raises(SpecError):
+            parse_nodes(bad)
+
+
+def test_zero_counts_and_times_and_the_gpu_options_order_as_slurm_reads_them():
+    """``-t 0`` is no limit, ``--gpus-per-node=0`` and ``--gres=gpu:0`` no GPUs, and
+    ``--gpus-per-node`` wins over ``--gres=gpu`` whichever comes first (Slurm 22.05); a
+    time with spaces around it is not one."""
+    spec, _ = spec_from("#!/bin/bash\n#SBATCH -N 2 -t 0 --gpus-per-node=0\nsrun x\n")
+    assert (spec.time_limit_s, spec.gpus_per_node) == (None, 0)
+    assert spec_from("#!/bin/bash\n#SBATCH -t 0-00:00\nsrun x\n")[0].time_limit_s is None
+    for line in ("--gres=gpu:4 --gpus-per-node=a100:2", "--gpus-per-node=a100:2 --gres=gpu:4"):
+        spec, _ = spec_from(f"#!/bin/bash\n#SBATCH -N 2 {line}\nsrun x\n")
+        assert (spec.gpus_per_node, spec.gpu_type) == (2, "a100")
+    with pytest.raises(ScriptErrors):
+        spec_from('#!/bin/bash\n#SBATCH -N 2 -t " 30 "\nsrun x\n')
+
+
+def test_task_counts_slurm_derives_from_the_gpus():
+    """``--ntasks-per-gpu`` tasks for each GPU; one task per ``--gpus-per-task`` GPUs of the
+    node's; ``--gpus-per-task`` with no task count at all is refused, as sbatch refuses it."""
+    spec, _ = spec_from("#!/bin/bash\n#SBATCH -N 64 --gpus=512 --ntasks-per-gpu=1\nsrun x\n",
+                        path="/j.sh")
+    assert (spec.gpus_per_node, spec.nproc_per_node) == (8, 8)
+    spec, _ = spec_from("#!/bin/bash\n#SBATCH -N 2 --gpus-per-node=8 --gpus-per-task=4\n"
+                        "srun x\n", path="/j.sh")
+    assert spec.nproc_per_node == 2
+    with pytest.raises(ScriptErrors) as err:
+        spec_from("#!/bin/bash\n#SBATCH --gpus-per-task=1\nsrun x\n", path="/j.sh")
+    assert any("--gpus-per-task: used without a task count" in p for p in err.value.problems)
+    spec, opts = spec_from("#!/bin/bash\n#SBATCH -N 2 --get-user-env=10L\nsrun x\n")
+    assert any("--get-user-env ignored" in w for w in opts.warnings)

@@ -14,21 +14,18 @@ from __future__ import annotations
 
 import math
 import re
-import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TypeVar
 
 from malletrain.daemon.jobs import option_values
 from malletrain.daemon.jobs.sbatch_options import Options, parse_option_tokens
 from malletrain.daemon.jobs.spec import (
     MAX_NODES_LIMIT,
-    MAX_STOP_GRACE_S,
-    STOP_SIGNALS,
     JobSpec,
     SpecError,
     parse_export,
     parse_nodes,
-    parse_time_s,
     positive_int,
 )
 from malletrain.elastic.restart.arrays import parse_array
@@ -41,8 +38,8 @@ from malletrain.elastic.restart.script import (
 
 T = TypeVar("T")
 
-__all__ = ["Options", "ScriptErrors", "build_spec", "merge", "parse_option_tokens",
-           "read_directives", "script_mode", "spec_warnings"]
+__all__ = ["Options", "ScriptErrors", "batch_environment", "build_spec", "merge",
+           "parse_option_tokens", "read_directives", "script_mode", "spec_warnings"]
 
 #: a restart-mode script travels in its slots' environment (one variable, under Linux's
 #: 128 KiB limit for one)
@@ -63,49 +60,56 @@ def _position(problem: str) -> tuple[int, int]:
     return (0, int(line)) if line.isdigit() else (1, 0)
 
 
-def read_directives(script_text: str, path: str) -> Options:
-    """The ``#SBATCH`` options of a script, read like sbatch does.
+#: the words that start a directive, as sbatch knows them (``#SLURM``: an old spelling it
+#: still reads, saying to change it)
+_MAGIC = ("#SBATCH", "#SLURM")
+#: C's isspace(), which sbatch uses to split a directive's words
+_SPACE = " \t\n\v\f\r"
 
-    sbatch stops at the first line that is not blank and not a comment; so does this.
-    Later directives win over earlier ones, like later command-line options.
+
+def read_directives(script_text: str, path: str) -> Options:
+    """The ``#SBATCH`` options of a script, read like sbatch does (``_opt_batch_script``).
+
+    A directive is a line that starts with ``#SBATCH`` (or ``#SLURM``) in its first column:
+    an indented one is a comment, as is the ``#!`` line. What follows the word is read as
+    options even without a space (``#SBATCH--nodes=2``). sbatch stops at the first line that
+    is not blank and not a comment; so does this. Later directives win over earlier ones,
+    like later command-line options.
     """
     parts: list[Options] = []
-    for lineno, raw in enumerate(script_text.splitlines(), start=1):
-        line = raw.strip()
-        if lineno == 1 and line.startswith("#!"):
-            continue
-        if not line:
-            continue
-        if not line.startswith("#"):
-            break
-        if not line.startswith("#SBATCH"):
-            continue
-        rest = line[len("#SBATCH"):]
-        if rest and not rest[0].isspace():
-            continue  # e.g. "#SBATCHX": not a directive, like sbatch
-        body = rest.strip()
-        if not body:
+    for lineno, line in enumerate(script_text.split("\n"), start=1):
+        magic = next((m for m in _MAGIC if line.startswith(m)), None)
+        if magic is None:
+            code = line.lstrip(_SPACE)
+            if code and not code.startswith("#"):
+                break  # the first command: sbatch reads no further
             continue
         where = f"{path}:{lineno}"
         try:
-            parts.append(parse_option_tokens(_tokenize(body, where), where))
+            opts = parse_option_tokens(_tokenize(line[len(magic):], where), where)
         except SpecError as exc:
-            parts.append(Options({}, {}, problems=(str(exc),)))
+            opts = Options({}, {}, problems=(str(exc),))
+        if magic == "#SLURM":
+            said = f"{where}: #SLURM: sbatch reads it too, and asks to change it to #SBATCH"
+            opts = replace(opts, warnings=(said, *opts.warnings))
+        parts.append(opts)
     merged = Options({}, {})
     for part in parts:
         merged = merge(merged, part)
     return merged
 
 
-def script_mode(script_text: str, path: str) -> tuple[ScriptPlan | None, tuple[str, ...]]:
+def script_mode(script_text: str, path: str, environment: Mapping[str, str] | None = None
+                ) -> tuple[ScriptPlan | None, tuple[str, ...]]:
     """A shell batch script's plan (restart mode, with the problems of its launch line);
-    None for a Python script (native mode); any other interpreter is refused."""
+    None for a Python script (native mode); any other interpreter is refused.
+    ``environment``: what Slurm sets in its batch shell (:func:`batch_environment`)."""
     first = script_text.split("\n", 1)[0].strip()
-    if not first.startswith("#!") and not path.endswith(".py"):
-        return None, (f"{path}:1: the first line must start with #! followed by the path to "
-                      "an interpreter (sbatch's rule; a Python script may leave it out)",)
+    unreadable = _what_sbatch_refuses(script_text, path)
+    if unreadable:
+        return None, unreadable
     if is_shell_script(script_text):
-        plan, problems = analyse(script_text, path)
+        plan, problems = analyse(script_text, path, environment)
         if len(script_text.encode()) > MAX_RESTART_SCRIPT_BYTES:
             problems.append(f"{path}:1: a batch script of more than "
                             f"{MAX_RESTART_SCRIPT_BYTES} bytes")
@@ -115,6 +119,50 @@ def script_mode(script_text: str, path: str) -> tuple[ScriptPlan | None, tuple[s
                       "batch scripts (restart mode) and Python scripts written with "
                       "ElasticJob (native mode)",)
     return None, ()
+
+
+#: sbatch's options whose value Slurm puts, as given, in the batch shell's environment
+#: (src/common/env.c: only where the option is given)
+_ENVIRONMENT = (("gpus-per-node", "SLURM_GPUS_PER_NODE"), ("gpus-per-task", "SLURM_GPUS_PER_TASK"),
+                ("gpus", "SLURM_GPUS"), ("ntasks-per-node", "SLURM_NTASKS_PER_NODE"),
+                ("job-name", "SLURM_JOB_NAME"))
+
+
+def batch_environment(opts: Options) -> dict[str, str]:
+    """What Slurm sets in a batch shell from the job's options, for the static reading of
+    its launch lines: ``--nproc_per_node=${SLURM_GPUS_PER_NODE:-1}`` reads the job's value
+    where ``--gpus-per-node`` is given, the default where it is not, as the shell would.
+    ``SLURM_GPUS_ON_NODE`` (the gres plugin's) is the GPUs per node however asked for;
+    ``SLURM_CPUS_PER_TASK`` comes with ``--cpus-per-task``. The node count is not set: it
+    changes with a malleable job's size."""
+    env = {name: opts.values[key].strip() for key, name in _ENVIRONMENT if key in opts.values}
+    for option in opts.slot:
+        name, _, value = option.partition("=")
+        if name == "--cpus-per-task":
+            env["SLURM_CPUS_PER_TASK"] = value
+    c = _Collect(opts)
+    tasks = c.get("ntasks-per-node", lambda t, w: positive_int(t, w, 256))
+    gpus = _gpus(c, _nodes(c), tasks)[1]
+    if gpus and not c.problems:
+        env["SLURM_GPUS_ON_NODE"] = str(gpus)
+    return env
+
+
+def _what_sbatch_refuses(script_text: str, path: str) -> tuple[str, ...]:
+    """What sbatch refuses in a script before it reads a directive (``_get_script_buffer``):
+    no ``#!`` in its first two bytes (a Python script may leave it out here), DOS line
+    breaks, a NUL character."""
+    if not script_text.startswith("#!") and not path.endswith(".py"):
+        return (f"{path}:1: the first line must start with #! followed by the path to an "
+                "interpreter (sbatch's rule; a Python script may leave it out)",)
+    if "\r\n" in script_text:
+        line = script_text.count("\n", 0, script_text.index("\r\n")) + 1
+        return (f"{path}:{line}: DOS line breaks (\\r\\n): sbatch refuses the script; "
+                "convert it (dos2unix)",)
+    if "\0" in script_text:
+        line = script_text.count("\n", 0, script_text.index("\0")) + 1
+        return (f"{path}:{line}: a NUL character: sbatch refuses the script",)
+    return ()
 
 
 def spec_warnings(opts: Options, spec: JobSpec, plan: ScriptPlan | None = None
@@ -142,16 +190,21 @@ def spec_warnings(opts: Options, spec: JobSpec, plan: ScriptPlan | None = None
 
 
 def _tokenize(body: str, where: str) -> list[str]:
-    """Split a directive as sbatch does: words, quotes, and an unquoted ``#`` that starts a
-    comment (``#SBATCH --nodes=128   # total nodes``)."""
+    """Split a directive as sbatch does (``get_argument``): words split at whitespace,
+    quotes that group (``-J "my job"``), a backslash that makes the next character plain
+    (``a\\ b``, ``\\#``), and an unquoted ``#`` that starts a comment (``#SBATCH
+    --nodes=128   # total nodes``)."""
     tokens: list[str] = []
     cur: list[str] = []
     quote: str | None = None
-    started = False
+    started = escape = False
     for ch in body:
-        if ch == "#" and not quote:
-            break
-        if quote:
+        if escape:
+            cur.append(ch)
+            escape = False
+        elif ch == "\\":
+            escape = started = True
+        elif quote:
             if ch == quote:
                 quote = None
             else:
@@ -159,11 +212,13 @@ def _tokenize(body: str, where: str) -> list[str]:
         elif ch in "\"'":
             quote = ch
             started = True
-        elif ch.isspace():
+        elif ch in _SPACE:
             if started or cur:
                 tokens.append("".join(cur))
                 cur = []
                 started = False
+        elif ch == "#":
+            break
         else:
             cur.append(ch)
     if quote:
@@ -208,52 +263,6 @@ class _Collect:
         self.problems.append(f"{self.where(key)}: {message}")
 
 
-def _gpu_count(text: str, where: str) -> tuple[str | None, int]:
-    """``[type:]N`` -> (type, N), as --gpus-per-node/--gpus/--gpus-per-task take it."""
-    kind, sep, count = text.strip().rpartition(":")
-    return (kind or None) if sep else None, positive_int(count, where, 64 * 1024)
-
-
-def _gres_gpus(text: str, where: str) -> tuple[str | None, int]:
-    """``--gres=gpu[:type]:N[,other...]`` -> the GPU part (None, 0 without one)."""
-    for item in text.split(","):
-        name, _, rest = item.strip().partition(":")
-        if name != "gpu":
-            continue
-        if not rest:
-            return None, 1  # "gpu" alone is one GPU, as Slurm reads it
-        kind, sep, count = rest.rpartition(":")
-        if not sep and not rest.isdigit():
-            return rest, 1  # "gpu:a100"
-        return (kind or None), positive_int(count if sep else rest, where, 64)
-    return None, 0
-
-
-def _time(text: str, where: str) -> int | None:
-    return None if text.strip().upper() in ("UNLIMITED", "INFINITE") else parse_time_s(text, where)
-
-
-def _stop_signal(text: str, where: str) -> tuple[str, int, bool]:
-    """``[{R|B}:]SIG[@seconds]`` -> (signal name, grace, to the batch shell only), as sbatch
-    reads it (60 s by default)."""
-    body = text.strip()
-    shell_only = body.startswith("B:")
-    if len(body) > 2 and body[1] == ":" and body[0] in "RB":
-        body = body[2:]
-    sig, at, grace = body.partition("@")
-    name = sig.upper().removeprefix("SIG")
-    if name.isdigit():
-        try:
-            name = signal.Signals(int(name)).name.removeprefix("SIG")
-        except ValueError:
-            name = sig
-    if name not in STOP_SIGNALS:
-        raise SpecError(f"{where}: {sig!r} is not a signal a job may ask for "
-                        f"({', '.join(STOP_SIGNALS)})")
-    seconds = positive_int(grace, where, MAX_STOP_GRACE_S) if at else 60
-    return name, seconds, shell_only
-
-
 def _nodes(c: _Collect) -> tuple[int, int]:
     lo, hi = c.get("nodes", parse_nodes) or _nodes_from_tasks(c)
     lo = c.get("min-nodes", lambda t, w: positive_int(t, w, MAX_NODES_LIMIT)) or lo
@@ -286,17 +295,43 @@ def _per_node(c: _Collect, total: int, key: str, nodes: tuple[int, int], what: s
 
 def _gpus(c: _Collect, nodes: tuple[int, int], tasks: int | None) -> tuple[str | None, int]:
     """GPUs per node and their type, from whichever of sbatch's four ways the script used."""
-    for key, parse in (("gres", _gres_gpus), ("gpus-per-node", _gpu_count)):
+    # --gpus-per-node wins over --gres=gpu (Slurm 22.05; 26.05 refuses the two together)
+    for key, parse in (("gpus-per-node", option_values.gpu_count),
+                       ("gres", option_values.gres_gpus)):
         got = c.get(key, parse)
         if got is not None and got[1]:
             return got
-    got = c.get("gpus-per-task", _gpu_count)
+    got = c.get("gpus-per-task", option_values.gpu_count)
     if got is not None:
         return got[0], got[1] * (tasks or 1)
-    got = c.get("gpus", _gpu_count)
+    got = c.get("gpus", option_values.gpu_count)
     if got is not None:
         return got[0], _per_node(c, got[1], "gpus", nodes, "GPUs")
     return None, 0
+
+
+def _tasks(c: _Collect, nodes: tuple[int, int]) -> int | None:
+    """Tasks per node: ``--ntasks-per-node`` (malletrain's ``--nproc-per-node``), else
+    ``--ntasks`` over a fixed node count."""
+    tasks = c.get("ntasks-per-node", lambda t, w: positive_int(t, w, 256))
+    tasks = tasks or c.get("nproc-per-node", lambda t, w: positive_int(t, w, 256))
+    if tasks is None and "ntasks" in c.opts.values:
+        total = c.get("ntasks", lambda t, w: positive_int(t, w, 1 << 20))
+        tasks = _per_node(c, total, "ntasks", nodes, "tasks") if total else None
+    return tasks
+
+
+def _tasks_from_gpus(c: _Collect, gpus: int) -> int | None:
+    """Slurm's task count from the GPUs where no task count is given: ``--ntasks-per-gpu``
+    tasks for each GPU, or one per ``--gpus-per-task`` GPUs of the node's."""
+    per_gpu = c.get("ntasks-per-gpu", lambda t, w: positive_int(t, w, 256))
+    per_task = (c.get("gpus-per-task", option_values.gpu_count) or (None, 0))[1]
+    if per_task and not {"ntasks", "ntasks-per-node", "gpus", "nodes"} & set(c.opts.values):
+        c.problem("gpus-per-task", "used without a task count (-n, --ntasks-per-node, "
+                  "--nodes) or --gpus: sbatch refuses it")
+    if per_gpu and gpus:
+        return per_gpu * gpus
+    return gpus // per_task if per_task and gpus and gpus % per_task == 0 else None
 
 
 def build_spec(opts: Options, *, script: str, args: Sequence[str], cwd: str, python: str,
@@ -308,20 +343,18 @@ def build_spec(opts: Options, *, script: str, args: Sequence[str], cwd: str, pyt
     c = _Collect(opts)
     v = opts.values
     nodes = _nodes(c)
-    time_s = c.get("time", _time)
-    tasks = c.get("ntasks-per-node", lambda t, w: positive_int(t, w, 256))
-    tasks = tasks or c.get("nproc-per-node", lambda t, w: positive_int(t, w, 256))
-    if tasks is None and "ntasks" in v:
-        total = c.get("ntasks", lambda t, w: positive_int(t, w, 1 << 20))
-        tasks = _per_node(c, total, "ntasks", nodes, "tasks") if total else None
+    time_s = c.get("time", option_values.time)
+    tasks = _tasks(c, nodes)
     gpu_type, gpus = _gpus(c, nodes, tasks)
+    tasks = tasks or _tasks_from_gpus(c, gpus)
     export, env = c.get("export", parse_export) or ("ALL", {})
     chdir = v.get("chdir", cwd)
     if not chdir.startswith("/"):
         chdir = cwd.rstrip("/") + "/" + chdir
     slot = tuple(opts.slot) + ((f"--gres={v['gres']}",) if "gres" in v and gpus else ())
-    stop_signal, grace, shell_only = ((c.get("signal", _stop_signal) or ("TERM", 0, False))
-                                      if plan else ("TERM", 0, False))
+    stop_signal, grace, shell_only = (
+        (c.get("signal", option_values.stop_signal) or ("TERM", 0, False)) if plan
+        else ("TERM", 0, False))
     target = c.get("rate-target", option_values.rate)
     exclude = c.get("exclude", option_values.exclude) or ()
     dependency = c.get("dependency", option_values.dependency)

@@ -4,9 +4,20 @@
 from __future__ import annotations
 
 import math
+import re
+import signal
 
 from malletrain.daemon.jobs.dependency import DependencyError, parse_dependency
-from malletrain.daemon.jobs.spec import MAX_EXCLUDED_NODES, MAX_NICE, MAX_RATE_TARGET, SpecError
+from malletrain.daemon.jobs.spec import (
+    MAX_EXCLUDED_NODES,
+    MAX_NICE,
+    MAX_RATE_TARGET,
+    MAX_STOP_GRACE_S,
+    STOP_SIGNALS,
+    SpecError,
+    parse_time_s,
+    positive_int,
+)
 from malletrain.elastic.restart.arrays import ArrayError, parse_array
 from malletrain.slurm.errors import SlurmParseError
 from malletrain.slurm.hostlist import expand_hostlist
@@ -66,3 +77,64 @@ def array(text: str, where: str) -> str:
     except ArrayError as exc:
         raise SpecError(f"{where}: {exc}") from None
     return text.strip()
+
+
+def gpu_count(text: str, where: str) -> tuple[str | None, int]:
+    """``[type:]N`` -> (type, N), as --gpus-per-node/--gpus/--gpus-per-task take it."""
+    kind, sep, count = text.strip().rpartition(":")
+    return (kind or None) if sep else None, _gpu_number(count, where, 64 * 1024)
+
+
+def _gpu_number(text: str, where: str, limit: int) -> int:
+    """A GPU count: 0 (no GPUs, which sbatch takes) up to ``limit``."""
+    return 0 if text.strip() == "0" else positive_int(text, where, limit)
+
+
+def gres_gpus(text: str, where: str) -> tuple[str | None, int]:
+    """``--gres=gpu[:type]:N[,other...]`` -> the GPU part (None, 0 without one)."""
+    for item in text.split(","):
+        name, _, rest = item.strip().partition(":")
+        if name != "gpu":
+            continue
+        if not rest:
+            return None, 1  # "gpu" alone is one GPU, as Slurm reads it
+        kind, sep, count = rest.rpartition(":")
+        if not sep and not rest.isdigit():
+            return rest, 1  # "gpu:a100"
+        return (kind or None), _gpu_number(count if sep else rest, where, 64)
+    return None, 0
+
+
+#: a time limit of zero, in any of Slurm's forms: "no time limit" (sbatch's man page)
+_ZERO_TIME = re.compile(r"^(?:0+-)?0+(?::0+){0,2}$")
+
+
+def time(text: str, where: str) -> int | None:
+    """``--time``: seconds; None for no limit (``UNLIMITED``, ``INFINITE``, or zero, which
+    Slurm reads as no limit). Spaces around it are not Slurm's (``" 30 "``: refused)."""
+    if text != text.strip():
+        raise SpecError(f"{where}: {text!r} is not a time (spaces around it)")
+    if text.upper() in ("UNLIMITED", "INFINITE") or _ZERO_TIME.match(text):
+        return None
+    return parse_time_s(text, where)
+
+
+def stop_signal(text: str, where: str) -> tuple[str, int, bool]:
+    """``[{R|B}:]SIG[@seconds]`` -> (signal name, grace, to the batch shell only), as sbatch
+    reads it (60 s by default)."""
+    body = text.strip()
+    shell_only = body.startswith("B:")
+    if len(body) > 2 and body[1] == ":" and body[0] in "RB":
+        body = body[2:]
+    sig, at, grace = body.partition("@")
+    name = sig.upper().removeprefix("SIG")
+    if name.isdigit():
+        try:
+            name = signal.Signals(int(name)).name.removeprefix("SIG")
+        except ValueError:
+            name = sig
+    if name not in STOP_SIGNALS:
+        raise SpecError(f"{where}: {sig!r} is not a signal a job may ask for "
+                        f"({', '.join(STOP_SIGNALS)})")
+    seconds = positive_int(grace, where, MAX_STOP_GRACE_S) if at else 60
+    return name, seconds, shell_only

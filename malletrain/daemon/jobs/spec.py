@@ -73,13 +73,23 @@ def parse_time_s(text: str, where: str = "--time") -> int:
     return -(-seconds // 60) * 60  # whole minutes, rounded up, as Slurm keeps a time limit
 
 
+#: a node count's suffixes, as Slurm reads them (``2k``: 2048 nodes)
+_NODE_SUFFIX = {"": 1, "k": 1024, "m": 1024 * 1024}
+
+
+def _node_count(text: str) -> int | None:
+    m = re.fullmatch(r"(\d+)([kKmM]?)", text)
+    return int(m.group(1)) * _NODE_SUFFIX[m.group(2).lower()] if m else None
+
+
 def parse_nodes(text: str, where: str = "--nodes") -> tuple[int, int]:
-    """``"4"`` -> (4, 4); ``"2-8"`` -> (2, 8), like sbatch's ``--nodes=min[-max]``."""
+    """``"4"`` -> (4, 4); ``"2-8"`` -> (2, 8), like sbatch's ``--nodes=min[-max]`` (a count
+    may end in ``k`` or ``m``, times 1024 or 1024*1024, as Slurm reads it)."""
     lo, sep, hi = text.strip().partition("-")
-    if not lo.isdigit() or (sep and not hi.isdigit()):
+    a = 1 if sep and not lo else _node_count(lo)  # "-4": Slurm's minimum is then 1
+    b = _node_count(hi) if sep else a
+    if a is None or b is None:
         raise SpecError(f"{where}: {text!r} is not a node count like 4 or 2-8")
-    a = int(lo)
-    b = int(hi) if sep else a
     if a < 1 or b < a or b > MAX_NODES_LIMIT:
         raise SpecError(f"{where}: {text!r} must be 1 <= min <= max <= {MAX_NODES_LIMIT}")
     return a, b

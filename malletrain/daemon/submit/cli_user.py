@@ -24,6 +24,7 @@ from typing import Any
 from malletrain.daemon.jobs.array_tasks import task_count, task_spec
 from malletrain.daemon.jobs.directives import (
     ScriptErrors,
+    batch_environment,
     build_spec,
     merge,
     parse_option_tokens,
@@ -31,6 +32,7 @@ from malletrain.daemon.jobs.directives import (
     script_mode,
     spec_warnings,
 )
+from malletrain.daemon.jobs.sbatch_options import environment_options
 from malletrain.daemon.jobs.slots import node_command, render_slot, slot_extra_args
 from malletrain.daemon.jobs.spec import MAX_SCRIPT_BYTES, JobSpec, SpecError
 from malletrain.daemon.submit.channel import CLIENT_RETRY_S, call
@@ -146,8 +148,10 @@ class ReadScript:
 def _read_spec(args: argparse.Namespace) -> ReadScript:
     path, text = read_script(args.script)
     tokens = command_line_tokens(args)
-    opts = merge(read_directives(text, str(path)), parse_option_tokens(tokens, "command line"))
-    plan, problems = script_mode(text, str(path))
+    # sbatch's order: the script's #SBATCH lines, then its SBATCH_* variables, then the flags
+    opts = merge(merge(read_directives(text, str(path)), environment_options(os.environ)),
+                 parse_option_tokens(tokens, "command line"))
+    plan, problems = script_mode(text, str(path), batch_environment(opts))
     opts = replace(opts, problems=opts.problems + problems)
     script_args = list(args.args)
     if script_args and script_args[0] == "--":

@@ -59,8 +59,15 @@ class Launch:
 
 # ------------------------------------------------------------------------------------ srun
 
-#: srun options that take no value (a value only as ``--opt=value``).
+#: srun options that take no value, or an optional one (getopt's optional argument: a value
+#: only as ``--opt=value``, never the next word: ``srun --propagate python t.py``).
 _SRUN_FLAGS = frozenset({
+    "--propagate", "--nice", "--resv-ports", "--x11", "--send-libs", "--oom-kill-step",
+    "--external-launcher", "--quit-on-interrupt",
+    # pyxis's flags (a SPANK plugin's srun options)
+    "--container-mount-home", "--no-container-mount-home", "--container-remap-root",
+    "--no-container-remap-root", "--container-writable", "--container-readonly",
+    "--container-entrypoint", "--no-container-entrypoint",
     "--exclusive", "--overlap", "--kill-on-bad-exit", "-K", "--label", "-l", "--unbuffered",
     "-u", "--quiet", "-Q", "--verbose", "-v", "--exact", "--overcommit", "-O", "--no-allocate",
     "-Z", "--pty", "--disable-status", "-X", "--preserve-env", "-E", "--oversubscribe", "-s",
@@ -137,15 +144,26 @@ WRAPPERS = frozenset({
 })
 
 
+#: a site's own container or environment wrapper: CSC's ``apptainer_wrapper exec``,
+#: ``singularity_wrapper exec``, a ``run-in-container.sh``-like ``*-wrapper``
+_WRAPPER_NAME = re.compile(r"^(?:apptainer|singularity)[\w.-]*$|^[\w.-]+[_-]wrapper(?:\.sh)?$")
+
+
+def is_wrapper(word: str) -> bool:
+    """Whether a program runs the command given after its own words (:data:`WRAPPERS`)."""
+    name = program_name(word)
+    return name in WRAPPERS or bool(_WRAPPER_NAME.match(name))
+
+
 def behind_wrappers(cmd: Sequence[str]) -> int:
     """Where the program starts in ``cmd``: after wrappers (``numactl --membind=0-3 nsys
     profile -s none python3 ...``: at ``python3``) when a launcher or Python follows them;
     0 when ``cmd`` starts with no wrapper or none follows."""
-    if not cmd or program_name(cmd[0]) not in WRAPPERS:
+    if not cmd or not is_wrapper(cmd[0]):
         return 0
     for at in range(1, len(cmd)):
         name = program_name(cmd[at])
-        if name in ("torchrun", "deepspeed") or _is_python(cmd[at]) or (
+        if name in ("torchrun", "torchrun_jsc", "deepspeed") or _is_python(cmd[at]) or (
                 name == "accelerate" and cmd[at + 1:at + 2] == ["launch"]):
             return at
     return 0
@@ -158,7 +176,7 @@ def launcher_kind(cmd: Sequence[str], under_srun: bool) -> str | None:
     if not cmd:
         return None
     first = program_name(cmd[0])
-    if first == "torchrun":
+    if first in ("torchrun", "torchrun_jsc"):  # JSC's torchrun, its options the same
         return "torchrun"
     if first == "accelerate" and len(cmd) > 1 and cmd[1] == "launch":
         return "accelerate"

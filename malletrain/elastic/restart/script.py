@@ -10,7 +10,7 @@ warning: its steps still reach the generation's nodes through ``srun``.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from malletrain.elastic.restart import shellwords as sh
@@ -83,16 +83,20 @@ def logical_lines(text: str) -> list[tuple[int, str]]:
         m = re.search(r"(?<!<)<<-?(?!<)\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)", buf)
         if m and not buf.lstrip().startswith("#"):
             heredoc = m.group(1)
+        if i + 1 == len(lines) and buf.endswith("\\") and not buf.endswith("\\\\"):
+            buf = buf[:-1]  # a continuation at the end of the file continues nothing
         out.append((start, buf))
         i += 1
     return out
 
 
-def commands(text: str) -> Iterator[tuple[int, int, list[str]]]:
+def commands(text: str, environment: Mapping[str, str] | None = None
+             ) -> Iterator[tuple[int, int, list[str]]]:
     """(line, offset, words) of each simple command of a script, its words read with the
-    variables the script set before it (:mod:`.shellwords`): ``srun bash -c "$LAUNCHER
+    variables the script set before it (:mod:`.shellwords`), on top of ``environment`` (what
+    Slurm sets in the batch shell: ``SLURM_GPUS_PER_NODE``...): ``srun bash -c "$LAUNCHER
     ... $CMD"`` is seen as the launcher it runs. Comments and the ``#!`` line are skipped."""
-    variables: dict[str, str] = {}  # as they stand before the line read (one pass)
+    variables = dict(environment or {})  # as they stand before the line read (one pass)
     for lineno, line in logical_lines(text):
         if lineno == 1 or line.lstrip().startswith("#"):
             continue
@@ -103,11 +107,12 @@ def commands(text: str) -> Iterator[tuple[int, int, list[str]]]:
         sh.assign(line, variables)
 
 
-def find_launch(text: str, path: str) -> tuple[list[LaunchLine], list[str]]:
+def find_launch(text: str, path: str, environment: Mapping[str, str] | None = None
+                ) -> tuple[list[LaunchLine], list[str]]:
     """The launch lines of a script, and every problem found."""
     found: list[LaunchLine] = []
     problems: list[str] = []
-    for lineno, offset, words in commands(text):
+    for lineno, offset, words in commands(text, environment):
         launch, problem = _launch_in(words, path, lineno, offset)
         if problem:
             problems.append(problem)
@@ -174,11 +179,13 @@ def declared_workers(launch: LaunchLine) -> int | None:
     return int(value) if value and value.isdigit() and 0 < int(value) <= 256 else None
 
 
-def analyse(text: str, path: str) -> tuple[ScriptPlan | None, list[str]]:
-    """A shell batch script -> its plan, or the ``FILE:LINE:`` problems that refuse it."""
+def analyse(text: str, path: str, environment: Mapping[str, str] | None = None
+            ) -> tuple[ScriptPlan | None, list[str]]:
+    """A shell batch script -> its plan, or the ``FILE:LINE:`` problems that refuse it.
+    ``environment``: what Slurm sets in the batch shell, as the job's options say."""
     first = text.split("\n", 1)[0].strip()
     interpreter = tuple(first[2:].split()) if first.startswith("#!") else ()
-    launches, problems = find_launch(text, path)
+    launches, problems = find_launch(text, path, environment)
     if not interpreter:
         problems.insert(0, f"{path}:1: no #! line: a batch script starts with its "
                            "interpreter, e.g. #!/bin/bash")

@@ -241,8 +241,28 @@ def prefix_command(command: str, prefix: str) -> str:
     return m.group(1) + prefix + command[m.end():]
 
 
+#: a shell's long options that take the next word as their value
+_SHELL_LONG_WITH_VALUE = ("--rcfile", "--init-file")
+
+
 def shell_string(cmd: list[str] | tuple[str, ...]) -> int | None:
-    """Index of the STRING of ``bash -c STRING ...`` at the start of ``cmd`` (None: not one)."""
-    if len(cmd) > 2 and cmd[0].rsplit("/", 1)[-1] in SHELLS and cmd[1] == "-c":
-        return 2
-    return None
+    """Index of the STRING of ``bash -c STRING ...`` at the start of ``cmd`` (None: not one).
+
+    Read as the shell reads its own options: ``-c`` may stand in a cluster (``bash -lc``,
+    ``sh -xeuc``) or beside others (``bash -l -c``, ``bash --login -c``, ``bash -c -x``);
+    ``-o``/``+o``/``-O`` take the next word (``bash -euo pipefail -c``); the command string
+    is the first word that is not an option."""
+    if not cmd or cmd[0].rsplit("/", 1)[-1] not in SHELLS:
+        return None
+    i, has_c = 1, False
+    while i < len(cmd) and cmd[i][:1] in "-+" and len(cmd[i]) > 1:
+        word = cmd[i]
+        i += 1
+        if word == "--":
+            break
+        if word.startswith("--"):
+            i += word in _SHELL_LONG_WITH_VALUE
+            continue
+        has_c = has_c or (word[0] == "-" and "c" in word)
+        i += sum(word.count(x) for x in "oO")  # each takes the next word
+    return i if has_c and i < len(cmd) else None

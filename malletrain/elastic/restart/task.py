@@ -34,7 +34,7 @@ from malletrain.elastic.restart.script import find_launch
 from malletrain.elastic.restart.shellwords import shell_string
 
 #: launchers found behind a wrapper's words
-_LAUNCHERS = ("torchrun", "accelerate", "deepspeed")
+_LAUNCHERS = ("torchrun", "torchrun_jsc", "accelerate", "deepspeed")
 
 
 def task_env(spec: Mapping[str, Any], slot_env: Mapping[str, str]) -> tuple[dict[str, str],
