@@ -53,7 +53,8 @@ KNOWN_GAPS: tuple[str, ...] = ()
 
 #: (what a newer sbatch says, what malletrain's warning says) where releases differ
 RELEASE_DIFFERENCES = (("cpus_per_tres", "24.11 and later refuse"),
-                       ("mutually exclusive", "26.05 refuses"))
+                       ("mutually exclusive", "26.05 refuses"),
+                       ("without either --gpus or -n/--ntasks", "24.11 and later refuse"))
 
 
 def _gpu_types() -> str:

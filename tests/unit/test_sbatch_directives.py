@@ -451,3 +451,14 @@ def test_task_counts_slurm_derives_from_the_gpus():
     assert any("--gpus-per-task: used without a task count" in p for p in err.value.problems)
     spec, opts = spec_from("#!/bin/bash\n#SBATCH -N 2 --get-user-env=10L\nsrun x\n")
     assert any("--get-user-env ignored" in w for w in opts.warnings)
+
+
+@pytest.mark.parametrize(("lines", "warned"), [
+    ("#SBATCH --gpus-per-task=1 --ntasks-per-node=2\n", True),  # (real sbatch 24.11, 26.05)
+    ("#SBATCH --gpus-per-task=1 --ntasks=4 -N 2\n", False),
+    ("#SBATCH --gpus-per-task=1 --gpus=8 -N 2\n", False),
+])
+def test_gpus_per_task_without_gpus_or_ntasks_is_said_to_fail_on_newer_releases(lines, warned):
+    spec, opts = spec_from("#!/bin/bash\n" + lines + "srun python train.py\n")
+    said = [w for w in spec_warnings(opts, spec) if "24.11 and later refuse" in w]
+    assert bool(said) == warned, said

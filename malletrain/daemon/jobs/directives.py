@@ -168,7 +168,7 @@ def _what_sbatch_refuses(script_text: str, path: str) -> tuple[str, ...]:
 def spec_warnings(opts: Options, spec: JobSpec, plan: ScriptPlan | None = None
                   ) -> tuple[str, ...]:
     """Warnings that depend on the whole spec: ``--signal`` matters only in restart mode;
-    GPUs asked only on srun lines; ``--cpus-per-gpu`` with no GPU."""
+    GPUs asked only on srun lines; options newer releases refuse together."""
     out: list[str] = []
     if spec.mode == "native" and "signal" in opts.values:
         out.append(f"{opts.origin['signal']}: --signal ignored: an ElasticJob script leaves "
@@ -176,6 +176,10 @@ def spec_warnings(opts: Options, spec: JobSpec, plan: ScriptPlan | None = None
     if any(o.startswith("--cpus-per-gpu=") for o in spec.slot_options) and not spec.gpus_per_node:
         out.append(f"{spec.script}: --cpus-per-gpu without GPUs: Slurm 22.05 ignores it, "
                    "24.11 and later refuse the node slots (Requested cpus_per_tres)")
+    if "gpus-per-task" in opts.values and not {"gpus", "ntasks"} & opts.values.keys():
+        out.append(f"{opts.origin['gpus-per-task']}: --gpus-per-task without --gpus or "
+                   "--ntasks: 24.11 and later refuse the node slots (without either --gpus "
+                   "or -n/--ntasks)")
     if "gres" in opts.values and "gpus-per-node" in opts.values:
         out.append(f"{opts.origin['gpus-per-node']}: --gpus-per-node beside --gres=gpu: Slurm "
                    "26.05 refuses the node slots (mutually exclusive); give one of them")
