@@ -94,7 +94,8 @@ def test_the_recorded_regular_jobs_come_off_the_caps_of_their_association_and_qo
         JobState.PENDING, "AssocGrpGRES", "theory", "normal", 2)
     assert (slot.user, slot.account, slot.qos) == ("mt-alice", "physics", "normal")
     site = parse_limits(golden_texts(release))
-    used = regular_usage(jobs, {slot.job_id}, site)
+    regular = [j for j in jobs if j is not slot]  # (a slot's comment carries its tag)
+    used = regular_usage(regular, site)
     for key in ("assoc:theory/mt-bob", "assoc:theory", "assoc:physics", "assoc:root"):
         assert used[key] == Usage(nodes=3, jobs=2), key
     for key in ("qos:scav/user:mt-bob", "qos:scav/account:theory", "qos:scav"):
@@ -109,10 +110,10 @@ def test_the_recorded_regular_jobs_come_off_the_caps_of_their_association_and_qo
     assert (caps["qos:scav/user:mt-bob"], caps["qos:scav/account:theory"],  # account,
             caps["qos:scav"]) == (1, 4, 5)  # 6 - 1 in all
     waiting = dataclasses.replace(held, state_reason="Priority")  # not at a limit
-    assert regular_usage([running, waiting, slot], {slot.job_id}, site)[
+    assert regular_usage([running, waiting], site)[
         "assoc:theory/mt-bob"] == Usage(nodes=1, jobs=1)
-    assert regular_usage(jobs, set(), site)["assoc:physics"] == Usage(nodes=4, jobs=3)
-    assert regular_usage(jobs, set(), None) == {}
+    assert regular_usage(jobs, site)["assoc:physics"] == Usage(nodes=4, jobs=3)
+    assert regular_usage(jobs, None) == {}
 
 
 def test_decide_gives_bob_what_his_regular_job_leaves_under_his_limit():

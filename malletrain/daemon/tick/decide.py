@@ -47,9 +47,8 @@ def decide(world: World, policy: Policy) -> TickPlan:
               if j.job_id in world.busy}
     gpu_types = frozenset(n.node_type for n in pool.free + pool.held + pool.leaving
                           if n.node_type)
-    own_ids = {r.slurm_job_id for recs in world.slots.values() for r in recs}
     limits = all_limits(screened.managed, world.limits,
-                        regular_usage(world.snapshot.jobs, own_ids, world.limits))
+                        regular_usage(pool.regular, world.limits))
     jobs = policy_jobs(world.now_s, free, slots, pool.holdings.held, world.models, gpu_types,
                        frozenset(pool.offered), limits)
     site = world.limits

@@ -27,7 +27,7 @@ holds the caps (:mod:`malletrain.core.allocation.fairness`) and ``malletrain job
 from __future__ import annotations
 
 import re
-from collections.abc import Container, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from malletrain.core.accounting import SiteLimits, TresLimit
@@ -98,18 +98,19 @@ def _shared(site: SiteLimits, user: str, account: str, qos_name: str
     return out
 
 
-def regular_usage(jobs: Iterable[Job], own_ids: Container[int], site: SiteLimits | None
-                  ) -> dict[str, Usage]:
-    """key -> the nodes and jobs the Slurm jobs other than malletrain's slots (``own_ids``)
-    hold under it: the running ones, then those waiting at a limit they share that would
-    fit in it beside them were the slots gone (submit order), which the slots give way to.
-    One that cannot fit even so (a 1,000-node job under a 64-node ``GrpTRES``) waits for
-    regular work or forever, not for the slots, and takes nothing from them."""
+def regular_usage(regular: Iterable[Job], site: SiteLimits | None) -> dict[str, Usage]:
+    """key -> the nodes and jobs the ``regular`` jobs (the snapshot's jobs that are not
+    malletrain's slots: ``pool.regular_jobs``) hold under it: the running ones, then those
+    waiting at a limit they share that would fit in it beside them were the slots gone
+    (submit order), which the slots give way to. One that cannot fit even so (a 1,000-node
+    job under a 64-node ``GrpTRES``) waits for regular work or forever, not for the slots,
+    and takes nothing from them."""
     used: dict[str, Usage] = {}
     if site is None or not site.from_accounting:
         return used
-    running = [j for j in jobs if j.state is JobState.RUNNING and j.job_id not in own_ids]
-    waiting = sorted((j for j in jobs if j.state is JobState.PENDING and j.job_id not in own_ids
+    regular = tuple(regular)
+    running = [j for j in regular if j.state is JobState.RUNNING]
+    waiting = sorted((j for j in regular if j.state is JobState.PENDING
                       and _HELD_AT_SHARED_LIMIT.match(j.state_reason)),
                      key=lambda j: (j.submit_time or 0.0, j.job_id))
     for job in running:

@@ -77,6 +77,8 @@ class Pool:
     leaving: tuple[IdleNode, ...]
     hole_start_s: Mapping[str, float]
     give_back: GiveBack
+    #: the snapshot's jobs that are not our slots (:func:`regular_jobs`)
+    regular: tuple[Job, ...] = ()
 
     @property
     def offered(self) -> frozenset[str]:
@@ -205,4 +207,4 @@ def build_pool(world: World, managed: tuple[JobRecord, ...], slots: Mapping[str,
     offered = {n.name for n in free} | kept
     leaving = tuple(IdleNode(n, 0.0, idle_age_s=now - holes[n], node_type=kind.get(n, ""))
                     for n in sorted(names - offered))
-    return Pool(h, free, held, leaving, holes, back)
+    return Pool(h, free, held, leaving, holes, back, regular)
