@@ -92,6 +92,8 @@ GOLDEN_FILES = {
     "planned": "planned.txt", "topology": "topology.txt", "jobs_plain": "jobs.txt",
     "jobs_token": "jobs.token", "node_states": "node_states.txt",
 }
+#: The job list's token in the golden files (the backend draws a new one for every call).
+GOLDEN_TOKEN = "golden0token0golden0token"
 
 
 # ----------------------------------------------------------------------------- JSON helpers
