@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Protocol
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class IdleNode:
@@ -175,6 +177,15 @@ class AllocationInput:
         """Node name -> its position in ``nodes`` (built once: a decision looks it up for
         its value table, its plan check and its node choice)."""
         return {n.name: i for i, n in enumerate(self.nodes)}
+
+    @cached_property
+    def node_name_rank(self) -> np.ndarray:
+        """Each node's rank by name: node choices break ties of window by name (twice a
+        decision with the plan check)."""
+        order = np.argsort(np.array([n.name for n in self.nodes], dtype=str), kind="stable")
+        rank = np.empty(len(self.nodes), dtype=np.int64)
+        rank[order] = np.arange(len(self.nodes))
+        return rank
 
     @cached_property
     def node_switch(self) -> dict[str, str | None]:

@@ -94,7 +94,7 @@ def assign_nodes(
         result[job.job_id] = tuple(keep)
         taken.update(keep)
     # 2. growth from the pool: longest windows first, same switch as the job's nodes
-    order = np.lexsort((_name_rank(inp), -w, -bucket_arr)).tolist()
+    order = np.lexsort((inp.node_name_rank, -w, -bucket_arr)).tolist()
     buckets = bucket_arr.tolist()
     free = [i for i in order if names[i] not in taken]
     pool = _Pool([names[i] for i in free], [buckets[i] for i in free], switch)
@@ -110,14 +110,6 @@ def assign_nodes(
         got = pool.take_avoiding(need, home, avoid) if avoid else pool.take(need, home)
         result[job_id] = tuple(have + got)
     return result
-
-
-def _name_rank(inp: AllocationInput) -> np.ndarray:
-    """Each node's rank by name (ties of window are broken by name)."""
-    order = np.argsort(np.array([n.name for n in inp.nodes], dtype=str), kind="stable")
-    rank = np.empty(len(inp.nodes), dtype=np.int64)
-    rank[order] = np.arange(len(inp.nodes))
-    return rank
 
 
 def _growth_order(inp: AllocationInput, growth_order: Sequence[str] | None) -> list[str]:
