@@ -141,6 +141,17 @@ def test_value_table_matches_definition(cases, margin, starts):
                 continue
             want = reference_value(job, own, pool, n, margin, float(start_s[j]))
             assert table[j, n] == pytest.approx(want, rel=1e-9, abs=1e-6), (j, n)
+    # the plan check's table: each job's count on all of its growth nodes alone
+    whole = job_value_table(
+        jobs, own_w, own_p, own_g, grow_w, grow_p, grow_g, grow_n,
+        start_s=start_s, keep_margin=margin, whole_growth_only=True,
+    )
+    for j, (job, own, pool) in enumerate(cases):
+        n = min(job.max_nodes, len(own) + len(pool))
+        if n > len(own) and n >= job.min_nodes:
+            want = reference_value(job, sorted(own, key=lambda x: -x[0]), pool, n, margin,
+                                   float(start_s[j]))
+            assert whole[j, n] == pytest.approx(want, rel=1e-9, abs=1e-6), (j, n)
 
 
 def test_rates_upto_matches_model_rate():

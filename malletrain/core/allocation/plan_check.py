@@ -118,7 +118,7 @@ def realised_value(inp: AllocationInput, sol: Solution,
     grow_p[row_of, col] = sol.p[node]
     grow_g[row_of, col] = sol.key[node]
     real = replace(sol.offer.select(rows.tolist()), grow_w=grow_w, grow_p=grow_p,
-                   grow_g=grow_g, grow_n=grow_n)
+                   grow_g=grow_g, grow_n=grow_n, whole_growth_only=True)
     values = sol.table(real, rows)
     n = got_n[rows]
     inside = n < values.shape[1]
@@ -158,15 +158,16 @@ def no_shrink_counts(inp: AllocationInput, sol: Solution, by_user: bool = False
     for j, job in enumerate(inp.jobs):
         groups.setdefault(job.user if by_user else "", []).append(j)
     planned = np.array([sol.counts[job.job_id] for job in inp.jobs], dtype=np.int64)
+    parts = [np.array(members, dtype=np.int64) for members in groups.values()]
+    # each group's nodes left beside the sizes it keeps: checked for all before any DP
+    left = [(int(planned[idx].sum()) if by_user else len(inp.nodes)) - int(fixed[idx].sum())
+            for idx in parts]
+    if min(left, default=0) < 0:
+        return {}, _FORBIDDEN
     counts = np.zeros(len(inp.jobs), dtype=np.int64)
     objective = 0.0
-    for members in groups.values():
-        idx = np.array(members, dtype=np.int64)
-        nodes = int(planned[idx].sum()) if by_user else len(inp.nodes)
-        left = nodes - int(fixed[idx].sum())
-        if left < 0:
-            return {}, _FORBIDDEN
-        arr, part = solve_counts(values[idx], left)
+    for idx, nodes_left in zip(parts, left, strict=True):
+        arr, part = solve_counts(values[idx], nodes_left)
         counts[idx] = arr + fixed[idx]
         objective += part
     return {job.job_id: int(n) for job, n in zip(inp.jobs, counts, strict=True)}, objective

@@ -14,6 +14,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from malletrain.core.allocation.merged import MergeNodes, merged_values, merged_values_at_span
 from malletrain.core.model import AllocationInput, MalleableJob, ThroughputModel
 
 
@@ -54,6 +55,7 @@ def job_value_table(
     *,
     start_s: np.ndarray | None = None,
     keep_margin: float | np.ndarray = 0.0,
+    whole_growth_only: bool = False,
 ) -> np.ndarray:
     """V[j, n] for every job j and count n = 0..K (``-inf`` where n is not allowed).
 
@@ -68,6 +70,9 @@ def job_value_table(
     (default 0: FreeTrain's free start). ``keep_margin``: a running job's work lost by
     shrinking counts ``1 + keep_margin`` times (hysteresis: another job must gain that
     much more before a node moves away from a running one); a scalar or one per job.
+    ``whole_growth_only``: only each job's count on all of its ``grow_n`` nodes is read (the
+    plan check values the nodes really handed out); a job whose growth outranks its own nodes
+    is then merged at that count alone, its counts between left NaN.
     """
     n_jobs = len(jobs)
     c = np.array([w.size for w in own_w], dtype=np.int64)
@@ -151,11 +156,16 @@ def job_value_table(
     shape_key = np.ceil(np.log2(np.maximum(c, 1))) * 64 + np.ceil(np.log2(np.maximum(span, 1)))
     a_pad = np.concatenate((a, np.zeros((n_jobs, big_c + m_max))), axis=1)
     b_pad = np.concatenate((b, np.zeros((n_jobs, big_c + m_max))), axis=1)
-    for key in np.unique(shape_key[mixed]).tolist():
-        grp = mixed[shape_key[mixed] == key]
-        grow_val[grp, : int(max(1, span[grp].max()))] = _merged_values(
-            grp, c, span, ow, op, og, owm, g, gp, gg, a_pad, b_pad
-        )
+    nodes = MergeNodes(c, span, ow, op, og, owm, g, gp, gg, a_pad, b_pad)
+    if whole_growth_only:
+        # one count per job: one group (its padding costs less than a call per group)
+        if mixed.size:
+            grow_val[mixed] = np.nan
+            grow_val[mixed, np.maximum(span[mixed], 1) - 1] = merged_values_at_span(mixed, nodes)
+    else:
+        for key in np.unique(shape_key[mixed]).tolist():
+            grp = mixed[shape_key[mixed] == key]
+            grow_val[grp, : int(max(1, span[grp].max()))] = merged_values(grp, nodes)
     grow_val -= np.where(c > 0, up * rate_now, 0.0)[:, None]
     if start_s is not None:
         # a job at zero nodes loses start_s seconds of the rate it starts at
@@ -166,55 +176,6 @@ def job_value_table(
     ok = (n_grid > c[:, None]) & (n_grid >= lo[:, None]) & (n_grid <= hi[:, None])
     values[:, 1:] = np.where(ok, np.take_along_axis(grow_val, m_idx, 1), values[:, 1:])
     return values
-
-
-def _merged_values(
-    grp: np.ndarray,
-    c: np.ndarray,
-    span: np.ndarray,
-    ow: np.ndarray,
-    op: np.ndarray,
-    og: np.ndarray,
-    owm: np.ndarray,
-    g: np.ndarray,
-    gp: np.ndarray,
-    gg: np.ndarray,
-    a: np.ndarray,
-    b: np.ndarray,
-) -> np.ndarray:
-    """Work minus reclaim cost of own + first m growth nodes, merged by window (m = 1..mm)."""
-    cc, mm = int(c[grp].max()), int(max(1, span[grp].max()))
-    n_grp = grp.size
-    gm = g[grp, :mm]
-    # rank (0-based) of growth node l = l + #own nodes with a window >= its window;
-    # of own node i = i + min(m, #growth nodes with a longer window) (ties: own first)
-    e = (owm[grp, :cc][:, None, :] >= gm[:, :, None]).sum(axis=2)
-    rank_g = np.arange(mm)[None, :] + e
-    q = (gm[:, None, :] > ow[grp, :cc][:, :, None]).sum(axis=2)
-    ms = np.arange(1, mm + 1)
-    rank_o = np.arange(cc)[None, None, :] + np.minimum(ms[None, :, None], q[:, None, :])
-    width = cc + mm
-    w3 = np.zeros((n_grp, mm, width))
-    p3 = np.zeros_like(w3)
-    k3 = np.full_like(w3, np.nan)
-    gi, mi, ii = np.indices((n_grp, mm, cc))
-    sel = ii < c[grp][:, None, None]
-    dst = (gi[sel], mi[sel], rank_o[sel])
-    w3[dst] = ow[grp, :cc][gi[sel], ii[sel]]
-    p3[dst] = op[grp, :cc][gi[sel], ii[sel]]
-    k3[dst] = og[grp, :cc][gi[sel], ii[sel]]
-    gi, mi, li = np.indices((n_grp, mm, mm))
-    sel = li <= mi  # growth nodes 0..m-1 are in the set of size c + m
-    dst = (gi[sel], mi[sel], rank_g[gi[sel], li[sel]])
-    w3[dst] = gm[gi[sel], li[sel]]
-    p3[dst] = gp[grp, :mm][gi[sel], li[sel]]
-    k3[dst] = gg[grp, :mm][gi[sel], li[sel]]
-    bound = np.ones(w3.shape, dtype=bool)
-    bound[:, :, :-1] = ~(k3[:, :, :-1] == k3[:, :, 1:])
-    a3 = a[grp, :width][:, None, :]
-    b3 = b[grp, :width][:, None, :]
-    result: np.ndarray = (a3 * w3 - b3 * p3 * bound).sum(axis=2)
-    return result
 
 
 @dataclass(frozen=True)
@@ -236,6 +197,8 @@ class NodeOffer:
     grow_n: np.ndarray
     #: nodes in the free pool (growth beyond it needs nodes others release)
     n_free: int
+    #: only each job's count on all its ``grow_n`` nodes is valued (``job_value_table``)
+    whole_growth_only: bool = False
 
     @property
     def beyond_free(self) -> bool:
@@ -246,7 +209,8 @@ class NodeOffer:
         return NodeOffer(
             [self.own_idx[j] for j in picks], [self.own_w[j] for j in picks],
             [self.own_p[j] for j in picks], [self.own_g[j] for j in picks],
-            self.grow_w[sel], self.grow_p[sel], self.grow_g[sel], self.grow_n[sel], self.n_free)
+            self.grow_w[sel], self.grow_p[sel], self.grow_g[sel], self.grow_n[sel], self.n_free,
+            self.whole_growth_only)
 
 
 def _own_nodes(inp: AllocationInput, w: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
@@ -319,7 +283,7 @@ def offer_value_table(jobs: Sequence[MalleableJob], offer: NodeOffer,
                       start_s: np.ndarray | None, margins: np.ndarray) -> np.ndarray:
     return job_value_table(jobs, offer.own_w, offer.own_p, offer.own_g, offer.grow_w,
                            offer.grow_p, offer.grow_g, offer.grow_n, start_s=start_s,
-                           keep_margin=margins)
+                           keep_margin=margins, whole_growth_only=offer.whole_growth_only)
 
 
 def no_exploration_beyond_free(values: np.ndarray, jobs: Sequence[MalleableJob],
