@@ -188,9 +188,17 @@ class AllocationInput:
         return rank
 
     @cached_property
-    def node_switch(self) -> dict[str, str | None]:
-        """Node name -> its switch (None: no topology), for every node choice of a decision."""
-        return {n.name: n.switch for n in self.nodes}
+    def node_names(self) -> list[str]:
+        """Each node's name by position (node choices work on positions, answer in names)."""
+        return [n.name for n in self.nodes]
+
+    @cached_property
+    def node_switch_id(self) -> list[int]:
+        """Each node's switch as a number by position (-1: no topology), for every node
+        choice of a decision: numbers in order of first appearance."""
+        ids: dict[str, int] = {}
+        return [-1 if n.switch is None else ids.setdefault(n.switch, len(ids))
+                for n in self.nodes]
 
 
 @dataclass(frozen=True)

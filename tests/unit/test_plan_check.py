@@ -50,9 +50,12 @@ def test_two_free_nodes_do_not_move_the_running_jobs() -> None:
     # and the kept plan is worth more on the nodes really handed out
     policy = MalleTrainPolicy(horizon_s=1800.0)
     sol = policy._solution(inp, 0.0)
-    assert realised_value(inp, sol, plan.assignments) > realised_value(
-        inp, sol, before.assignments)
-    assert realised_value(inp, sol, before.assignments) < objective
+    def at(assignments: dict[str, tuple[str, ...]]) -> dict[str, list[int]]:
+        return {j: [inp.node_index[n] for n in ns] for j, ns in assignments.items()}
+
+    assert realised_value(inp, sol, at(plan.assignments)) > realised_value(
+        inp, sol, at(before.assignments))
+    assert realised_value(inp, sol, at(before.assignments)) < objective
 
 
 def test_a_plan_that_pays_on_the_real_nodes_still_shrinks() -> None:

@@ -58,6 +58,7 @@ from malletrain.core.allocation.fairness import solve_fair
 from malletrain.core.allocation.finish import SlotOutlook, finish_weights, slot_rate
 from malletrain.core.allocation.hetero import decide_by_type, is_typed
 from malletrain.core.allocation.knapsack import solve_counts
+from malletrain.core.allocation.placement import node_names
 from malletrain.core.allocation.plan_check import (
     Solution,
     TableOf,
@@ -253,10 +254,11 @@ class MalleTrainPolicy:
                ) -> tuple[dict[str, tuple[str, ...]], float]:
         """Counts and node names for ``inp`` without learning from it: (assignments, objective)."""
         sol = self._solution(inp, price_per_node_s)
-        assignments = sol.place(inp, sol.counts)
-        if not self.check_plans or not sol.shrinks(inp):
-            return assignments, sol.objective
-        return better_plan(inp, sol, assignments, fair=self.fair_share)
+        positions = sol.place(inp, sol.counts)
+        objective = sol.objective
+        if self.check_plans and sol.shrinks(inp):
+            positions, objective = better_plan(inp, sol, positions, fair=self.fair_share)
+        return node_names(inp, positions), objective
 
     def solve(self, inp: AllocationInput, price_per_node_s: float = 0.0
               ) -> tuple[dict[str, int], float, np.ndarray, list[str]]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import Counter
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -59,9 +58,28 @@ def assign_nodes(
     *,
     windows_s: Mapping[str, float] | None = None,
     growth_order: Sequence[str] | None = None,
-    window_array: np.ndarray | None = None,
 ) -> dict[str, tuple[str, ...]]:
-    """Turn per-job node counts into node names.
+    """Turn per-job node counts into node names (:func:`assign_positions`, named)."""
+    return node_names(inp, assign_positions(inp, counts, windows_s=windows_s,
+                                            growth_order=growth_order))
+
+
+def node_names(inp: AllocationInput, positions: Mapping[str, Sequence[int]]
+               ) -> dict[str, tuple[str, ...]]:
+    """Each job's node positions in ``inp.nodes`` as node names."""
+    names = inp.node_names
+    return {job_id: tuple([names[i] for i in idx]) for job_id, idx in positions.items()}
+
+
+def assign_positions(
+    inp: AllocationInput,
+    counts: Mapping[str, int],
+    *,
+    windows_s: Mapping[str, float] | None = None,
+    growth_order: Sequence[str] | None = None,
+    window_array: np.ndarray | None = None,
+) -> dict[str, list[int]]:
+    """Turn per-job node counts into nodes: each job's node positions in ``inp.nodes``.
 
     ``counts`` must be feasible (sum <= number of nodes). ``growth_order`` is the
     order in which growing jobs pick from the free pool (first = longest
@@ -69,47 +87,46 @@ def assign_nodes(
     ``inp.nodes`` order (else from ``windows_s``). O(nodes log nodes + jobs x switches).
     """
     w = _window_array(inp, windows_s) if window_array is None else window_array
-    names = [n.name for n in inp.nodes]
-    index, switch = inp.node_index, inp.node_switch
+    names, index, switch = inp.node_names, inp.node_index, inp.node_switch_id
     bucket_arr = _buckets(w)
     total = sum(max(0, c) for c in counts.values())
     if total > len(names):
         raise ValueError(f"plan asks for {total} nodes but only {len(names)} are available")
 
-    result: dict[str, tuple[str, ...]] = {}
-    taken: set[str] = set()
+    held: dict[str, list[int]] = {}
+    taken = np.zeros(len(names), dtype=bool)
     jobs_by_id = {j.job_id: j for j in inp.jobs}
+    buckets, windows, rank = bucket_arr.tolist(), w.tolist(), inp.node_name_rank.tolist()
     # 1. every job keeps (up to its count) its current nodes, longest windows first
     for job in inp.jobs:
         want = max(0, counts.get(job.job_id, 0))
-        own = [n for n in job.nodes
-               if n in index and n not in taken and n not in job.excluded_nodes]
+        own = [index[n] for n in job.nodes if n in index and n not in job.excluded_nodes]
+        own = [i for i in own if not taken[i]]
         if not own or want == 0:
-            result[job.job_id] = ()
+            held[job.job_id] = []
             continue
         if want < len(own):  # shrinking: release the shortest windows first
             home = _home_switch(own, switch)
-            own.sort(key=lambda n: (-bucket_arr[index[n]], switch[n] != home, -w[index[n]], n))
+            own.sort(key=lambda i: (-buckets[i], switch[i] != home, -windows[i], rank[i]))
         keep = own[:want]
-        result[job.job_id] = tuple(keep)
-        taken.update(keep)
+        held[job.job_id] = keep
+        taken[keep] = True
     # 2. growth from the pool: longest windows first, same switch as the job's nodes
-    order = np.lexsort((inp.node_name_rank, -w, -bucket_arr)).tolist()
-    buckets = bucket_arr.tolist()
-    free = [i for i in order if names[i] not in taken]
-    pool = _Pool([names[i] for i in free], [buckets[i] for i in free], switch)
+    order = np.lexsort((inp.node_name_rank, -w, -bucket_arr))
+    free = order[~taken[order]]
+    pool = _Pool(free.tolist(), bucket_arr[free].tolist(), switch, taken.tolist())
     for job_id in _growth_order(inp, growth_order):
         if job_id not in jobs_by_id:
             continue
-        have = list(result.get(job_id, ()))
+        have = held.get(job_id, [])
         need = max(0, counts.get(job_id, 0)) - len(have)
         if need <= 0:
             continue
         home = _home_switch(have, switch) if have else pool.next_switch()
-        avoid = jobs_by_id[job_id].excluded_nodes
+        avoid = {index[n] for n in jobs_by_id[job_id].excluded_nodes if n in index}
         got = pool.take_avoiding(need, home, avoid) if avoid else pool.take(need, home)
-        result[job_id] = tuple(have + got)
-    return result
+        held[job_id] = have + got
+    return held
 
 
 def _growth_order(inp: AllocationInput, growth_order: Sequence[str] | None) -> list[str]:
@@ -122,24 +139,22 @@ def _growth_order(inp: AllocationInput, growth_order: Sequence[str] | None) -> l
 
 
 class _Pool:
-    """Free nodes in window-bucket order, each bucket split by switch; taken front first.
+    """Free nodes (positions) in window-bucket order, each bucket split by switch (-1: none);
+    taken front first.
 
     Every node sits in one bucket list and one (bucket, switch) list; pointers
     only move forward, so handing out the whole pool costs O(nodes) after the sort.
     """
 
-    def __init__(
-        self,
-        names: list[str],
-        bucket: list[float],
-        switch: Mapping[str, str | None],
-    ) -> None:
-        """``names``: the free nodes in pool order, ``bucket`` their window buckets."""
+    def __init__(self, free: list[int], bucket: list[float], switch: list[int],
+                 taken: list[bool]) -> None:
+        """``free``: the free nodes in pool order, ``bucket`` their window buckets;
+        ``taken``: per node position, whether it is handed out already."""
         self.switch = switch
-        self.buckets: list[list[str]] = []
-        self.by_switch: list[dict[str | None, list[str]]] = []
+        self.buckets: list[list[int]] = []
+        self.by_switch: list[dict[int, list[int]]] = []
         last: float | None = None
-        for n, b in zip(names, bucket, strict=True):
+        for n, b in zip(free, bucket, strict=True):
             if last is None or b != last:
                 self.buckets.append([])
                 self.by_switch.append({})
@@ -147,43 +162,46 @@ class _Pool:
             self.buckets[-1].append(n)
             self.by_switch[-1].setdefault(switch[n], []).append(n)
         self.pos = [0] * len(self.buckets)
-        self.sw_pos: list[dict[str | None, int]] = [dict.fromkeys(d, 0) for d in self.by_switch]
+        self.sw_pos: list[dict[int, int]] = [dict.fromkeys(d, 0) for d in self.by_switch]
         self.first = 0
-        self.taken: set[str] = set()
+        self.taken = taken
 
-    def next_switch(self) -> str | None:
+    def next_switch(self) -> int:
         """For a job starting from nothing: the switch of the longest free window."""
         for b in range(self.first, len(self.buckets)):
             lst = self.buckets[b]
             for i in range(self.pos[b], len(lst)):
-                if lst[i] not in self.taken:
+                if not self.taken[lst[i]]:
                     return self.switch[lst[i]]
-        return None
+        return -1
 
-    def take(self, need: int, home: str | None) -> list[str]:
-        out: list[str] = []
+    def take(self, need: int, home: int) -> list[int]:
+        out: list[int] = []
+        taken = self.taken
         b = self.first
         while need > 0 and b < len(self.buckets):
-            if home is not None and home in self.by_switch[b]:
+            if home >= 0 and home in self.by_switch[b]:
                 lst = self.by_switch[b][home]
                 i = self.sw_pos[b][home]
                 while need > 0 and i < len(lst):
                     n = lst[i]
                     i += 1
-                    if n not in self.taken:
-                        self._grab(n, out)
+                    if not taken[n]:
+                        taken[n] = True
+                        out.append(n)
                         need -= 1
                 self.sw_pos[b][home] = i
             lst = self.buckets[b]
             i = self.pos[b]
             while need > 0 and i < len(lst):
                 n = lst[i]
-                if n not in self.taken:
-                    self._grab(n, out)
+                if not taken[n]:
+                    taken[n] = True
+                    out.append(n)
                     need -= 1
                 i += 1
             # skip the taken prefix so later scans start past it
-            while i < len(lst) and lst[i] in self.taken:
+            while i < len(lst) and taken[lst[i]]:
                 i += 1
             self.pos[b] = i
             if i >= len(lst) and b == self.first:
@@ -191,28 +209,29 @@ class _Pool:
             b += 1
         return out
 
-    def take_avoiding(self, need: int, home: str | None, avoid: frozenset[str]) -> list[str]:
+    def take_avoiding(self, need: int, home: int, avoid: set[int]) -> list[int]:
         """``take`` for a job that must not get the nodes in ``avoid`` (``--exclude``): a
         plain scan in the same order, leaving the pointers to ``take`` (exclusions are
         rare). It may return fewer than ``need``; those nodes stay free this decision."""
-        out: list[str] = []
+        out: list[int] = []
         for b in range(self.first, len(self.buckets)):
-            home_first = self.by_switch[b].get(home, []) if home is not None else []
+            home_first = self.by_switch[b].get(home, []) if home >= 0 else []
             for n in (*home_first, *self.buckets[b]):
                 if need == 0:
                     return out
-                if n not in self.taken and n not in avoid:
-                    self._grab(n, out)
+                if not self.taken[n] and n not in avoid:
+                    self.taken[n] = True
+                    out.append(n)
                     need -= 1
         return out
 
-    def _grab(self, n: str, out: list[str]) -> None:
-        self.taken.add(n)
-        out.append(n)
 
-
-def _home_switch(nodes: Sequence[str], switch: Mapping[str, str | None]) -> str | None:
-    """The switch holding most of ``nodes`` (None if no topology is known)."""
-    seen = Counter(map(switch.__getitem__, nodes))
-    seen.pop(None, None)
-    return seen.most_common(1)[0][0] if seen else None
+def _home_switch(nodes: Sequence[int], switch: Sequence[int]) -> int:
+    """The switch holding most of ``nodes`` (the first seen of equals; -1 if no topology
+    is known)."""
+    seen: dict[int, int] = {}
+    for n in nodes:
+        s = switch[n]
+        if s >= 0:
+            seen[s] = seen.get(s, 0) + 1
+    return max(seen, key=seen.__getitem__) if seen else -1

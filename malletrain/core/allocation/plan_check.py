@@ -20,14 +20,15 @@ hysteresis, exploration, prices, finish weights).
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from malletrain.core.allocation.knapsack import solve_counts
-from malletrain.core.allocation.placement import assign_nodes
+from malletrain.core.allocation.placement import assign_positions
 from malletrain.core.allocation.valuation import NodeOffer
 from malletrain.core.model import AllocationInput
 
@@ -68,10 +69,10 @@ class Solution:
             self.counts[job.job_id] < self.offer.own_idx[j].size
             for j, job in enumerate(inp.jobs))
 
-    def place(self, inp: AllocationInput, counts: Mapping[str, int]
-              ) -> dict[str, tuple[str, ...]]:
-        return assign_nodes(inp, counts, window_array=self.w,
-                            growth_order=self.growth_order(inp, counts))
+    def place(self, inp: AllocationInput, counts: Mapping[str, int]) -> dict[str, list[int]]:
+        """The nodes of ``counts``: each job's node positions in ``inp.nodes``."""
+        return assign_positions(inp, counts, window_array=self.w,
+                                growth_order=self.growth_order(inp, counts))
 
 
 def weighted(table: TableOf, factor: np.ndarray) -> TableOf:
@@ -81,8 +82,9 @@ def weighted(table: TableOf, factor: np.ndarray) -> TableOf:
 
 
 def realised_value(inp: AllocationInput, sol: Solution,
-                   assignments: Mapping[str, tuple[str, ...]]) -> float:
-    """The plan's value with each job's growth on the nodes it was really given.
+                   assignments: Mapping[str, Sequence[int]]) -> float:
+    """The plan's value with each job's growth on the nodes it was really given (each job's
+    node positions in ``inp.nodes``, as :meth:`Solution.place` gives them).
 
     A job at or below its present size is worth what the solved table says (its value
     there depends on its own nodes only), so only the growing jobs are valued again.
@@ -96,15 +98,13 @@ def realised_value(inp: AllocationInput, sol: Solution,
     if not rows.size:
         return total
     # every grower's nodes at once: (row, node) pairs, less the nodes it holds now
-    index = inp.node_index
     holder = np.full(len(inp.nodes), -1, dtype=np.int64)
     for j in rows.tolist():
         holder[sol.offer.own_idx[j]] = j
-    names = [assignments[inp.jobs[j].job_id] for j in rows.tolist()]
-    row_of = np.repeat(np.arange(rows.size), [len(x) for x in names])
-    node = np.fromiter((index.get(n, -1) for x in names for n in x), dtype=np.int64,
-                       count=row_of.size)
-    new = (node >= 0) & (holder[np.maximum(node, 0)] != rows[row_of])
+    got = [assignments[inp.jobs[j].job_id] for j in rows.tolist()]
+    row_of = np.repeat(np.arange(rows.size), [len(x) for x in got])
+    node = np.fromiter(itertools.chain.from_iterable(got), dtype=np.int64, count=row_of.size)
+    new = holder[node] != rows[row_of]
     row_of, node = row_of[new], node[new]
     order = np.lexsort((-sol.w[node], row_of))  # by row, then longest window first
     row_of, node = row_of[order], node[order]
@@ -186,11 +186,12 @@ def _over_caps(inp: AllocationInput, counts: Mapping[str, int]) -> bool:
 
 
 def better_plan(inp: AllocationInput, sol: Solution,
-                assignments: dict[str, tuple[str, ...]], fair: bool = False
-                ) -> tuple[dict[str, tuple[str, ...]], float]:
-    """``assignments`` (which shrink a running job) or the best plan that shrinks nobody
-    (``fair``: within each user's part of the plan), whichever is worth more on the nodes
-    really handed out: (assignments, objective)."""
+                assignments: dict[str, list[int]], fair: bool = False
+                ) -> tuple[dict[str, list[int]], float]:
+    """``assignments`` (which shrink a running job; node positions, as :meth:`Solution.place`
+    gives them) or the best plan that shrinks nobody (``fair``: within each user's part of
+    the plan), whichever is worth more on the nodes really handed out: (assignments,
+    objective)."""
     by_user = fair and len({job.user for job in inp.jobs}) > 1
     counts, objective = no_shrink_counts(inp, sol, by_user=by_user)
     if objective <= _FORBIDDEN / 2 or _over_caps(inp, counts):
