@@ -8,6 +8,11 @@ import numpy as np
 
 #: Above this many sizes per job the DP updates one size at a time (bounded memory).
 _MAX_BLOCK_SIZES = 256
+#: Scarce nodes: the DP first spans the capacities within capacity / this of the
+#: capacity, in problems of at least this many jobs (a second, full solve costs less
+#: than the first saves where the best plan uses nearly every node).
+_FLOOR_SLACK_DIV = 16
+_MIN_JOBS_FLOOR = 64
 
 
 def solve_counts(values: np.ndarray, capacity: int) -> tuple[np.ndarray, float]:
@@ -17,26 +22,47 @@ def solve_counts(values: np.ndarray, capacity: int) -> tuple[np.ndarray, float]:
     must be allowed). Chooses one count per job, total <= capacity, maximising
     the sum. Returns (count per job, optimal objective).
 
-    ``f(t)`` = best value of the jobs so far on at most ``t`` nodes. Two exact
+    ``f(t)`` = best value of the jobs so far on at most ``t`` nodes. Three exact
     shortcuts keep it fast: an option worth no more than a smaller count of the
-    same job is dropped (``f`` is non-decreasing, so it can never be needed), and
-    jobs are processed by ascending largest count so that early stages only span
-    the capacity the jobs so far can use. Each stage is one strided 2-D update
-    over all of a job's sizes (no Python loop over sizes).
+    same job is dropped (``f`` is non-decreasing, so it can never be needed); jobs
+    are processed by ascending largest count so that early stages only span the
+    capacity the jobs so far can use; and where the nodes are scarce (the jobs could
+    use more than ``capacity``), each stage first spans only the capacities the
+    jobs still to come can fill up to near ``capacity`` (:func:`_solve`'s ``floor``),
+    solving again in full where the best plan turns out to leave more nodes unused.
+    Each stage is one strided 2-D update over all of a job's sizes.
     """
-    n_jobs = values.shape[0]
     useful, smallest, largest = _useful_options(values)
+    total = int(largest.sum())
+    capacity = int(max(0, min(capacity, total)))
+    if capacity < total and values.shape[0] >= _MIN_JOBS_FLOOR:
+        solved = _solve(values, useful, smallest, largest, capacity,
+                        capacity - max(1, capacity // _FLOOR_SLACK_DIV))
+        if solved is not None:
+            return solved
+    solved = _solve(values, useful, smallest, largest, capacity, 0)
+    assert solved is not None  # with no floor the first argmax is always found
+    return solved
+
+
+def _solve(values: np.ndarray, useful: np.ndarray, smallest: np.ndarray, largest: np.ndarray,
+           capacity: int, floor: int) -> tuple[np.ndarray, float] | None:
+    """The DP with ``f`` after each job computed only from ``floor`` less what the jobs
+    still to come can take (below that, no plan that uses more than ``floor`` nodes passes);
+    None where the best plan may use ``floor`` nodes or fewer (``f(floor)`` is already
+    optimal: the first optimum, which the answer's ties follow, lies below the span)."""
+    n_jobs = values.shape[0]
     order = np.argsort(largest, kind="stable")
-    capacity = int(max(0, min(capacity, int(largest.sum()))))
+    # after[p]: the largest counts of the jobs from position p of the order on
+    after = np.concatenate((np.cumsum(largest[order][::-1])[::-1], [0]))
     # Row p of `hist` is f after p jobs, preceded by `pad` cells of -inf so that
     # f(t - n) for every size n is a strided view of the row (no copies).
     pad = int(max(1, largest.max(initial=0)))
     hist = np.empty((n_jobs + 1, pad + capacity + 1))
     hist[:, :pad] = -np.inf
     hist[0, pad:] = 0.0
-    block = np.empty((min(_MAX_BLOCK_SIZES, pad), capacity + 1))
-    best = np.empty(capacity + 1)
-    options = np.where(useful, values, -np.inf)
+    block = np.empty((min(_MAX_BLOCK_SIZES, pad + 1), capacity + 1))
+    options = np.where(useful, values, -np.inf)  # count 0 is always allowed
     reaches = [0]
     reach = 0
     for pos, j in enumerate(order.tolist()):
@@ -46,13 +72,19 @@ def solve_counts(values: np.ndarray, capacity: int) -> tuple[np.ndarray, float]:
         # f is non-decreasing: beyond its old reach it equals its last value
         row_prev[pad + reach + 1 : pad + new_reach + 1] = row_prev[pad + reach]
         reach = new_reach
-        g = hist[pos + 1, pad : pad + reach + 1]
-        np.add(row_prev[pad : pad + reach + 1], values[j, 0], out=g)
+        low = min(max(0, floor - int(after[pos + 1])), reach)
+        g = hist[pos + 1, pad + low : pad + reach + 1]
         hi = min(hi, reach)
         if lo <= hi:
-            _stage(hist, pos, g, options[j, lo : hi + 1], lo, reach, pad, block, best)
+            _stage(hist, pos, g, options[j, : hi + 1], low, reach, pad, block)
+        else:  # no size of this job fits yet: count 0
+            np.add(row_prev[pad + low : pad + reach + 1], values[j, 0], out=g)
         reaches.append(reach)
-    return _backtrack(values, useful, order, hist, reaches, pad)
+    f = hist[n_jobs, pad + floor : pad + reaches[-1] + 1]
+    t = int(np.argmax(f))
+    if floor and t == 0:
+        return None
+    return _backtrack(values, useful, order, hist, reaches, pad, floor + t)
 
 
 def _useful_options(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -73,46 +105,47 @@ def _useful_options(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
     return useful, smallest, largest
 
 
-def _stage(hist: np.ndarray, pos: int, g: np.ndarray, vals: np.ndarray, lo: int, reach: int,
-           pad: int, block: np.ndarray, best: np.ndarray) -> None:
-    """``g(t) = max(g(t), max_n f(t - n) + vals[n - lo])`` for the sizes ``lo..``, ``f`` being
-    row ``pos`` of ``hist``. Called once per job: numpy's per-call overheads are most of its
-    time at 500 jobs, hence the ufuncs called directly and the view built in place."""
+def _stage(hist: np.ndarray, pos: int, g: np.ndarray, vals: np.ndarray, low: int,
+           reach: int, pad: int, block: np.ndarray) -> None:
+    """``g(t) = max_n f(t - n) + vals[n]`` for ``t`` in ``low..reach`` and the counts ``n``
+    from 0 (``-inf``: not allowed), ``f`` being row ``pos`` of ``hist``. Called once per
+    job: numpy's per-call overheads are most of its time at 500 jobs, hence one add and one
+    max over a strided view built in place, the ufuncs called directly."""
     k = vals.size
+    span = reach - low + 1
     if k <= _MAX_BLOCK_SIZES:
-        # rows n = lo..hi: view[i, t] = f(t - lo - i); one add, one max
+        # rows n = 0..hi: view[n, t - low] = f(t - n)
         item = hist.itemsize
-        view = np.ndarray((k, reach + 1), dtype=hist.dtype, buffer=hist,
-                          offset=(pos * hist.shape[1] + pad - lo) * item, strides=(-item, item))
-        tmp = block[:k, : reach + 1]
+        view = np.ndarray((k, span), dtype=hist.dtype, buffer=hist,
+                          offset=(pos * hist.shape[1] + pad + low) * item,
+                          strides=(-item, item))
+        tmp = block[:k, :span]
         np.add(view, vals[:, None], out=tmp)
-        out = best[: reach + 1]
-        np.maximum.reduce(tmp, axis=0, out=out)
-        np.maximum(g, out, out=g)
+        np.maximum.reduce(tmp, axis=0, out=g)
         return
-    prev = hist[pos, pad : pad + reach + 1]
-    for n, v in zip(range(lo, lo + k), vals.tolist(), strict=True):
-        if v > -np.inf:
-            np.maximum(g[n:], prev[: reach + 1 - n] + v, out=g[n:])
+    np.add(hist[pos, pad + low : pad + reach + 1], vals[0], out=g)
+    for n, v in enumerate(vals.tolist()):
+        if n and v > -np.inf:
+            prev = hist[pos, pad + low - n : pad + reach + 1 - n]
+            np.maximum(g, prev + v, out=g)
 
 
 def _backtrack(values: np.ndarray, useful: np.ndarray, order: np.ndarray, hist: np.ndarray,
-               reaches: list[int], pad: int) -> tuple[np.ndarray, float]:
-    """The counts behind the best final value, job by job from the last stage.
+               reaches: list[int], pad: int, t: int) -> tuple[np.ndarray, float]:
+    """The counts behind the final value at ``t`` nodes, job by job from the last stage.
 
     In plain Python over each job's few useful sizes: per-job numpy calls were most of the
     time of the many small problems of users' shares."""
     n_jobs = values.shape[0]
-    f = hist[n_jobs, pad : pad + reaches[-1] + 1]
-    t = int(np.argmax(f))
-    objective = float(f[t])
+    objective = float(hist[n_jobs, pad + t])
     rows, cols = np.nonzero(useful)
     starts = np.searchsorted(rows, np.arange(n_jobs + 1)).tolist()
     sizes = cols.tolist()
     table = values.tolist()
     counts = [0] * n_jobs
+    jobs = order.tolist()
     for pos in range(n_jobs - 1, -1, -1):
-        j = int(order[pos])
+        j = jobs[pos]
         last = reaches[pos]  # f before this job is flat beyond its reach
         target = float(hist[pos + 1, pad + t])
         row = table[j]
@@ -127,6 +160,8 @@ def _backtrack(values: np.ndarray, useful: np.ndarray, order: np.ndarray, hist: 
             e = abs(before[min(t - n, last) - first] + row[n] - target)
             if e < err:
                 chosen, err = n, e
+                if e == 0.0:  # the DP's own sum: no later size can be closer
+                    break
         counts[j] = chosen
         t = min(t - chosen, last)
     return np.array(counts, dtype=np.int64), objective
