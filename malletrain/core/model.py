@@ -193,12 +193,12 @@ class AllocationInput:
         return [n.name for n in self.nodes]
 
     @cached_property
-    def node_switch_id(self) -> list[int]:
+    def node_switch_id(self) -> np.ndarray:
         """Each node's switch as a number by position (-1: no topology), for every node
         choice of a decision: numbers in order of first appearance."""
         ids: dict[str, int] = {}
-        return [-1 if n.switch is None else ids.setdefault(n.switch, len(ids))
-                for n in self.nodes]
+        return np.array([-1 if n.switch is None else ids.setdefault(n.switch, len(ids))
+                         for n in self.nodes], dtype=np.int64)
 
 
 @dataclass(frozen=True)

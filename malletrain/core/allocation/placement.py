@@ -87,14 +87,14 @@ def assign_positions(
     ``inp.nodes`` order (else from ``windows_s``). O(nodes log nodes + jobs x switches).
     """
     w = _window_array(inp, windows_s) if window_array is None else window_array
-    names, index, switch = inp.node_names, inp.node_index, inp.node_switch_id
+    names, index, switch = inp.node_names, inp.node_index, inp.node_switch_id.tolist()
     bucket_arr = _buckets(w)
     total = sum(max(0, c) for c in counts.values())
     if total > len(names):
         raise ValueError(f"plan asks for {total} nodes but only {len(names)} are available")
 
     held: dict[str, list[int]] = {}
-    taken = np.zeros(len(names), dtype=bool)
+    taken = bytearray(len(names))  # per node position: handed out already
     jobs_by_id = {j.job_id: j for j in inp.jobs}
     buckets, windows, rank = bucket_arr.tolist(), w.tolist(), inp.node_name_rank.tolist()
     # 1. every job keeps (up to its count) its current nodes, longest windows first
@@ -110,11 +110,12 @@ def assign_positions(
             own.sort(key=lambda i: (-buckets[i], switch[i] != home, -windows[i], rank[i]))
         keep = own[:want]
         held[job.job_id] = keep
-        taken[keep] = True
+        for i in keep:
+            taken[i] = True
     # 2. growth from the pool: longest windows first, same switch as the job's nodes
     order = np.lexsort((inp.node_name_rank, -w, -bucket_arr))
-    free = order[~taken[order]]
-    pool = _Pool(free.tolist(), bucket_arr[free].tolist(), switch, taken.tolist())
+    free = order[np.frombuffer(taken, dtype=np.uint8)[order] == 0]
+    pool = _Pool(free, bucket_arr[free], inp.node_switch_id, taken)
     for job_id in _growth_order(inp, growth_order):
         if job_id not in jobs_by_id:
             continue
@@ -139,72 +140,79 @@ def _growth_order(inp: AllocationInput, growth_order: Sequence[str] | None) -> l
 
 
 class _Pool:
-    """Free nodes (positions) in window-bucket order, each bucket split by switch (-1: none);
-    taken front first.
+    """Free nodes (positions) in window-bucket order, taken front first; within a bucket,
+    the nodes of the job's switch first (-1: no topology).
 
-    Every node sits in one bucket list and one (bucket, switch) list; pointers
-    only move forward, so handing out the whole pool costs O(nodes) after the sort.
+    The pool is one list in order, a bucket a slice of it; the nodes of one switch in one
+    bucket are a chain (``next_same``: each one's next in the list, built in one sort).
+    Pointers only move forward, so handing out the whole pool costs O(nodes) after the sort.
     """
 
-    def __init__(self, free: list[int], bucket: list[float], switch: list[int],
-                 taken: list[bool]) -> None:
+    def __init__(self, free: np.ndarray, bucket: np.ndarray, switch: np.ndarray,
+                 taken: bytearray) -> None:
         """``free``: the free nodes in pool order, ``bucket`` their window buckets;
-        ``taken``: per node position, whether it is handed out already."""
+        ``switch``: each node's switch by position; ``taken``: per node position, whether
+        it is handed out already."""
+        self.nodes: list[int] = free.tolist()
+        cuts = np.flatnonzero(bucket[1:] != bucket[:-1]) + 1
+        self.ends: list[int] = [*cuts.tolist(), len(self.nodes)]
+        self.pos: list[int] = [0, *cuts.tolist()]  # each bucket's first node not yet passed
+        seg = np.zeros(len(self.nodes), dtype=np.int64)
+        seg[cuts] = 1
+        seg = np.cumsum(seg)
+        sw = switch[free]
+        self.n_switch = int(sw.max(initial=-1)) + 2
+        chain = np.lexsort((np.arange(len(self.nodes)), sw, seg))
+        key = (seg * self.n_switch + sw + 1)[chain]
+        same = key[1:] == key[:-1]
+        next_same = np.full(len(self.nodes), -1, dtype=np.int64)
+        next_same[chain[:-1][same]] = chain[1:][same]
+        self.next_same: list[int] = next_same.tolist()
+        first = np.concatenate(([True], ~same)) if len(chain) else np.zeros(0, dtype=bool)
+        #: (bucket, switch) -> the index in ``nodes`` its chain goes on from
+        self.head: dict[int, int] = dict(zip(key[first].tolist(), chain[first].tolist(),
+                                             strict=True))
         self.switch = switch
-        self.buckets: list[list[int]] = []
-        self.by_switch: list[dict[int, list[int]]] = []
-        last: float | None = None
-        for n, b in zip(free, bucket, strict=True):
-            if last is None or b != last:
-                self.buckets.append([])
-                self.by_switch.append({})
-                last = b
-            self.buckets[-1].append(n)
-            self.by_switch[-1].setdefault(switch[n], []).append(n)
-        self.pos = [0] * len(self.buckets)
-        self.sw_pos: list[dict[int, int]] = [dict.fromkeys(d, 0) for d in self.by_switch]
         self.first = 0
         self.taken = taken
 
     def next_switch(self) -> int:
         """For a job starting from nothing: the switch of the longest free window."""
-        for b in range(self.first, len(self.buckets)):
-            lst = self.buckets[b]
-            for i in range(self.pos[b], len(lst)):
-                if not self.taken[lst[i]]:
-                    return self.switch[lst[i]]
+        for b in range(self.first, len(self.ends)):
+            for i in range(self.pos[b], self.ends[b]):
+                if not self.taken[self.nodes[i]]:
+                    return int(self.switch[self.nodes[i]])
         return -1
 
     def take(self, need: int, home: int) -> list[int]:
         out: list[int] = []
-        taken = self.taken
+        taken, nodes = self.taken, self.nodes
         b = self.first
-        while need > 0 and b < len(self.buckets):
-            if home >= 0 and home in self.by_switch[b]:
-                lst = self.by_switch[b][home]
-                i = self.sw_pos[b][home]
-                while need > 0 and i < len(lst):
-                    n = lst[i]
-                    i += 1
+        while need > 0 and b < len(self.ends):
+            key = b * self.n_switch + home + 1
+            if home >= 0 and key in self.head:
+                k = self.head[key]
+                while need > 0 and k >= 0:
+                    n = nodes[k]
+                    k = self.next_same[k]
                     if not taken[n]:
                         taken[n] = True
                         out.append(n)
                         need -= 1
-                self.sw_pos[b][home] = i
-            lst = self.buckets[b]
-            i = self.pos[b]
-            while need > 0 and i < len(lst):
-                n = lst[i]
+                self.head[key] = k
+            i, end = self.pos[b], self.ends[b]
+            while need > 0 and i < end:
+                n = nodes[i]
                 if not taken[n]:
                     taken[n] = True
                     out.append(n)
                     need -= 1
                 i += 1
             # skip the taken prefix so later scans start past it
-            while i < len(lst) and taken[lst[i]]:
+            while i < end and taken[nodes[i]]:
                 i += 1
             self.pos[b] = i
-            if i >= len(lst) and b == self.first:
+            if i >= end and b == self.first:
                 self.first += 1
             b += 1
         return out
@@ -214,9 +222,13 @@ class _Pool:
         plain scan in the same order, leaving the pointers to ``take`` (exclusions are
         rare). It may return fewer than ``need``; those nodes stay free this decision."""
         out: list[int] = []
-        for b in range(self.first, len(self.buckets)):
-            home_first = self.by_switch[b].get(home, []) if home >= 0 else []
-            for n in (*home_first, *self.buckets[b]):
+        for b in range(self.first, len(self.ends)):
+            home_first: list[int] = []
+            k = self.head.get(b * self.n_switch + home + 1, -1) if home >= 0 else -1
+            while k >= 0:
+                home_first.append(self.nodes[k])
+                k = self.next_same[k]
+            for n in (*home_first, *self.nodes[self.pos[b]:self.ends[b]]):
                 if need == 0:
                     return out
                 if not self.taken[n] and n not in avoid:
