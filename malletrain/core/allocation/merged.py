@@ -49,25 +49,27 @@ def merged_values(grp: np.ndarray, nodes: MergeNodes) -> np.ndarray:
     """Work minus reclaim cost of own + first m growth nodes, merged by window (m = 1..mm)."""
     cc, mm, e, q = _ranks(grp, nodes)
     n_grp = grp.size
-    rank_g = np.arange(mm)[None, :] + e
+    width = cc + mm
+    # the cell of row (job, m) and rank r of the flat (job, m, rank) arrays
+    row = (np.arange(n_grp)[:, None] * mm + np.arange(mm)[None, :]) * width
     ms = np.arange(1, mm + 1)
     rank_o = np.arange(cc)[None, None, :] + np.minimum(ms[None, :, None], q[:, None, :])
-    width = cc + mm
+    sel_o = np.broadcast_to((np.arange(cc)[None, :] < nodes.c[grp][:, None])[:, None, :],
+                            rank_o.shape)
+    cell_o = (row[:, :, None] + rank_o)[sel_o]
+    # growth nodes 0..m-1 are in the set of size c + m
+    rank_g = np.arange(mm)[None, :] + e
+    sel_g = np.broadcast_to(np.arange(mm)[None, None, :] <= np.arange(mm)[None, :, None],
+                            (n_grp, mm, mm))
+    cell_g = (row[:, :, None] + rank_g[:, None, :])[sel_g]
     w3 = np.zeros((n_grp, mm, width))
     p3 = np.zeros_like(w3)
     k3 = np.full_like(w3, np.nan)
-    gi, mi, ii = np.indices((n_grp, mm, cc))
-    sel = ii < nodes.c[grp][:, None, None]
-    dst = (gi[sel], mi[sel], rank_o[sel])
-    w3[dst] = nodes.ow[grp, :cc][gi[sel], ii[sel]]
-    p3[dst] = nodes.op[grp, :cc][gi[sel], ii[sel]]
-    k3[dst] = nodes.og[grp, :cc][gi[sel], ii[sel]]
-    gi, mi, li = np.indices((n_grp, mm, mm))
-    sel = li <= mi  # growth nodes 0..m-1 are in the set of size c + m
-    dst = (gi[sel], mi[sel], rank_g[gi[sel], li[sel]])
-    w3[dst] = nodes.g[grp, :mm][gi[sel], li[sel]]
-    p3[dst] = nodes.gp[grp, :mm][gi[sel], li[sel]]
-    k3[dst] = nodes.gg[grp, :mm][gi[sel], li[sel]]
+    for cells, own, grow in ((w3, nodes.ow, nodes.g), (p3, nodes.op, nodes.gp),
+                             (k3, nodes.og, nodes.gg)):
+        flat = cells.reshape(-1)  # (a view: the arrays are new, contiguous)
+        flat[cell_o] = np.broadcast_to(own[grp, :cc][:, None, :], sel_o.shape)[sel_o]
+        flat[cell_g] = np.broadcast_to(grow[grp, :mm][:, None, :], sel_g.shape)[sel_g]
     bound = np.ones(w3.shape, dtype=bool)
     bound[:, :, :-1] = ~(k3[:, :, :-1] == k3[:, :, 1:])
     a3 = nodes.a[grp, :width][:, None, :]

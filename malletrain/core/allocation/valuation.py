@@ -98,11 +98,11 @@ def job_value_table(
     op = np.zeros_like(ow)
     og = np.full_like(ow, np.nan)
     owm = np.full_like(ow, -np.inf)
-    for j in range(n_jobs):
-        ow[j, : c[j]] = own_w[j]
-        op[j, : c[j]] = own_p[j]
-        og[j, : c[j]] = own_g[j]
-        owm[j, : c[j]] = own_w[j]
+    if big_c:  # row by row, as the rows' nodes concatenated
+        filled = np.arange(width_c)[None, :] < c[:, None]
+        ow[filled] = owm[filled] = np.concatenate(own_w)
+        op[filled] = np.concatenate(own_p)
+        og[filled] = np.concatenate(own_g)
     m_max = int(max(0, (hi - c).max(initial=0)))
     g = grow_w[:, :m_max]
     gp = grow_p[:, :m_max]
