@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from malletrain.core.allocation.knapsack import solve_counts
+from malletrain.core.allocation.knapsack import solve_counts, solve_many
 from malletrain.core.allocation.shares import FairTree, Unit, tree_caps, user_caps
 
 
@@ -170,11 +170,17 @@ def _rounds(units: Mapping[Unit, list[int]], holding: Mapping[Unit, int],
             solved[(u, cap)] = solve_counts(rows_at(u, cap), cap)
         return solved[(u, cap)]
 
+    def size_all(caps: Mapping[Unit, int]) -> None:  # (side by side: knapsack.solve_many)
+        new = [(u, cap) for u, cap in caps.items() if (u, cap) not in solved]
+        solved.update(zip(new, solve_many([(rows_at(u, cap), cap) for u, cap in new]),
+                          strict=True))
+
     wants = dict(demand)
     tried: dict[Unit, int] = {}  # the largest cap each unit was sized within
     cap_of: dict[Unit, int] = {}  # the cap of each unit's plan
     for _ in range(len(units)):
         cap_of = _unit_caps(demand, holding, parts_of(*_by_user(demand, holding), capacity))
+        size_all(cap_of)
         gave_back = False
         for u, idx in units.items():
             counts[idx], objective[u] = size(u, cap_of[u])

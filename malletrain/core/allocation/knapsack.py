@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -43,6 +44,77 @@ def solve_counts(values: np.ndarray, capacity: int) -> tuple[np.ndarray, float]:
     solved = _solve(values, useful, smallest, largest, capacity, 0)
     assert solved is not None  # with no floor the first argmax is always found
     return solved
+
+
+def solve_many(problems: Sequence[tuple[np.ndarray, int]]) -> list[tuple[np.ndarray, float]]:
+    """:func:`solve_counts` of each (values, capacity), the same answers: problems of fewer
+    than ``_MIN_JOBS_FLOOR`` jobs side by side, in batches of similar capacity (a stage per
+    job position for the whole batch). Users' parts are many problems of a few jobs each,
+    where numpy's per-call costs were most of the time."""
+    out: list[tuple[np.ndarray, float] | None] = [None] * len(problems)
+    small: list[tuple[int, int, np.ndarray, np.ndarray]] = []  # (capacity, i, useful, largest)
+    for i, (values, capacity) in enumerate(problems):
+        if not 0 < values.shape[0] < _MIN_JOBS_FLOOR:
+            out[i] = solve_counts(values, capacity)
+            continue
+        useful, _, largest = _useful_options(values)
+        small.append((int(max(0, min(capacity, int(largest.sum())))), i, useful, largest))
+    small.sort(key=lambda x: (x[0], x[1]))
+    start = 0
+    while start < len(small):
+        end = start + 1  # a batch spans capacities up to twice its smallest (padding)
+        while end < len(small) and small[end][0] <= 2 * small[start][0] + 32:
+            end += 1
+        batch = small[start:end]
+        answers = _solve_side_by_side([problems[i][0] for _, i, _, _ in batch], batch)
+        for (_, i, _, _), answer in zip(batch, answers, strict=True):
+            out[i] = answer
+        start = end
+    return [answer for answer in out if answer is not None]
+
+
+def _solve_side_by_side(tables: list[np.ndarray],
+                        batch: list[tuple[int, int, np.ndarray, np.ndarray]]
+                        ) -> list[tuple[np.ndarray, float]]:
+    """The DP of several problems at once: ``hist[u, p, t]``, problem ``u``'s ``f`` after
+    ``p`` jobs, over every capacity up to the batch's largest (``f`` beyond a problem's reach
+    is the same maximum over the same plans, so the same floats as :func:`_solve`'s). A
+    problem of fewer jobs starts with jobs that only run at 0 (worth 0.0: ``f`` unchanged);
+    each answer is :func:`_backtrack`'s on its own rows."""
+    n_probs = len(tables)
+    sizes = [t.shape[0] for t in tables]
+    n_pos = max(sizes)
+    capacity = max(b[0] for b in batch)
+    pad = int(max(1, max(int(b[3].max(initial=0)) for b in batch)))
+    hist = np.empty((n_probs, n_pos + 1, pad + capacity + 1))
+    hist[:, :, :pad] = -np.inf
+    hist[:, 0, pad:] = 0.0
+    opts = np.full((n_probs, n_pos, pad + 1), -np.inf)
+    largest_at = np.zeros((n_probs, n_pos), dtype=np.int64)  # each position's largest count
+    orders = []
+    for u, (table, (_, _, useful, largest)) in enumerate(zip(tables, batch, strict=True)):
+        order = np.argsort(largest, kind="stable")
+        orders.append(order)
+        first = n_pos - sizes[u]
+        opts[u, :first, 0] = 0.0
+        width = min(table.shape[1], pad + 1)
+        opts[u, first:, :width] = np.where(useful, table, -np.inf)[order, :width]
+        largest_at[u, first:] = largest[order]
+    item = hist.itemsize
+    for pos in range(n_pos):
+        k = int(largest_at[:, pos].max()) + 1
+        # view[u, n, t] = hist[u, pos, pad + t - n]
+        view = np.ndarray((n_probs, k, capacity + 1), dtype=hist.dtype, buffer=hist,
+                          offset=pos * hist.strides[1] + pad * item,
+                          strides=(hist.strides[0], -item, item))
+        np.maximum.reduce(view + opts[:, pos, :k, None], axis=1, out=hist[:, pos + 1, pad:])
+    answers = []
+    for u, (table, (cap, _, useful, largest)) in enumerate(zip(tables, batch, strict=True)):
+        rows = hist[u, n_pos - sizes[u] :]
+        reaches = [0, *np.minimum(cap, np.cumsum(largest[orders[u]])).tolist()]
+        t = int(np.argmax(rows[sizes[u], pad : pad + cap + 1]))
+        answers.append(_backtrack(table, useful, orders[u], rows, reaches, pad, t))
+    return answers
 
 
 def _solve(values: np.ndarray, useful: np.ndarray, smallest: np.ndarray, largest: np.ndarray,

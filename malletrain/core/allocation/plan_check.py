@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from malletrain.core.allocation.knapsack import solve_counts
+from malletrain.core.allocation.knapsack import solve_many
 from malletrain.core.allocation.placement import assign_positions
 from malletrain.core.allocation.valuation import NodeOffer
 from malletrain.core.model import AllocationInput
@@ -166,8 +166,8 @@ def no_shrink_counts(inp: AllocationInput, sol: Solution, by_user: bool = False
         return {}, _FORBIDDEN
     counts = np.zeros(len(inp.jobs), dtype=np.int64)
     objective = 0.0
-    for idx, nodes_left in zip(parts, left, strict=True):
-        arr, part = solve_counts(values[idx], nodes_left)
+    solved = solve_many([(values[idx], n) for idx, n in zip(parts, left, strict=True)])
+    for idx, (arr, part) in zip(parts, solved, strict=True):
         counts[idx] = arr + fixed[idx]
         objective += part
     return {job.job_id: int(n) for job, n in zip(inp.jobs, counts, strict=True)}, objective

@@ -1,4 +1,5 @@
-"""The DP's scarce-node span (``knapsack._solve``'s floor) answers exactly as the full DP.
+"""The DP's shortcuts answer exactly as the full DP: the scarce-node span (``knapsack._solve``'s
+floor) and small problems solved side by side (``solve_many``).
 
 The answer's ties follow the first optimum of the final row (the plan that leaves the most
 nodes unused among the best), and the allocator's replays depend on those ties, so the
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from malletrain.core.allocation import knapsack
-from malletrain.core.allocation.knapsack import solve_counts
+from malletrain.core.allocation.knapsack import solve_counts, solve_many
 
 
 def table(rng: np.random.Generator, jobs: int, width: int, integer: bool) -> np.ndarray:
@@ -58,3 +59,21 @@ def test_a_plan_that_leaves_nodes_unused_is_solved_again_in_full() -> None:
     assert full is not None and counts.tolist() == full[0].tolist()
     assert objective == 3.0 * 10  # ten jobs of the best kind (value 3)
     assert counts.sum() == 300
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_problems_side_by_side_give_each_ones_counts(seed: int) -> None:
+    """Users' parts: many problems of a few jobs, of different sizes, widths and capacities
+    (some above what their jobs can use, some 0), one of them large."""
+    rng = np.random.default_rng(1000 + seed)
+    problems = []
+    for _ in range(int(rng.integers(1, 30))):
+        values = table(rng, int(rng.integers(1, 12)), int(rng.integers(2, 34)), seed % 2 == 0)
+        _, _, largest = knapsack._useful_options(values)
+        problems.append((values, int(rng.integers(0, int(largest.sum()) + 8))))
+    problems.append((table(rng, 70, 9, True), 150))
+    for (values, capacity), (counts, objective) in zip(problems, solve_many(problems),
+                                                       strict=True):
+        want_counts, want = solve_counts(values, capacity)
+        assert counts.tolist() == want_counts.tolist()
+        assert objective == want
