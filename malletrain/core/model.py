@@ -11,6 +11,7 @@ import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from operator import attrgetter
 from typing import Protocol
 
 import numpy as np
@@ -176,7 +177,7 @@ class AllocationInput:
     def node_index(self) -> dict[str, int]:
         """Node name -> its position in ``nodes`` (built once: a decision looks it up for
         its value table, its plan check and its node choice)."""
-        return {n.name: i for i, n in enumerate(self.nodes)}
+        return dict(zip(self.node_names, range(len(self.nodes)), strict=True))
 
     @cached_property
     def node_name_rank(self) -> np.ndarray:
@@ -190,15 +191,18 @@ class AllocationInput:
     @cached_property
     def node_names(self) -> list[str]:
         """Each node's name by position (node choices work on positions, answer in names)."""
-        return [n.name for n in self.nodes]
+        return list(map(attrgetter("name"), self.nodes))
 
     @cached_property
     def node_switch_id(self) -> np.ndarray:
         """Each node's switch as a number by position (-1: no topology), for every node
         choice of a decision: numbers in order of first appearance."""
-        ids: dict[str, int] = {}
-        return np.array([-1 if n.switch is None else ids.setdefault(n.switch, len(ids))
-                         for n in self.nodes], dtype=np.int64)
+        switches = list(map(attrgetter("switch"), self.nodes))
+        seen = dict.fromkeys(switches)
+        seen.pop(None, None)
+        ids: dict[str | None, int] = {s: i for i, s in enumerate(seen)}
+        ids[None] = -1
+        return np.fromiter(map(ids.__getitem__, switches), dtype=np.int64, count=len(switches))
 
 
 @dataclass(frozen=True)
