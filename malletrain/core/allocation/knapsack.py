@@ -134,17 +134,18 @@ def _solve(values: np.ndarray, useful: np.ndarray, smallest: np.ndarray, largest
     hist[:, :pad] = -np.inf
     hist[0, pad:] = 0.0
     block = np.empty((min(_MAX_BLOCK_SIZES, pad + 1), capacity + 1))
-    options = np.where(useful, values, -np.inf)  # count 0 is always allowed
+    options = np.where(useful, values, -np.inf)[:, :, None]  # count 0 is always allowed
     reaches = [0]
     reach = 0
-    for pos, j in enumerate(order.tolist()):
-        lo, hi = int(smallest[j]), int(largest[j])
+    lows = np.minimum(np.maximum(0, floor - after[1:]), capacity).tolist()
+    for pos, (j, lo, hi) in enumerate(zip(order.tolist(), smallest[order].tolist(),
+                                          largest[order].tolist(), strict=True)):
         row_prev = hist[pos]
         new_reach = min(capacity, reach + hi)
-        # f is non-decreasing: beyond its old reach it equals its last value
-        row_prev[pad + reach + 1 : pad + new_reach + 1] = row_prev[pad + reach]
+        if new_reach > reach:  # f is non-decreasing: beyond its old reach, its last value
+            row_prev[pad + reach + 1 : pad + new_reach + 1] = row_prev[pad + reach]
         reach = new_reach
-        low = min(max(0, floor - int(after[pos + 1])), reach)
+        low = min(lows[pos], reach)
         g = hist[pos + 1, pad + low : pad + reach + 1]
         hi = min(hi, reach)
         if lo <= hi:
@@ -179,11 +180,11 @@ def _useful_options(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 def _stage(hist: np.ndarray, pos: int, g: np.ndarray, vals: np.ndarray, low: int,
            reach: int, pad: int, block: np.ndarray) -> None:
-    """``g(t) = max_n f(t - n) + vals[n]`` for ``t`` in ``low..reach`` and the counts ``n``
+    """``g(t) = max_n f(t - n) + vals[n, 0]`` for ``t`` in ``low..reach`` and the counts ``n``
     from 0 (``-inf``: not allowed), ``f`` being row ``pos`` of ``hist``. Called once per
     job: numpy's per-call overheads are most of its time at 500 jobs, hence one add and one
     max over a strided view built in place, the ufuncs called directly."""
-    k = vals.size
+    k = vals.shape[0]
     span = reach - low + 1
     if k <= _MAX_BLOCK_SIZES:
         # rows n = 0..hi: view[n, t - low] = f(t - n)
@@ -192,11 +193,11 @@ def _stage(hist: np.ndarray, pos: int, g: np.ndarray, vals: np.ndarray, low: int
                           offset=(pos * hist.shape[1] + pad + low) * item,
                           strides=(-item, item))
         tmp = block[:k, :span]
-        np.add(view, vals[:, None], out=tmp)
+        np.add(view, vals, out=tmp)
         np.maximum.reduce(tmp, axis=0, out=g)
         return
-    np.add(hist[pos, pad + low : pad + reach + 1], vals[0], out=g)
-    for n, v in enumerate(vals.tolist()):
+    np.add(hist[pos, pad + low : pad + reach + 1], vals[0, 0], out=g)
+    for n, v in enumerate(vals[:, 0].tolist()):
         if n and v > -np.inf:
             prev = hist[pos, pad + low - n : pad + reach + 1 - n]
             np.maximum(g, prev + v, out=g)
