@@ -53,12 +53,18 @@ def solve_many(problems: Sequence[tuple[np.ndarray, int]]) -> list[tuple[np.ndar
     where numpy's per-call costs were most of the time."""
     out: list[tuple[np.ndarray, float] | None] = [None] * len(problems)
     small: list[tuple[int, int, np.ndarray, np.ndarray]] = []  # (capacity, i, useful, largest)
+    by_width: dict[int, list[int]] = {}  # the small problems, by table width
     for i, (values, capacity) in enumerate(problems):
-        if not 0 < values.shape[0] < _MIN_JOBS_FLOOR:
+        if 0 < values.shape[0] < _MIN_JOBS_FLOOR:
+            by_width.setdefault(values.shape[1], []).append(i)
+        else:
             out[i] = solve_counts(values, capacity)
-            continue
-        useful, _, largest = _useful_options(values)
-        small.append((int(max(0, min(capacity, int(largest.sum())))), i, useful, largest))
+    for same in by_width.values():  # one pass over each width's rows (rows are independent)
+        useful, _, largest = _useful_options(np.concatenate([problems[i][0] for i in same]))
+        cuts = np.cumsum([problems[i][0].shape[0] for i in same])[:-1]
+        for i, u, big in zip(same, np.split(useful, cuts), np.split(largest, cuts),
+                             strict=True):
+            small.append((int(max(0, min(problems[i][1], int(big.sum())))), i, u, big))
     small.sort(key=lambda x: (x[0], x[1]))
     start = 0
     while start < len(small):
@@ -108,13 +114,40 @@ def _solve_side_by_side(tables: list[np.ndarray],
                           offset=pos * hist.strides[1] + pad * item,
                           strides=(hist.strides[0], -item, item))
         np.maximum.reduce(view + opts[:, pos, :k, None], axis=1, out=hist[:, pos + 1, pad:])
+    # each row's reach as _solve has it (0 for the leading jobs that only run at 0)
+    reaches = np.zeros((n_probs, n_pos + 1), dtype=np.int64)
+    for u, (cap, _, _, largest) in enumerate(batch):
+        reaches[u, n_pos - sizes[u] + 1 :] = np.minimum(cap, np.cumsum(largest[orders[u]]))
+    t = np.array([int(np.argmax(hist[u, n_pos, pad : pad + b[0] + 1]))
+                  for u, b in enumerate(batch)], dtype=np.int64)
+    chosen = _backtrack_side_by_side(hist, opts, reaches, pad, t)
     answers = []
-    for u, (table, (cap, _, useful, largest)) in enumerate(zip(tables, batch, strict=True)):
-        rows = hist[u, n_pos - sizes[u] :]
-        reaches = [0, *np.minimum(cap, np.cumsum(largest[orders[u]])).tolist()]
-        t = int(np.argmax(rows[sizes[u], pad : pad + cap + 1]))
-        answers.append(_backtrack(table, useful, orders[u], rows, reaches, pad, t))
+    for u, order in enumerate(orders):
+        counts = np.zeros(sizes[u], dtype=np.int64)
+        counts[order] = chosen[u, n_pos - sizes[u] :]
+        answers.append((counts, float(hist[u, n_pos, pad + t[u]])))
     return answers
+
+
+def _backtrack_side_by_side(hist: np.ndarray, opts: np.ndarray, reaches: np.ndarray,
+                            pad: int, t: np.ndarray) -> np.ndarray:
+    """:func:`_backtrack` of every problem at once, position by position from the last: each
+    job's count is the smallest whose sum in the DP is the DP's own value at ``t`` (the sums
+    are the forward pass's, so the match is exact), ``t`` then clipped to the reach before
+    it. Returns the count at each (problem, position)."""
+    n_probs, n_pos = opts.shape[:2]
+    probs = np.arange(n_probs)
+    sizes = np.arange(opts.shape[2])
+    chosen = np.zeros((n_probs, n_pos), dtype=np.int64)
+    for pos in range(n_pos - 1, -1, -1):
+        last = reaches[:, pos]
+        target = hist[probs, pos + 1, pad + t]
+        cells = pad + np.minimum(t[:, None] - sizes[None, :], last[:, None])
+        sums = hist[probs[:, None], pos, cells] + opts[:, pos, :]
+        n = np.argmax(sums == target[:, None], axis=1)
+        chosen[:, pos] = n
+        t = np.minimum(t - n, last)
+    return chosen
 
 
 def _solve(values: np.ndarray, useful: np.ndarray, smallest: np.ndarray, largest: np.ndarray,
