@@ -72,6 +72,7 @@ from malletrain.core.allocation.valuation import (
     no_exploration_beyond_free,
     node_offer,
     offer_value_table,
+    rates_upto,
 )
 from malletrain.core.allocation.work_units import in_work_units
 from malletrain.core.model import AllocationInput, Plan
@@ -336,6 +337,10 @@ class MalleTrainPolicy:
             [self.keep_margin + self.noise_margin * max(0.0, j.rate_noise) for j in inp.jobs]
         )
         weights = np.array([j.weight for j in inp.jobs], dtype=float)
+        # every job's rates up to any count a table asks (once: the plan check asks again)
+        top = max((max(min(j.max_nodes, len(j.nodes) + len(inp.nodes)), j.min_nodes,
+                       len(j.nodes)) for j in inp.jobs), default=0)
+        rates = np.stack([rates_upto(j.throughput, top) for j in inp.jobs]) if inp.jobs else None
 
         def table(offer: NodeOffer, rows: np.ndarray | None = None,
                   unexplored: list[np.ndarray] | None = None) -> np.ndarray:
@@ -343,7 +348,9 @@ class MalleTrainPolicy:
             first = start if start is None or rows is None else start[rows]
             margin = margins if rows is None else margins[rows]
             weight = weights if rows is None else weights[rows]
-            values = offer_value_table(jobs, offer, first, margin)
+            values = offer_value_table(jobs, offer, first, margin,
+                                       None if rates is None else
+                                       rates if rows is None else rates[rows])
             if (weight != 1.0).any():  # --nice: within the user's part (MalleableJob.weight)
                 values *= weight[:, None]
             if self.explore_free_only and offer.beyond_free:

@@ -56,6 +56,7 @@ def job_value_table(
     start_s: np.ndarray | None = None,
     keep_margin: float | np.ndarray = 0.0,
     whole_growth_only: bool = False,
+    rates: np.ndarray | None = None,
 ) -> np.ndarray:
     """V[j, n] for every job j and count n = 0..K (``-inf`` where n is not allowed).
 
@@ -72,7 +73,8 @@ def job_value_table(
     much more before a node moves away from a running one); a scalar or one per job.
     ``whole_growth_only``: only each job's count on all of its ``grow_n`` nodes is read (the
     plan check values the nodes really handed out); a job whose growth outranks its own nodes
-    is then merged at that count alone, its counts between left NaN.
+    is then merged at that count alone, its counts between left NaN. ``rates``: each job's
+    :func:`rates_upto` at some count at least every count here (made once per decision).
     """
     n_jobs = len(jobs)
     c = np.array([w.size for w in own_w], dtype=np.int64)
@@ -81,7 +83,10 @@ def job_value_table(
         grow_n = np.full(n_jobs, grow_w.shape[1], dtype=np.int64)
     hi = np.minimum(np.array([j.max_nodes for j in jobs], dtype=np.int64), c + grow_n)
     big_k = int(max(1, hi.max(initial=0), c.max(initial=0), lo.max(initial=0)))
-    rates = np.stack([rates_upto(j.throughput, big_k) for j in jobs])
+    if rates is None or rates.shape[1] <= big_k:
+        rates = np.stack([rates_upto(j.throughput, big_k) for j in jobs])
+    else:
+        rates = rates[:, : big_k + 1]
     up = np.array([j.scale_up_s for j in jobs])
     down = np.array([j.scale_down_s for j in jobs])
     rows = np.arange(n_jobs)
@@ -280,9 +285,11 @@ def node_offer(inp: AllocationInput, w: np.ndarray, p: np.ndarray, key: np.ndarr
 
 
 def offer_value_table(jobs: Sequence[MalleableJob], offer: NodeOffer,
-                      start_s: np.ndarray | None, margins: np.ndarray) -> np.ndarray:
+                      start_s: np.ndarray | None, margins: np.ndarray,
+                      rates: np.ndarray | None = None) -> np.ndarray:
     return job_value_table(jobs, offer.own_w, offer.own_p, offer.own_g, offer.grow_w,
                            offer.grow_p, offer.grow_g, offer.grow_n, start_s=start_s,
+                           rates=rates,
                            keep_margin=margins, whole_growth_only=offer.whole_growth_only)
 
 
