@@ -19,6 +19,9 @@ side by side in one run:
   log and days: the log's submissions in those days, in order, sampled evenly
   (:func:`swf_users`, SWF fields 12-13), so users' shares of the jobs are the centre's own
   (ALCF Theta's logs have no user ids);
+* ``philly-vcs``: the same 48 jobs on Philly's node log, days 14-17, each given the virtual
+  cluster of one real Philly job submitted in those days (Philly's job log has VCs, no user
+  ids; a VC is a team's share, one user here), sampled the same way;
 * ``swf-users``: the same on any SWF log with user ids (``--swf FILE --swf-nodes N
   [--swf-procs-per-node P] [--jobs YAML]``, e.g. one of the Parallel Workloads Archive), days
   ``--day`` (default 0) to ``--day + --days``.
@@ -39,7 +42,9 @@ one-worker-seconds of rescale downtime; ``--free-rescales``: every job's rescale
 the allocator too, to tell churn from the division's own cost); size changes the allocator
 made (``rescales``, starts included) and those Slurm's jobs forced (``preempted``).
 
-Usage: ``.venv/bin/python benchmarks/fairness.py [--scenario ab|ricc-users|swf-users ...]
+The workloads are built in ``benchmarks/fairness_scenarios.py``.
+
+Usage: ``.venv/bin/python benchmarks/fairness.py [--scenario ab|ricc-users|philly-vcs|swf-users ...]
 [--preset replay|live ...] [--days 3] [--day D] [--workers 2] [--free-rescales]
 [--set OPTION=VALUE ...]``
 (``--set``: a ``PolicyOptions`` field on the preset, both allocators, e.g.
@@ -55,12 +60,11 @@ the largest ``starved``, the smallest ratio of useful work to the user-blind rep
 from __future__ import annotations
 
 import argparse
-import gzip
 import math
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -73,109 +77,15 @@ from malletrain.core.model import AllocationInput, Plan
 from malletrain.core.options import LIVE, PolicyOptions
 from malletrain.core.policies import POLICIES, REPLAY, make_policy
 from malletrain.core.profiling.plausible import PlausibleRule
-from malletrain.sim.counts import read_philly_minutes
 from malletrain.sim.curves import LearnedCurves, provider_for
 from malletrain.sim.engine import Simulator
-from malletrain.sim.jobs import SimJob, parse_jobs
 from malletrain.sim.result import Result
-from malletrain.sim.swf import swf_trace
-from malletrain.sim.trace import IdleTrace, slice_from
 
-ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT / "data" / "traces"
-DAY = 86400.0
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fairness_scenarios import JOBS, ROOT, SCENARIOS, Scenario, SwfLog
+
 POLICY = "malletrain"
-
-
-def philly(day: float, days: float) -> IdleTrace:
-    tr = slice_from(read_philly_minutes(TRACES / "philly-node-usage-per-minute.csv"), day * DAY)
-    return IdleTrace(tr.source, tr.node_names, tr.start_s, (day + days) * DAY, tr.events_list)
-
-
-RICC = TRACES / "RICC-2010-2.swf.gz"
-
-
-def ricc(day: float, days: float) -> IdleTrace:
-    return swf_trace(RICC, 1024, day * DAY, (day + days) * DAY, 8)
-
-
-def ab_jobs() -> list[SimJob]:
-    """The issue's A/B scenario: A's 20 jobs at t=0, B's one at t=60 s, one kind, 1-8 nodes."""
-    kind = parse_jobs(ROOT / "configs/sim/sia-imagenet-48.yaml")[0]
-    kind = replace(kind, min_nodes=1, max_nodes=8, curve=tuple(p for p in kind.curve if p[0] <= 8))
-    a = [replace(kind, name=f"a-{i:02d}", submit_s=0.0, user="a") for i in range(20)]
-    return [*a, replace(kind, name="b-00", submit_s=60.0, user="b")]
-
-
-def swf_users(path: Path, from_s: float, to_s: float, count: int) -> list[tuple[str, str]]:
-    """``count`` (user, group) pairs (SWF fields 12 and 13) of the jobs submitted in
-    [from_s, to_s) (seconds from the log's first submission, as ``swf_trace`` counts), evenly
-    spaced over them in submit order: the i-th is that of job ``floor(i x M / count)`` of the
-    ``M``, so each user appears in proportion to its share of the log's submissions."""
-    pairs: list[tuple[str, str]] = []
-    first = None
-    with (gzip.open(path, "rt") if path.suffix == ".gz" else path.open()) as fh:
-        for line in fh:
-            fields = line.split()
-            if not fields or line.startswith(";"):
-                continue
-            first = float(fields[1]) if first is None else first
-            if from_s <= float(fields[1]) - first < to_s:
-                pairs.append((f"u{int(fields[11])}", f"g{int(fields[12])}"))
-    if len(pairs) < count:
-        raise SystemExit(f"{path}: only {len(pairs)} jobs in [{from_s:g}, {to_s:g}) s")
-    if {u for u, _ in pairs} <= {"u-1"}:
-        raise SystemExit(f"{path}: no user ids (SWF field 12 is -1 in [{from_s:g}, {to_s:g}) s)")
-    return [pairs[i * len(pairs) // count] for i in range(count)]
-
-
-JOBS = ROOT / "configs/sim/sia-aws-48.yaml"
-
-
-def users_jobs(log: Path, day: float, days: float, jobs_file: Path = JOBS) -> list[SimJob]:
-    """The jobs of ``jobs_file``, each given the user and group of one job of ``log``."""
-    jobs = parse_jobs(jobs_file)
-    users = swf_users(log, day * DAY, (day + days) * DAY, len(jobs))
-    return [replace(j, user=u, account=g) for j, (u, g) in zip(jobs, users, strict=True)]
-
-
-def ricc_jobs(day: float, days: float) -> list[SimJob]:
-    return users_jobs(RICC, day, days)
-
-
-@dataclass(frozen=True)
-class SwfLog:
-    """``--swf``: a log of the user's choice for the scenario ``swf-users``."""
-
-    path: Path
-    nodes: int
-    procs_per_node: int = 1
-    jobs_file: Path = JOBS
-
-    def trace(self, day: float, days: float) -> IdleTrace:
-        return swf_trace(self.path, self.nodes, day * DAY, (day + days) * DAY,
-                         self.procs_per_node)
-
-    def jobs(self, day: float, days: float) -> list[SimJob]:
-        return users_jobs(self.path, day, days, self.jobs_file)
-
-
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    #: (first day, days) -> the trace and the jobs
-    trace: Callable[[float, float], IdleTrace]
-    jobs: Callable[[float, float], list[SimJob]]
-    #: the user whose waits are reported (the newcomer), or None: the worst user's
-    watch: str | None
-    #: the first day of the log replayed unless ``--day`` says otherwise
-    day: float
-
-
-SCENARIOS = {
-    "ab": Scenario("ab", philly, lambda day, days: ab_jobs(), "b", 14.0),
-    "ricc-users": Scenario("ricc-users", ricc, ricc_jobs, None, 30.0),
-}
+DAY = 86400.0
 
 
 def jain(x: Sequence[float]) -> float:
@@ -404,7 +314,7 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
                     type=_option, help="a PolicyOptions field set on the preset (a number)")
     ap.add_argument("--day", type=float, help="the first day of the log replayed "
-                    "(default: ab 14, ricc-users 30)")
+                    "(default: ab 14, ricc-users 30, philly-vcs 14)")
     ap.add_argument("--decision-time", type=int, metavar="DECISIONS",
                     help="instead: REPLAY's decision time, strict parts and lending")
     ap.add_argument("--guard-parity", metavar="SLICE",
