@@ -109,3 +109,27 @@ def test_any_sbatch_option_on_the_command_line_overrides_the_script_as_with_sbat
     assert res.returncode == 1
     assert "command line: --nodelist cannot be used for a malleable job" in res.stderr
     assert "command line: --begin cannot be used for a malleable job" in res.stderr
+
+
+def test_an_optional_value_is_read_after_equals_only_as_getopt_reads_it(tmp_path):
+    """sbatch's ``--exclusive[=user|mcs|topo]`` and ``--nice[=N]`` take a value only as
+    ``--opt=value``: ``--exclusive=user`` on the command line is the option with its value
+    (argparse refused it), ``--nice job.py`` the flag and then the script, and the same
+    words after the script are the script's own arguments, untouched."""
+    text = "#!/bin/bash\n#SBATCH -N 2\nsrun python train.py\n"
+    res, script = submit(tmp_path, text, "--json", "--exclusive=user", "--nice", "-N", "3")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["min_nodes"] == 3
+    assert "command line: --exclusive ignored: node slots always hold a whole node" in \
+        out["warnings"]
+    script.write_text(text)
+    env = dict(os.environ, PYTHONPATH=str(REPO), MALLETRAIN_SOCKET=str(tmp_path / "none"))
+    res = subprocess.run([sys.executable, "-m", "malletrain.cli", "submit", "--test-only",
+                          "--json", "--nice=10", str(script), "--exclusive=user", "--nice"],
+                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert not [w for w in json.loads(res.stdout)["warnings"] if "exclusive" in w]
+    res, _ = submit(tmp_path, text, "--exclusive=bogus")
+    assert res.returncode == 1
+    assert "--exclusive" in res.stderr and "bogus" in res.stderr

@@ -73,16 +73,51 @@ def _dest(long: str) -> str:
 
 def _add_other_sbatch_options(sub: argparse.ArgumentParser) -> None:
     """Each is collected in order as ``--opt=value`` tokens and read with sbatch's table
-    (:func:`parse_option_tokens`), which warns, passes to the slots, or refuses it."""
+    (:func:`parse_option_tokens`), which warns, passes to the slots, or refuses it. An
+    option with getopt's optional argument (``--exclusive[=user]``) is a flag, and its
+    ``--opt=value`` form a second, hidden option of the same list (:class:`SubmitParser`)."""
     taken = {s for a in sub._actions for s in a.option_strings}
     for long, short, value in _other_sbatch_options(taken):
         names = [long] + ([short] if short else [])
-        if value:
+        if value and long not in _OPTIONAL_VALUE:
             sub.add_argument(*names, dest=_dest(long), action="append", metavar="VALUE",
                              help=argparse.SUPPRESS)
-        else:
-            sub.add_argument(*names, dest=_dest(long), action="append_const", const=None,
+            continue
+        sub.add_argument(*names, dest=_dest(long), action="append_const", const=None,
+                         help=argparse.SUPPRESS)
+        if long in _OPTIONAL_VALUE:
+            sub.add_argument(long + _WITH_VALUE, dest=_dest(long), action="append",
                              help=argparse.SUPPRESS)
+
+
+#: sbatch's options whose value is optional: given only as ``--opt=value``, never the next
+#: word (``--exclusive job.sh`` is the flag, then the script)
+_OPTIONAL_VALUE = frozenset(rule.long for rule in RULE_TABLE if rule.optional is not None)
+_WITH_VALUE = ":value"
+
+
+class SubmitParser(argparse.ArgumentParser):
+    """``submit``'s parser: argparse has no getopt-style optional argument (a value only
+    after ``=``), so before parsing, ``--exclusive=user`` among the options (not the
+    script's arguments) becomes the hidden ``--exclusive:value=user``."""
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
+        if args is not None:
+            args = self._with_values(list(args))
+        return super().parse_known_args(args, namespace)
+
+    def _with_values(self, args: list[str]) -> list[str]:
+        i = 0
+        while i < len(args) and args[i].startswith("-") and args[i] not in ("-", "--"):
+            name, eq, value = args[i].partition("=")
+            if eq and name in _OPTIONAL_VALUE:
+                args[i] = f"{name}{_WITH_VALUE}={value}"
+            action = self._option_string_actions.get(name)
+            if not eq and action is not None and action.nargs is None and (
+                    name.startswith("--") or len(args[i]) == 2):
+                i += 1  # its value is the next word
+            i += 1
+        return args
 
 
 _FLAG_OPTS = (

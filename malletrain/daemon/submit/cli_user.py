@@ -36,7 +36,11 @@ from malletrain.daemon.jobs.sbatch_options import environment_options
 from malletrain.daemon.jobs.slots import node_command, render_slot, slot_extra_args
 from malletrain.daemon.jobs.spec import MAX_SCRIPT_BYTES, JobSpec, SpecError
 from malletrain.daemon.submit.channel import CLIENT_RETRY_S, call
-from malletrain.daemon.submit.cli_options import add_job_options, command_line_tokens
+from malletrain.daemon.submit.cli_options import (
+    SubmitParser,
+    add_job_options,
+    command_line_tokens,
+)
 from malletrain.elastic.restart.script import ScriptPlan
 from malletrain.errors import PermanentError, UserError
 from malletrain.slurm.hostlist import compress_hostlist
@@ -95,6 +99,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "and yields them to regular jobs at once."
         ),
     )
+    sub.__class__ = SubmitParser  # (argparse makes every subparser of its own class)
     add_job_options(sub)
     sub.add_argument("--python", default=sys.executable,
                      help="Python on the nodes that runs the workers (default: this one)")
