@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from malletrain.core.allocation.allocator import MalleTrainPolicy
-from malletrain.core.allocation.plan_check import realised_value
+from malletrain.core.allocation.plan_check import realised_value, realised_values
 from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
 
 VIT = ThroughputModel(((1, 200.0), (2, 303.0), (3, 386.0), (4, 460.0)))
@@ -56,6 +58,10 @@ def test_two_free_nodes_do_not_move_the_running_jobs() -> None:
     assert realised_value(inp, sol, at(plan.assignments)) > realised_value(
         inp, sol, at(before.assignments))
     assert realised_value(inp, sol, at(before.assignments)) < objective
+    # both plans valued in one table, as the check does: each as valued alone
+    both = realised_values(inp, sol, [at(plan.assignments), at(before.assignments)])
+    assert both == pytest.approx([realised_value(inp, sol, at(plan.assignments)),
+                                  realised_value(inp, sol, at(before.assignments))], rel=1e-12)
 
 
 def test_a_plan_that_pays_on_the_real_nodes_still_shrinks() -> None:

@@ -84,47 +84,72 @@ def weighted(table: TableOf, factor: np.ndarray) -> TableOf:
 def realised_value(inp: AllocationInput, sol: Solution,
                    assignments: Mapping[str, Sequence[int]]) -> float:
     """The plan's value with each job's growth on the nodes it was really given (each job's
-    node positions in ``inp.nodes``, as :meth:`Solution.place` gives them).
+    node positions in ``inp.nodes``, as :meth:`Solution.place` gives them)."""
+    return realised_values(inp, sol, [assignments])[0]
+
+
+def realised_values(inp: AllocationInput, sol: Solution,
+                    plans: Sequence[Mapping[str, Sequence[int]]]) -> list[float]:
+    """:func:`realised_value` of each plan, the growers of all of them in one table.
 
     A job at or below its present size is worth what the solved table says (its value
     there depends on its own nodes only), so only the growing jobs are valued again.
     """
     assert sol.offer is not None
     own_n = np.array([idx.size for idx in sol.offer.own_idx], dtype=np.int64)
-    got_n = np.array([len(assignments.get(job.job_id, ())) for job in inp.jobs], dtype=np.int64)
-    rows = np.flatnonzero(got_n > own_n)
-    keeping = np.flatnonzero(got_n <= own_n)
-    total = float(sol.values[keeping, got_n[keeping]].sum())
-    if not rows.size:
-        return total
-    # every grower's nodes at once: (row, node) pairs, less the nodes it holds now
-    holder = np.full(len(inp.nodes), -1, dtype=np.int64)
-    for j in rows.tolist():
-        holder[sol.offer.own_idx[j]] = j
-    got = [assignments[inp.jobs[j].job_id] for j in rows.tolist()]
-    row_of = np.repeat(np.arange(rows.size), [len(x) for x in got])
-    node = np.fromiter(itertools.chain.from_iterable(got), dtype=np.int64, count=row_of.size)
-    new = holder[node] != rows[row_of]
-    row_of, node = row_of[new], node[new]
+    totals: list[float] = []
+    rows: list[np.ndarray] = []  # each plan's growing jobs
+    got_ns: list[np.ndarray] = []  # their counts in it
+    pairs: list[tuple[np.ndarray, np.ndarray]] = []  # their (row, new node) pairs
+    for plan in plans:
+        got_n = np.array([len(plan.get(job.job_id, ())) for job in inp.jobs], dtype=np.int64)
+        keeping = np.flatnonzero(got_n <= own_n)
+        totals.append(float(sol.values[keeping, got_n[keeping]].sum()))
+        grow = np.flatnonzero(got_n > own_n)
+        pairs.append(_growth_nodes(inp, sol, plan, grow, sum(r.size for r in rows)))
+        rows.append(grow)
+        got_ns.append(got_n[grow])
+    every = np.concatenate(rows)
+    if not every.size:
+        return totals
+    row_of, node = (np.concatenate(x) for x in zip(*pairs, strict=True))
     order = np.lexsort((-sol.w[node], row_of))  # by row, then longest window first
     row_of, node = row_of[order], node[order]
-    grow_n = np.bincount(row_of, minlength=rows.size)
+    grow_n = np.bincount(row_of, minlength=every.size)
     col = np.arange(row_of.size) - np.repeat(np.cumsum(grow_n) - grow_n, grow_n)
     width = int(grow_n.max(initial=0))
-    grow_w = np.zeros((rows.size, width))
+    grow_w = np.zeros((every.size, width))
     grow_p = np.zeros_like(grow_w)
     grow_g = np.full_like(grow_w, np.nan)
     grow_w[row_of, col] = sol.w[node]
     grow_p[row_of, col] = sol.p[node]
     grow_g[row_of, col] = sol.key[node]
-    real = replace(sol.offer.select(rows.tolist()), grow_w=grow_w, grow_p=grow_p,
+    real = replace(sol.offer.select(every.tolist()), grow_w=grow_w, grow_p=grow_p,
                    grow_g=grow_g, grow_n=grow_n, whole_growth_only=True)
-    values = sol.table(real, rows)
-    n = got_n[rows]
-    inside = n < values.shape[1]
-    if not inside.all():
-        return -np.inf
-    return total + float(values[np.arange(rows.size), n].sum())
+    values = sol.table(real, every)
+    n = np.concatenate(got_ns)
+    if not (n < values.shape[1]).all():
+        values = np.pad(values, ((0, 0), (0, int(n.max()) + 1 - values.shape[1])),
+                        constant_values=-np.inf)
+    got = values[np.arange(every.size), n]
+    cuts = np.cumsum([r.size for r in rows])[:-1]
+    return [total + float(part.sum()) if part.size else total
+            for total, part in zip(totals, np.split(got, cuts), strict=True)]
+
+
+def _growth_nodes(inp: AllocationInput, sol: Solution, plan: Mapping[str, Sequence[int]],
+                  grow: np.ndarray, first_row: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row, node) of every node the growing jobs ``grow`` get in ``plan`` that they do not
+    hold now, rows numbered from ``first_row``."""
+    assert sol.offer is not None
+    holder = np.full(len(inp.nodes), -1, dtype=np.int64)
+    for j in grow.tolist():
+        holder[sol.offer.own_idx[j]] = j
+    got = [plan[inp.jobs[j].job_id] for j in grow.tolist()]
+    row_of = np.repeat(np.arange(grow.size), [len(x) for x in got])
+    node = np.fromiter(itertools.chain.from_iterable(got), dtype=np.int64, count=row_of.size)
+    new = holder[node] != grow[row_of]
+    return row_of[new] + first_row, node[new]
 
 
 def keeps_size(values: np.ndarray, held: np.ndarray) -> np.ndarray:
@@ -199,8 +224,7 @@ def better_plan(inp: AllocationInput, sol: Solution,
         # shares and limits come first (.fairness)
         return assignments, sol.objective
     kept = sol.place(inp, counts)
-    planned_value = realised_value(inp, sol, assignments)
-    kept_value = realised_value(inp, sol, kept)
+    planned_value, kept_value = realised_values(inp, sol, [assignments, kept])
     if kept_value > planned_value:
         log.debug("plan check: shrinking nobody (%.6g) beats the plan that shrinks (%.6g "
                   "as placed, %.6g as valued)", kept_value, planned_value, sol.objective)
