@@ -72,6 +72,7 @@ from pathlib import Path
 import numpy as np
 
 from malletrain.core.allocation.allocator import MalleTrainPolicy
+from malletrain.core.allocation.fairness import job_useful_sizes
 from malletrain.core.allocation.shares import fair_turn, user_caps
 from malletrain.core.model import AllocationInput, Plan
 from malletrain.core.options import LIVE, PolicyOptions
@@ -145,6 +146,9 @@ class Recorder:
         demand: dict[str, int] = {}
         held: dict[str, int] = {}
         given: dict[str, int] = {}
+        useful = job_useful_sizes(inp.jobs, values.shape[1], self.policy.fair_share_min_gain)
+        if useful is not None:  # (the division's own demand: fairness.solve_fair's useful)
+            largest = np.minimum(largest, useful)
         for j, job in enumerate(inp.jobs):
             demand[job.user] = demand.get(job.user, 0) + int(largest[j])
             held[job.user] = held.get(job.user, 0) + len(job.nodes)

@@ -60,6 +60,10 @@ class PolicyOptions:
     #: on RICC's users it bought throughput only with Jain's index of users' work below 0.95,
     #: docs/allocator-measured.md). Each user keeps the nodes that run one of its jobs.
     fair_share_lend_factor: float = 0.0
+    #: malletrain: > 0: a node past a job's minimum that adds less than this times the job's
+    #: rate per node at its minimum is offered to the other users before its own user's job
+    #: (core.allocation.fairness.useful_sizes); 0: a user's part is its jobs' to use
+    fair_share_min_gain: float = 0.0
 
     def __post_init__(self) -> None:
         if not (self.fair_share_lend_factor == 0.0 or self.fair_share_lend_factor >= 1.0):

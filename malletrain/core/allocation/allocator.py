@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from malletrain.core.allocation.fairness import solve_fair
+from malletrain.core.allocation.fairness import job_useful_sizes, solve_fair
 from malletrain.core.allocation.finish import SlotOutlook, finish_weights, slot_rate
 from malletrain.core.allocation.hetero import decide_by_type, is_typed
 from malletrain.core.allocation.knapsack import solve_counts
@@ -231,6 +231,9 @@ class MalleTrainPolicy:
     #: >= 1: a user's part is lent where other users' jobs gain that many times more from
     #: it than its own lose (:func:`.fairness.lend`); 0: never.
     fair_share_lend_factor: float = 0.0
+    #: > 0: a node past a job's minimum that adds less than this times its rate per node
+    #: there is offered to the other users first (:func:`.fairness.useful_sizes`).
+    fair_share_min_gain: float = 0.0
 
     def decide(self, inp: AllocationInput) -> Plan:
         t0 = time.perf_counter()
@@ -311,7 +314,9 @@ class MalleTrainPolicy:
             tree.weights if tree else inp.user_weights, tree,
             fair_turn(inp.now_s, self.fair_turn_s),
             self.fair_share_lend_factor if self.fair_share else 0.0,
-            unexplored if self.fair_share else None, offer.n_free)
+            unexplored if self.fair_share else None, offer.n_free,
+            job_useful_sizes(inp.jobs, values.shape[1],
+                             self.fair_share_min_gain if self.fair_share else 0.0))
         return counts, objective
 
     def value_table(self, inp: AllocationInput, price_per_node_s: float = 0.0
@@ -391,4 +396,5 @@ def malletrain_policy(options: PolicyOptions, name: str = "malletrain",
         fair_share=options.fair_share,
         fair_turn_s=options.fair_turn_s,
         fair_share_lend_factor=options.fair_share_lend_factor,
+        fair_share_min_gain=options.fair_share_min_gain,
     )

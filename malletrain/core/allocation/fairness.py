@@ -21,6 +21,8 @@ import numpy as np
 
 from malletrain.core.allocation.knapsack import solve_counts, solve_many
 from malletrain.core.allocation.shares import FairTree, Unit, tree_caps, user_caps
+from malletrain.core.allocation.valuation import rates_upto
+from malletrain.core.model import MalleableJob
 
 
 def cap_demand(demand: Mapping[Unit, int], held: Mapping[Unit, int],
@@ -83,7 +85,7 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int], ca
                caps: Mapping[str, int] | None = None, weights: Mapping[str, float] | None = None,
                tree: FairTree | None = None, turn: int | None = None,
                lend_factor: float = 0.0, unexplored: np.ndarray | None = None,
-               n_free: int = 0) -> tuple[np.ndarray, float]:
+               n_free: int = 0, useful: np.ndarray | None = None) -> tuple[np.ndarray, float]:
     """:func:`solve_counts` with each user's jobs held to the user's fair share and to the
     ``caps`` on their ``keys``.
 
@@ -92,7 +94,9 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int], ca
     and QOS limits); ``weights``: users' share weights (``AllocationInput.user_weights``);
     ``tree``: accounts above users (``users`` are then its members, :func:`.shares.tree_caps`);
     ``turn``: the odd nodes' turn (:func:`.shares.user_caps`); ``lend_factor``:
-    :func:`lend_evenly`; ``unexplored``, ``n_free``: :func:`_unit_rows`.
+    :func:`lend_evenly`; ``unexplored``, ``n_free``: :func:`_unit_rows`; ``useful[j]``: the
+    largest size of job j the division counts (:func:`useful_sizes`; beyond it, a node is
+    offered to the others first, and back to the job's user only where no one takes it).
     One user and no caps: exactly :func:`solve_counts`. The jobs of one user under the same
     keys are one *unit*, sized by one exact count problem. Each round solves every unit
     within its cap; a unit whose best plan uses fewer nodes gives the rest back, and the
@@ -107,9 +111,11 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int], ca
                                                                             axis=1), 0)
     least = _least_sizes(finite, units)
     holding = {u: int(sum(held[j] for j in idx)) for u, idx in units.items()}
-    demand = cap_demand({u: int(largest[idx].sum()) for u, idx in units.items()}, holding,
-                        caps)
-    limit = dict(demand)  # (before the rounds lower it to what a unit's plan uses)
+    wants = cap_demand({u: int(largest[idx].sum()) for u, idx in units.items()}, holding, caps)
+    demand = wants if useful is None else cap_demand(
+        {u: int(np.minimum(largest[idx], useful[idx]).sum()) for u, idx in units.items()},
+        holding, caps)
+    limit = dict(wants)  # (before the rounds lower it to what a unit's plan uses)
 
     def parts_of(user_demand: dict[str, int], user_held: dict[str, int],
                  nodes: int) -> dict[str, int]:
@@ -122,7 +128,7 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int], ca
     counts, total = _rounds(units, holding, demand, parts_of, solved,
                             lambda u, idx, cap: _unit_rows(values, unexplored, idx, held,
                                                            n_free, cap - holding[u]),
-                            capacity, rows)
+                            capacity, rows, wants)
     if lend_factor < 1.0:  # (0: never lend)
         return counts, total
     fair = _Fair(values if rows is None else rows, tuple(users), tuple(held), capacity, keys,
@@ -151,7 +157,8 @@ def _rounds(units: Mapping[Unit, list[int]], holding: Mapping[Unit, int],
             demand: dict[Unit, int], parts_of: PartsOf,
             solved: dict[tuple[Unit, int], tuple[np.ndarray, float]],
             unit_rows: UnitRows, capacity: int,
-            rows: np.ndarray | None) -> tuple[np.ndarray, float]:
+            rows: np.ndarray | None, wants: Mapping[Unit, int] | None = None
+            ) -> tuple[np.ndarray, float]:
     """Divide (``parts_of`` the users' demand and holdings), size each unit within its part
     on its ``unit_rows`` (written into ``rows`` unless None), lower the demand of a unit that
     used less, again, until no unit gives back; then what no unit took is offered again
@@ -175,7 +182,7 @@ def _rounds(units: Mapping[Unit, list[int]], holding: Mapping[Unit, int],
         solved.update(zip(new, solve_many([(rows_at(u, cap), cap) for u, cap in new]),
                           strict=True))
 
-    wants = dict(demand)
+    wants = dict(demand if wants is None else wants)  # (what the rest is offered up to)
     tried: dict[Unit, int] = {}  # the largest cap each unit was sized within
     cap_of: dict[Unit, int] = {}  # the cap of each unit's plan
     for _ in range(len(units)):
@@ -351,3 +358,27 @@ def lend(values: np.ndarray, units: Mapping[Unit, Sequence[int]], counts: np.nda
         shifted += (factor - 1.0) * (values[rows, own] - values[rows, base[:, None]])
     extra, _ = solve_counts(shifted, capacity - int(base.sum()))
     return base + extra
+
+
+def job_useful_sizes(jobs: Sequence[MalleableJob], width: int, min_gain: float
+                     ) -> np.ndarray | None:
+    """:func:`useful_sizes` of ``jobs`` over counts below ``width`` (None: ``min_gain`` 0)."""
+    if min_gain <= 0 or not jobs:
+        return None
+    rates = np.stack([rates_upto(j.throughput, width - 1) for j in jobs])
+    return useful_sizes(rates, np.array([j.min_nodes for j in jobs]), min_gain)
+
+
+def useful_sizes(rates: np.ndarray, min_nodes: np.ndarray, min_gain: float) -> np.ndarray:
+    """Per job (``rates[j, n]``: its rate on ``n`` nodes, :func:`.valuation.rates_upto`),
+    the largest size up to which every node past its minimum adds at least ``min_gain``
+    times its rate per node at its minimum: beyond it a node adds little to that job (its
+    curve flattens), and the division offers it to the other users first (``useful`` of
+    :func:`solve_fair`)."""
+    lo = np.maximum(min_nodes, 1)
+    per_node = rates[np.arange(rates.shape[0]), np.minimum(lo, rates.shape[1] - 1)] / lo
+    sizes = np.arange(rates.shape[1])[None, :]
+    gain = np.diff(rates, axis=1, prepend=0.0)
+    low = (sizes > lo[:, None]) & (gain < min_gain * per_node[:, None])
+    first_low = np.where(low.any(axis=1), np.argmax(low, axis=1), rates.shape[1])
+    return np.asarray(np.maximum(first_low - 1, lo), dtype=np.int64)
