@@ -8,10 +8,9 @@ a laptop-sized dev cluster; ``configs/malletrain.yaml`` documents every field.
 
 Validation is strict and complete: unknown keys, wrong types, out-of-range values and
 malformed YAML all raise :class:`SettingsError` (a :class:`~malletrain.errors.ConfigError`)
-whose message names the file, the line where the YAML has one, the field path
-(e.g. ``allocator.tick_interval_s``) and what is wrong. Every problem in the file is
-reported at once, so an operator fixes the file in one pass. Nothing here raises
-anything else for bad input.
+whose message names the file, the YAML line, the field path (``allocator.tick_interval_s``)
+and what is wrong. Every problem in the file is reported at once, so an operator fixes the
+file in one pass. Nothing here raises anything else for bad input.
 
 Usage (daemon)::
 
@@ -368,8 +367,10 @@ class Settings:
     daemon: DaemonSettings = field(default_factory=DaemonSettings)
 
     def policy_options(self) -> PolicyOptions:
-        """The allocator's knobs with the accounting section's (the odd nodes' turns)."""
-        return self.allocator.policy_options().with_(fair_turn_s=self.accounting.fair_turn_s)
+        """The allocator's knobs with the accounting section's division among users."""
+        acc = self.accounting
+        return self.allocator.policy_options().with_(fair_turn_s=acc.fair_turn_s,
+                                                     fair_share_min_gain=acc.fair_share_min_gain)
 
 
 def cross_checks(s: Settings) -> list[tuple[str, str]]:

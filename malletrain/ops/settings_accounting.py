@@ -80,6 +80,12 @@ class AccountingSettings:
         "turns of this many seconds (each user waits a bounded number of turns, and nothing "
         "moves within one); 0 = to the users holding most, no turns.",
         min=0, max=86_400))
+    fair_share_min_gain: float = field(default=0.5, metadata=meta(
+        "A user's part counts each of its jobs' nodes up to where one more node adds less "
+        "than this times the job's rate per node at its minimum; the rest of the part goes "
+        "to the other users first and back to the job where no one takes it. 0 = a user's "
+        "whole part is its jobs' to use, however little a node adds.",
+        min=0.0, max=1.0))
     account_weights: Mapping[str, float] = field(default_factory=dict, metadata=meta(
         "Weights of accounts' shares (account: weight; an account not named: 1). Where set, "
         "the idle nodes are divided among accounts first, then among each account's users "
