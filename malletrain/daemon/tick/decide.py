@@ -31,7 +31,7 @@ from malletrain.daemon.tick.limits import (
 )
 from malletrain.daemon.tick.membership import membership_actions
 from malletrain.daemon.tick.pool import build_pool
-from malletrain.daemon.tick.reasons import entitlements, job_reasons
+from malletrain.daemon.tick.reasons import entitlements, job_reasons, useful_most
 from malletrain.daemon.tick.reconcile import JobContext, reconcile
 from malletrain.daemon.tick.screen import screen
 from malletrain.daemon.tick.views import job_slots
@@ -77,7 +77,8 @@ def decide(world: World, policy: Policy) -> TickPlan:
                             screened.waiting, limited_jobs(limits, allocation.targets,
                                                            shared_caps(limits, {}))),
         entitled=entitlements(screened.managed, allocation.targets, len(pool.offered),
-                              most_nodes(screened.managed, limits), weights,
+                              useful_most(most_nodes(screened.managed, limits), jobs,
+                                          getattr(policy, "fair_share_min_gain", 0.0)), weights,
                               {k: lim.account for k, lim in limits.items()},
                               account_weights,
                               fair_turn(world.now_s, getattr(policy, "fair_turn_s", 0.0)),

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from malletrain.core.allocation.fairness import job_useful_sizes
 from malletrain.core.allocation.shares import tree_caps, user_caps
+from malletrain.core.model import MalleableJob
 from malletrain.daemon.jobs.store import JobRecord
 
 
@@ -92,4 +94,17 @@ def entitlements(managed: Sequence[JobRecord], targets: Mapping[str, tuple[str, 
     for key, part in parts.items():
         user = key.split("/", 1)[1]
         out[user] = out.get(user, 0) + part
+    return out
+
+
+def useful_most(most: Mapping[str, int], jobs: Sequence[MalleableJob], min_gain: float
+                ) -> dict[str, int]:
+    """``most`` (job id -> the most nodes it may hold) held to each policy job's useful size
+    (``fair_share_min_gain``: what the division counts of the job, so that the entitlement
+    ``malletrain jobs`` shows is the part the policy gives the user)."""
+    out = dict(most)
+    width = 1 + max((max(j.max_nodes, j.min_nodes) for j in jobs), default=0)
+    sizes = job_useful_sizes(jobs, width, min_gain)
+    for job, size in zip(jobs, () if sizes is None else sizes.tolist(), strict=False):
+        out[job.job_id] = min(out.get(job.job_id, job.max_nodes), int(size))
     return out
