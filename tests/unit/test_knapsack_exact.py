@@ -32,7 +32,7 @@ def test_the_scarce_span_gives_the_full_dps_counts(seed: int) -> None:
     rng = np.random.default_rng(seed)
     integer = seed % 2 == 0
     values = table(rng, int(rng.integers(64, 160)), int(rng.integers(3, 20)), integer)
-    _, smallest, largest = knapsack._useful_options(values)
+    _, _, largest = knapsack._useful_options(values)
     total = int(largest.sum())
     for capacity in (total // 4, total // 2, total - 1, total // 2 + 3):
         counts, objective = solve_counts(values, capacity)
