@@ -54,19 +54,27 @@ def test_what_nobody_else_takes_goes_back_to_the_job_past_its_useful_size():
     assert counts.tolist() == [10, 6]
 
 
-def test_the_entitlement_malletrain_jobs_shows_counts_the_useful_size():
-    """`malletrain jobs --json`'s user_entitled follows the same division: a's job flattens
-    past 4 nodes, so of 16 nodes a is entitled to 4 and b to 12."""
-    from malletrain.core.allocation.shares import user_caps
+def test_the_entitlement_malletrain_jobs_shows_follows_the_same_division():
+    """`malletrain jobs --json`'s user_entitled: a's job flattens past 4 nodes, so of 16
+    nodes a is entitled to 4 and b to 12; where b may hold only 2 (a Slurm limit), what no
+    one else takes goes back to a: 14 (the division's rest, offered up to the full demand)."""
+    from types import SimpleNamespace
+
     from malletrain.core.model import MalleableJob, ThroughputModel
-    from malletrain.daemon.tick.reasons import useful_most
+    from malletrain.daemon.tick.reasons import entitlements, useful_most
 
     flat = MalleableJob("ja", 1, 16, (), ThroughputModel(tuple((n, float(r)) for n, r in
                                                                enumerate(FLAT) if n)),
                         10.0, 10.0, user="a")
     linear = MalleableJob("jb", 1, 16, (), ThroughputModel(((1, 100.0), (16, 1600.0))),
                           10.0, 10.0, user="b")
-    most = useful_most({"ja": 16, "jb": 16}, [flat, linear], 0.5)
-    assert most == {"ja": 4, "jb": 16}
-    assert useful_most({"ja": 16}, [flat], 0.0) == {"ja": 16}
-    assert user_caps({"a": most["ja"], "b": most["jb"]}, {}, 16) == {"a": 4, "b": 12}
+    useful = useful_most([flat, linear], 0.5)
+    assert useful == {"ja": 4, "jb": 16}
+    assert useful_most([flat], 0.0) == {}
+    managed = [SimpleNamespace(job_id=j, user=u, spec=SimpleNamespace(max_nodes=16, min_nodes=1))
+               for j, u in (("ja", "a"), ("jb", "b"))]
+    most = {"ja": 16, "jb": 16}
+    assert entitlements(managed, {}, 16, most, useful=useful) == {"a": 4, "b": 12}
+    assert entitlements(managed, {}, 16, most) == {"a": 8, "b": 8}  # strict parts
+    assert entitlements(managed, {}, 16, {"ja": 16, "jb": 2}, useful=useful) == \
+        {"a": 14, "b": 2}

@@ -77,9 +77,9 @@ def decide(world: World, policy: Policy) -> TickPlan:
                             screened.waiting, limited_jobs(limits, allocation.targets,
                                                            shared_caps(limits, {}))),
         entitled=entitlements(screened.managed, allocation.targets, len(pool.offered),
-                              useful_most(most_nodes(screened.managed, limits), jobs,
-                                          getattr(policy, "fair_share_min_gain", 0.0)), weights,
+                              most_nodes(screened.managed, limits), weights,
                               {k: lim.account for k, lim in limits.items()},
                               account_weights,
                               fair_turn(world.now_s, getattr(policy, "fair_turn_s", 0.0)),
-                              parents))
+                              parents,
+                              useful_most(jobs, getattr(policy, "fair_share_min_gain", 0.0))))

@@ -60,11 +60,14 @@ def entitlements(managed: Sequence[JobRecord], targets: Mapping[str, tuple[str, 
                  accounts: Mapping[str, str] | None = None,
                  account_weights: Mapping[str, float] | None = None,
                  turn: int | None = None,
-                 account_parents: Mapping[str, str] | None = None) -> dict[str, int]:
+                 account_parents: Mapping[str, str] | None = None,
+                 useful: Mapping[str, int] | None = None) -> dict[str, int]:
     """user -> the nodes the user is entitled to now (``malletrain jobs --json``): the
     user's max-min fair part of the ``offered`` nodes (weighted by ``weights``) for the
     most each of its jobs may hold (``most``: job id -> its ``--nodes`` maximum under its
-    own limits), what other users cannot use included. The knapsack then holds a user at
+    own limits), what other users cannot use included. With ``useful`` (job id -> its
+    useful size, :func:`useful_most`), as the division does: the parts for the useful sizes
+    first, then what no one took for the rest of ``most``. The knapsack then holds a user at
     or below it; shared limits (an account's, a QOS's) may hold a user lower still. With
     ``account_weights``, the accounts' parts first (``accounts``: job id -> its account),
     then each account's users' (:func:`tree_caps`, down ``account_parents``' tree); a user in
@@ -72,39 +75,45 @@ def entitlements(managed: Sequence[JobRecord], targets: Mapping[str, tuple[str, 
     ``turn``: the policy's turn for odd nodes (:func:`.shares.fair_turn`), so that with fewer
     nodes than users the entitled users are the ones the policy serves this turn."""
     tree = bool(account_weights)
-    accounts = accounts or {}
+    accounts, useful = accounts or {}, useful or {}
     demand: dict[str, int] = {}
+    first: dict[str, int] = {}  # the demand of useful sizes
     held: dict[str, int] = {}
     least: dict[str, int] = {}  # the fewest nodes one of its jobs runs on (raised in turns)
     parents: dict[str, str] = {}
     for job in managed:
-        account = accounts.get(job.job_id, "")
-        key = f"{account}/{job.user}" if tree else job.user
-        parents[key] = account
-        demand[key] = demand.get(key, 0) + most.get(job.job_id, job.spec.max_nodes)
+        key = f"{accounts.get(job.job_id, '')}/{job.user}" if tree else job.user
+        parents[key] = accounts.get(job.job_id, "")
+        n = most.get(job.job_id, job.spec.max_nodes)
+        demand[key] = demand.get(key, 0) + n
+        first[key] = first.get(key, 0) + min(n, useful.get(job.job_id, n))
         held[key] = held.get(key, 0) + len(targets.get(job.job_id, ()))
         least[key] = min(least.get(key, job.spec.min_nodes), job.spec.min_nodes)
-    if not tree:
-        return user_caps(demand, held, offered, dict(weights or {}), turn, least)
     weights = weights or {}
-    parts = tree_caps(demand, held, offered,
-                      {k: weights.get(k.split("/", 1)[1], 1.0) for k in demand}, parents,
-                      dict(account_weights or {}), turn, least, account_parents)
+    key_weights = {k: weights.get(k.split("/", 1)[1], 1.0) for k in demand} if tree else weights
+
+    def divide(wants: dict[str, int], nodes: int) -> dict[str, int]:
+        return (tree_caps(wants, held, nodes, key_weights, parents, dict(account_weights or {}),
+                          turn, least, account_parents) if tree else
+                user_caps(wants, held, nodes, dict(key_weights), turn, least))
+
+    parts = divide(first, offered)
+    more = {k: demand[k] - parts[k] for k in demand if demand[k] > parts[k]}
+    left = offered - sum(parts.values())
+    if first != demand and more and left > 0:  # (what no one took, for the rest)
+        for k, n in divide(more, left).items():
+            parts[k] += n
     out: dict[str, int] = {}
     for key, part in parts.items():
-        user = key.split("/", 1)[1]
+        user = key.split("/", 1)[1] if tree else key
         out[user] = out.get(user, 0) + part
     return out
 
 
-def useful_most(most: Mapping[str, int], jobs: Sequence[MalleableJob], min_gain: float
-                ) -> dict[str, int]:
-    """``most`` (job id -> the most nodes it may hold) held to each policy job's useful size
-    (``fair_share_min_gain``: what the division counts of the job, so that the entitlement
-    ``malletrain jobs`` shows is the part the policy gives the user)."""
-    out = dict(most)
+def useful_most(jobs: Sequence[MalleableJob], min_gain: float) -> dict[str, int]:
+    """job id -> the policy job's useful size (``fair_share_min_gain``: what the division
+    counts of the job first; empty where it is 0), for :func:`entitlements`."""
     width = 1 + max((max(j.max_nodes, j.min_nodes) for j in jobs), default=0)
     sizes = job_useful_sizes(jobs, width, min_gain)
-    for job, size in zip(jobs, () if sizes is None else sizes.tolist(), strict=False):
-        out[job.job_id] = min(out.get(job.job_id, job.max_nodes), int(size))
-    return out
+    return {} if sizes is None else {j.job_id: int(n) for j, n in zip(jobs, sizes.tolist(),
+                                                                      strict=True)}
