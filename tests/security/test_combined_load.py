@@ -259,9 +259,14 @@ def test_one_users_every_trick_leaves_another_users_job_and_the_daemon_unharmed(
     assert rows[victim]["state"] == "completed"
     assert armed and armed[0] < finished - 10, ("bob's attacks did not overlap the victim's "
                                                 "training", armed, finished, d.log()[-3000:])
-    for a in attacks:  # what the coordinator refused, with its own job's secret
-        assert a["events_huge"] == a["latest_zero"] == a["add_overflow"] == "StoreRefused", a
-        assert a["filled_mb"] <= 16 and a["fill_refused"] == "StoreRefused", a
+    # what the coordinator refused, with the job's own secret: never accepted. A run armed
+    # once bob's other jobs hold his whole session quota (2,048 a user) is not let in at
+    # all: unreachable, the quota at work (seen in a CI run: 2,044 held, one run shut out).
+    tricks = ("events_huge", "latest_zero", "add_overflow", "fill_refused")
+    for a in attacks:
+        assert {a[t] for t in tricks} <= {"StoreRefused", "CoordinatorUnreachable"}, a
+        assert a["filled_mb"] <= 16, a
+    assert any(all(a[t] == "StoreRefused" for t in tricks) for a in attacks), attacks
     limits = ServerLimits()
     assert all(a["sessions_held"] <= limits.max_connections_per_job for a in attacks)
     assert not figures["alice_jobs_failed"] and figures["alice_jobs_rtt_max_s"] < 2.0, figures
