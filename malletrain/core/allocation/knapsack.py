@@ -76,7 +76,9 @@ def solve_many(problems: Sequence[tuple[np.ndarray, int]]) -> list[tuple[np.ndar
         for (_, i, _, _), answer in zip(batch, answers, strict=True):
             out[i] = answer
         start = end
-    return [answer for answer in out if answer is not None]
+    done = [answer for answer in out if answer is not None]
+    assert len(done) == len(problems)  # every problem answered, in order
+    return done
 
 
 def _solve_side_by_side(tables: list[np.ndarray],
