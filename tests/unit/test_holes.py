@@ -28,6 +28,19 @@ def test_heavy_tail_older_holes_last_longer():
     assert (rem <= 3600.0).all()
 
 
+def test_a_node_idle_past_the_last_bin_keeps_its_window():
+    """Philly's day-60 replay: nodes idle since the log's first day (5.2e6 s, past the
+    model's last bin edge at 3e6 s) were valued at a window of 0 and a job on 21 of them
+    was stopped, its user's part left unused for hours. Past the last edge the survival
+    stays at its last value: the window is the horizon, a reclaim within it unlikely."""
+    model = HoleLengthModel(prior_floor=0.1)
+    model.observe_many(np.random.default_rng(2).lognormal(np.log(475.0), 1.8, 5_000))
+    ages = [2.0e6, model.max_s - 1.0, model.max_s + 1.0, 5.2e6]
+    rem, p_end = model.expected_remaining_s(ages, horizon_s=1800.0)
+    assert rem == pytest.approx([1800.0] * 4, rel=1e-3)
+    assert (p_end < 1e-3).all()
+
+
 def test_censoring_open_holes_lengthens_the_estimate():
     """Holes still open at a large age are evidence that holes can be long."""
     model = HoleLengthModel(prior_weight=0.0, prior_floor=0.0)

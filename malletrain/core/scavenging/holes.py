@@ -134,12 +134,19 @@ class HoleLengthModel:
             return np.zeros(0), np.zeros(0)
         surv = self._survival(ages if open_ages_s is None else open_ages_s)
         edges = self.edges_s
-        # integral of S from 0 to each edge (trapezoid), then linear in between
+        # integral of S from 0 to each edge (trapezoid), then linear in between; past the
+        # last edge S stays at its last value (the last bin counts every longer hole): a
+        # node idle for longer than ``max_s`` is as likely to stay as one just under it,
+        # not certain to end now (it was valued at 0 and its job stopped)
         integ = np.concatenate(([0.0], np.cumsum(np.diff(edges) * (surv[1:] + surv[:-1]) / 2)))
+
+        def integral(x: np.ndarray) -> np.ndarray:
+            return np.interp(x, edges, integ) + np.maximum(x - edges[-1], 0.0) * surv[-1]
+
         s_a = np.interp(ages, edges, surv)
         end = ages + horizon_s
         s_end = np.interp(end, edges, surv)
-        area = np.interp(end, edges, integ) - np.interp(ages, edges, integ)
+        area = integral(end) - integral(ages)
         remaining = np.clip(area / s_a, 0.0, horizon_s)
         p_end = np.clip(1.0 - s_end / s_a, 0.0, 1.0)
         return remaining, p_end
