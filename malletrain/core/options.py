@@ -66,8 +66,18 @@ class PolicyOptions:
     #: preset: strict parts cost 17 % of the work on Philly's VCs, and 5.3 % on RICC's users
     #: (benchmarks/fairness.py, docs/allocator-measured.md)
     fair_share_min_gain: float = 0.5
+    #: malletrain: a user that Slurm took nodes from waits up to a turn (fair_turn_s) for
+    #: nodes other users hold above their parts while within this many nodes of its own
+    #: (core.allocation.shares.within_slack); 0: no waiting. Every preset: on Philly's VCs
+    #: parts that followed the pool node by node cost 4.0 % of the work on average over
+    #: four slices under LIVE, 2.6 % with it (docs/allocator-measured.md)
+    fair_share_slack_nodes: int = 2
 
     def __post_init__(self) -> None:
+        if self.fair_share_slack_nodes < 0 or self.fair_share_slack_nodes != int(
+                self.fair_share_slack_nodes):
+            raise ValueError(f"fair_share_slack_nodes must be a whole number >= 0, not "
+                             f"{self.fair_share_slack_nodes!r}")
         if not 0.0 <= self.fair_share_min_gain <= 1.0:
             raise ValueError(f"fair_share_min_gain must be within [0, 1], not "
                              f"{self.fair_share_min_gain!r}")

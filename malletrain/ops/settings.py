@@ -368,9 +368,7 @@ class Settings:
 
     def policy_options(self) -> PolicyOptions:
         """The allocator's knobs with the accounting section's division among users."""
-        acc = self.accounting
-        return self.allocator.policy_options().with_(fair_turn_s=acc.fair_turn_s,
-                                                     fair_share_min_gain=acc.fair_share_min_gain)
+        return self.allocator.policy_options().with_(**self.accounting.division())
 
 
 def cross_checks(s: Settings) -> list[tuple[str, str]]:

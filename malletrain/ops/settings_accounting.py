@@ -86,8 +86,19 @@ class AccountingSettings:
         "to the other users first and back to the job where no one takes it. 0 = a user's "
         "whole part is its jobs' to use, however little a node adds.",
         min=0.0, max=1.0))
+    fair_share_slack_nodes: int = field(default=2, metadata=meta(
+        "A user that Slurm took nodes from waits up to fair_turn_s for nodes other users "
+        "hold above their parts while it is within this many nodes of its own part (parts "
+        "that follow the idle pool node by node cost a shrink and a grow at each change); "
+        "every other user gets its whole part at the next decision. 0 = no waiting.",
+        min=0, max=1_000_000))
     account_weights: Mapping[str, float] = field(default_factory=dict, metadata=meta(
         "Weights of accounts' shares (account: weight; an account not named: 1). Where set, "
         "the idle nodes are divided among accounts first, then among each account's users "
         "(Slurm's account tree, level by level, as sacctmgr gives it); empty: among users only.",
         check=check_account_weights))
+
+    def division(self) -> dict[str, float]:
+        """The allocator's knobs of the division among users (PolicyOptions' fields)."""
+        return {"fair_turn_s": self.fair_turn_s, "fair_share_min_gain": self.fair_share_min_gain,
+                "fair_share_slack_nodes": self.fair_share_slack_nodes}

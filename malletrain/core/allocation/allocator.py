@@ -48,16 +48,16 @@ vectorised over ``t`` with numpy: O(jobs x nodes x sizes), no solver.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from malletrain.core.allocation.fairness import job_useful_sizes, solve_fair
+from malletrain.core.allocation.fairness import FairRule, input_counts
 from malletrain.core.allocation.finish import SlotOutlook, finish_weights, slot_rate
 from malletrain.core.allocation.hetero import decide_by_type, is_typed
-from malletrain.core.allocation.knapsack import solve_counts
 from malletrain.core.allocation.placement import node_names
 from malletrain.core.allocation.plan_check import (
     Solution,
@@ -65,7 +65,6 @@ from malletrain.core.allocation.plan_check import (
     better_plan,
     weighted,
 )
-from malletrain.core.allocation.shares import fair_tree, fair_turn
 from malletrain.core.allocation.spread import with_spread_penalty
 from malletrain.core.allocation.valuation import (
     NodeOffer,
@@ -234,6 +233,10 @@ class MalleTrainPolicy:
     #: > 0: a node past a job's minimum that adds less than this times its rate per node
     #: there is offered to the other users first (:func:`.fairness.useful_sizes`).
     fair_share_min_gain: float = 0.0
+    #: A user Slurm took nodes from waits within this many of its part (:func:`.within_slack`)
+    fair_share_slack_nodes: int = 0
+    #: job id -> (the count its last plan gave it, when Slurm last took nodes from it)
+    _given: dict[str, tuple[int, float]] = field(default_factory=dict, repr=False)
 
     def decide(self, inp: AllocationInput) -> Plan:
         t0 = time.perf_counter()
@@ -241,14 +244,16 @@ class MalleTrainPolicy:
         if self.work_units:
             inp = in_work_units(inp)
         self.holes.update(inp.now_s, inp.nodes)
+        self._note_reclaims(inp)
         if is_typed(inp):
             # several node types, or jobs that see types: one type per job (core.hetero)
             assignments, objective = decide_by_type(self, inp)
         else:
             assignments, objective = self.assign(inp)
-        return Plan(
-            assignments=assignments, objective=objective, decision_s=time.perf_counter() - t0
-        )
+        self._given = {j.job_id: (len(assignments.get(j.job_id, ())),
+                                  self._given.get(j.job_id, (0, -math.inf))[1])
+                       for j in inp.jobs}
+        return Plan(assignments, objective, decision_s=time.perf_counter() - t0)
 
     #: Price the plan on the nodes the placement step really hands out, beside the plan in
     #: which no running job gives a node up, and keep the better (:mod:`.plan_check`).
@@ -296,28 +301,21 @@ class MalleTrainPolicy:
         counts = {job.job_id: int(n) for job, n in zip(inp.jobs, count_arr, strict=True)}
         return Solution(counts, objective, w, p, key, values, offer, table)
 
+    def _note_reclaims(self, inp: AllocationInput) -> None:
+        """A job holding fewer nodes than its last plan gave it lost them to Slurm now."""
+        for j in inp.jobs:
+            given, _ = self._given.get(j.job_id, (0, -math.inf))
+            if len(j.nodes) < given:
+                self._given[j.job_id] = (given, inp.now_s)
+
     def _counts(self, inp: AllocationInput, values: np.ndarray, offer: NodeOffer,
                 unexplored: np.ndarray | None = None) -> tuple[np.ndarray, float]:
-        """The counts and their objective: one count problem (one user, no limits), or each
-        user's jobs within its part (:func:`.fairness.solve_fair`). ``unexplored``: ``values``
-        before ``explore_free_only`` (a user may explore onto the nodes its part moves to
-        it)."""
-        # user-blind (fair_share off): Slurm's limits are still held, with one user's part
-        users = [j.user if self.fair_share else "" for j in inp.jobs]
-        tree = fair_tree(inp) if self.fair_share and inp.account_weights else None
-        if not inp.caps and len(set(tree.members if tree else users)) <= 1:
-            counts, objective = solve_counts(values, len(inp.nodes))
-            return counts, objective
-        counts, objective = solve_fair(
-            values, tree.members if tree else users, [len(j.nodes) for j in inp.jobs],
-            len(inp.nodes), [j.limits for j in inp.jobs], inp.caps,
-            tree.weights if tree else inp.user_weights, tree,
-            fair_turn(inp.now_s, self.fair_turn_s),
-            self.fair_share_lend_factor if self.fair_share else 0.0,
-            unexplored if self.fair_share else None, offer.n_free,
-            job_useful_sizes(inp.jobs, values.shape[1],
-                             self.fair_share_min_gain if self.fair_share else 0.0))
-        return counts, objective
+        """The counts and their objective (:func:`.fairness.input_counts`)."""
+        turn_s = self.fair_turn_s
+        reclaimed = frozenset(k for k, (_, t) in self._given.items() if inp.now_s - t < turn_s)
+        return input_counts(inp, values, offer.n_free, unexplored, FairRule(
+            self.fair_share, turn_s, self.fair_share_lend_factor,
+            self.fair_share_min_gain, self.fair_share_slack_nodes), reclaimed)
 
     def value_table(self, inp: AllocationInput, price_per_node_s: float = 0.0
                     ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
@@ -397,4 +395,5 @@ def malletrain_policy(options: PolicyOptions, name: str = "malletrain",
         fair_turn_s=options.fair_turn_s,
         fair_share_lend_factor=options.fair_share_lend_factor,
         fair_share_min_gain=options.fair_share_min_gain,
+        fair_share_slack_nodes=int(options.fair_share_slack_nodes),
     )

@@ -20,9 +20,54 @@ from dataclasses import dataclass
 import numpy as np
 
 from malletrain.core.allocation.knapsack import solve_counts, solve_many
-from malletrain.core.allocation.shares import FairTree, Unit, tree_caps, user_caps
+from malletrain.core.allocation.lending import lend
+from malletrain.core.allocation.shares import (
+    FairTree,
+    Unit,
+    fair_tree,
+    fair_turn,
+    tree_caps,
+    user_caps,
+    within_slack,
+)
 from malletrain.core.allocation.valuation import rates_upto
-from malletrain.core.model import MalleableJob
+from malletrain.core.model import AllocationInput, MalleableJob
+
+
+@dataclass(frozen=True)
+class FairRule:
+    """How the allocator divides the nodes among users (``MalleTrainPolicy``'s ``fair_*``
+    knobs, :class:`~malletrain.core.options.PolicyOptions` documents each)."""
+
+    on: bool = True          # off: user-blind (Slurm's limits are still held)
+    turn_s: float = 600.0    # the odd nodes' turns (:func:`.shares.fair_turn`)
+    lend_factor: float = 0.0  # :func:`lend_evenly` (0: never)
+    min_gain: float = 0.0    # :func:`useful_sizes` (0: strict parts)
+    slack_nodes: int = 0     # :func:`.shares.within_slack`
+
+
+def input_counts(inp: AllocationInput, values: np.ndarray, n_free: int,
+                 unexplored: np.ndarray | None, rule: FairRule,
+                 reclaimed: frozenset[str] = frozenset()) -> tuple[np.ndarray, float]:
+    """The counts of ``inp``'s jobs on the value table ``values`` and their objective: one
+    count problem (one user, no limits), else each user's jobs within its part
+    (:func:`solve_fair`); ``unexplored``: ``values`` before ``explore_free_only`` (a user
+    may explore onto the nodes its part moves to it); ``n_free``: the free pool;
+    ``reclaimed``: the jobs Slurm took nodes from within the last turn (their users wait,
+    :func:`.shares.within_slack`)."""
+    users = [j.user if rule.on else "" for j in inp.jobs]
+    tree = fair_tree(inp) if rule.on and inp.account_weights else None
+    if not inp.caps and len(set(tree.members if tree else users)) <= 1:
+        return solve_counts(values, len(inp.nodes))
+    return solve_fair(
+        values, tree.members if tree else users, [len(j.nodes) for j in inp.jobs],
+        len(inp.nodes), [j.limits for j in inp.jobs], inp.caps,
+        tree.weights if tree else inp.user_weights, tree, fair_turn(inp.now_s, rule.turn_s),
+        rule.lend_factor if rule.on else 0.0, unexplored if rule.on else None, n_free,
+        job_useful_sizes(inp.jobs, values.shape[1], rule.min_gain if rule.on else 0.0),
+        rule.slack_nodes if rule.on else 0,
+        frozenset(k for k, j in zip(tree.members if tree else users, inp.jobs, strict=True)
+                  if j.job_id in reclaimed))
 
 
 def cap_demand(demand: Mapping[Unit, int], held: Mapping[Unit, int],
@@ -85,7 +130,9 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int], ca
                caps: Mapping[str, int] | None = None, weights: Mapping[str, float] | None = None,
                tree: FairTree | None = None, turn: int | None = None,
                lend_factor: float = 0.0, unexplored: np.ndarray | None = None,
-               n_free: int = 0, useful: np.ndarray | None = None) -> tuple[np.ndarray, float]:
+               n_free: int = 0, useful: np.ndarray | None = None,
+               slack: int = 0, waiting: frozenset[str] = frozenset()
+               ) -> tuple[np.ndarray, float]:
     """:func:`solve_counts` with each user's jobs held to the user's fair share and to the
     ``caps`` on their ``keys``.
 
@@ -96,12 +143,14 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int], ca
     ``turn``: the odd nodes' turn (:func:`.shares.user_caps`); ``lend_factor``:
     :func:`lend_evenly`; ``unexplored``, ``n_free``: :func:`_unit_rows`; ``useful[j]``: the
     largest size of job j the division counts (:func:`useful_sizes`; beyond it, a node is
-    offered to the others first, and back to the job's user only where no one takes it).
-    One user and no caps: exactly :func:`solve_counts`. The jobs of one user under the same
-    keys are one *unit*, sized by one exact count problem. Each round solves every unit
-    within its cap; a unit whose best plan uses fewer nodes gives the rest back, and the
-    parts are divided again (at most one round per unit); the nodes no unit took then are
-    offered to the units that gave some back (:func:`_offer_rest`)."""
+    offered to the others first, and back to the job's user only where no one takes it);
+    ``slack``, ``waiting``: a user Slurm took nodes from may wait for nodes held above
+    others' parts while within ``slack`` of its part (:func:`.shares.within_slack`). One
+    user and no caps: exactly :func:`solve_counts`. The jobs of one user under the same keys
+    are one *unit*, sized by one exact count problem. Each round solves every unit within
+    its cap; a unit whose best plan uses fewer nodes gives the rest back, and the parts are
+    divided again (at most one round per unit); the nodes no unit took then are offered to
+    the units that gave some back (:func:`_offer_rest`)."""
     caps = caps or {}
     units = _units(users, keys, caps)
     if len({u[0] for u in units}) <= 1 and not any(u[1] for u in units):
@@ -109,23 +158,19 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int], ca
     finite = np.isfinite(values)
     largest = np.where(finite.any(axis=1), values.shape[1] - 1 - np.argmax(finite[:, ::-1],
                                                                             axis=1), 0)
-    least = _least_sizes(finite, units)
     holding = {u: int(sum(held[j] for j in idx)) for u, idx in units.items()}
     wants = cap_demand({u: int(largest[idx].sum()) for u, idx in units.items()}, holding, caps)
     demand = wants if useful is None else cap_demand(
         {u: int(np.minimum(largest[idx], useful[idx]).sum()) for u, idx in units.items()},
         holding, caps)
     limit = dict(wants)  # (before the rounds lower it to what a unit's plan uses)
-
-    def parts_of(user_demand: dict[str, int], user_held: dict[str, int],
-                 nodes: int) -> dict[str, int]:
-        return (tree_caps(user_demand, user_held, nodes, weights, tree.parents,
-                          tree.account_weights, turn, least, tree.account_parents) if tree else
-                user_caps(user_demand, user_held, nodes, weights, turn, least))
+    parts_of = _divider(tree, weights, turn, _least_sizes(finite, units))
 
     solved: dict[tuple[Unit, int], tuple[np.ndarray, float]] = {}
     rows = None if unexplored is None else values.copy()  # as each unit was sized
-    counts, total = _rounds(units, holding, demand, parts_of, solved,
+    kept = (parts_of if slack <= 0 else  # (the rest is divided with no slack)
+            lambda d, h, n: within_slack(parts_of(d, h, n), h, slack, waiting))
+    counts, total = _rounds(units, holding, demand, (kept, parts_of), solved,
                             lambda u, idx, cap: _unit_rows(values, unexplored, idx, held,
                                                            n_free, cap - holding[u]),
                             capacity, rows, wants)
@@ -138,6 +183,17 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int], ca
 
 #: divides nodes among users: (each user's demand, what it holds, the nodes) -> its part
 PartsOf = Callable[[dict[str, int], dict[str, int], int], dict[str, int]]
+
+
+def _divider(tree: FairTree | None, weights: Mapping[str, float] | None, turn: int | None,
+             least: Mapping[str, int]) -> PartsOf:
+    """The division among users (``tree``: down the account tree) as :data:`PartsOf`."""
+    def parts_of(user_demand: dict[str, int], user_held: dict[str, int],
+                 nodes: int) -> dict[str, int]:
+        return (tree_caps(user_demand, user_held, nodes, weights, tree.parents,
+                          tree.account_weights, turn, least, tree.account_parents) if tree else
+                user_caps(user_demand, user_held, nodes, weights, turn, least))
+    return parts_of
 #: a unit's rows of the value table when sized within a cap: (unit, its jobs, cap) -> rows
 UnitRows = Callable[[Unit, list[int], int], np.ndarray]
 
@@ -154,12 +210,13 @@ def _by_user(demand: Mapping[Unit, int], holding: Mapping[Unit, int]
 
 
 def _rounds(units: Mapping[Unit, list[int]], holding: Mapping[Unit, int],
-            demand: dict[Unit, int], parts_of: PartsOf,
+            demand: dict[Unit, int], parts_of: tuple[PartsOf, PartsOf],
             solved: dict[tuple[Unit, int], tuple[np.ndarray, float]],
             unit_rows: UnitRows, capacity: int,
             rows: np.ndarray | None, wants: Mapping[Unit, int] | None = None
             ) -> tuple[np.ndarray, float]:
-    """Divide (``parts_of`` the users' demand and holdings), size each unit within its part
+    """Divide (``parts_of[0]`` the users' demand and holdings; ``parts_of[1]``: the
+    rest, :func:`_offer_rest`), size each unit within its part
     on its ``unit_rows`` (written into ``rows`` unless None), lower the demand of a unit that
     used less, again, until no unit gives back; then what no unit took is offered again
     (:func:`_offer_rest`): (counts, objective)."""
@@ -186,7 +243,7 @@ def _rounds(units: Mapping[Unit, list[int]], holding: Mapping[Unit, int],
     tried: dict[Unit, int] = {}  # the largest cap each unit was sized within
     cap_of: dict[Unit, int] = {}  # the cap of each unit's plan
     for _ in range(len(units)):
-        cap_of = _unit_caps(demand, holding, parts_of(*_by_user(demand, holding), capacity))
+        cap_of = _unit_caps(demand, holding, parts_of[0](*_by_user(demand, holding), capacity))
         size_all(cap_of)
         gave_back = False
         for u, idx in units.items():
@@ -197,7 +254,7 @@ def _rounds(units: Mapping[Unit, list[int]], holding: Mapping[Unit, int],
                 gave_back = True
         if not gave_back:
             break
-    _offer_rest(units, holding, wants, tried, parts_of, (rows_at, size), capacity,
+    _offer_rest(units, holding, wants, tried, parts_of[1], (rows_at, size), capacity,
                 (counts, objective, cap_of))
     if rows is not None:
         for u, idx in units.items():
@@ -317,47 +374,6 @@ def lend_evenly(fair: _Fair, units: Mapping[Unit, Sequence[int]], counts: np.nda
     if value <= total or any(int(lent[idx].sum()) > limit[u] for u, idx in units.items()):
         return counts, total
     return lent, value
-
-
-def unit_floor(values: np.ndarray, counts: np.ndarray) -> int:
-    """The nodes a unit keeps whatever it lends: the smallest size at which one of the jobs
-    its fair plan ``counts`` runs is worth more than at 0 nodes (``values``), so that its
-    best plan there still runs a job: a user whose part fits a job's minimum and whose start
-    pays gets nodes (the bound of docs/allocator.md holds whatever is lent)."""
-    floor = int(counts.sum())
-    for j in np.flatnonzero(counts).tolist():
-        gains = np.flatnonzero(values[j, 1:int(counts[j]) + 1] > values[j, 0])
-        if gains.size:
-            floor = min(floor, int(gains[0]) + 1)
-    return floor
-
-
-def lend(values: np.ndarray, units: Mapping[Unit, Sequence[int]], counts: np.ndarray,
-         capacity: int, factor: float,
-         solved: dict[tuple[Unit, int], tuple[np.ndarray, float]]) -> np.ndarray:
-    """Which nodes of the fair plan ``counts`` are worth lending: each unit's jobs are sized
-    on its :func:`unit_floor` alone (its own best plan there), then every other node goes
-    to one count problem over all jobs' sizes above their floor sizes, in which a job's own
-    nodes up to its fair size count ``factor`` times. So a node of a user's part moves to
-    another user's job only where that job gains more than ``factor`` times what the owner's
-    jobs lose (rescale costs included): a part is lent only where its owner's marginal value
-    per node is far below the others'. The counts of that problem (the caller keeps the
-    lenders' and divides the rest fairly again)."""
-    base = np.zeros_like(counts)
-    for u, idx in units.items():
-        key = (u, unit_floor(values[idx], counts[idx]))
-        if key not in solved:
-            solved[key] = solve_counts(values[idx], key[1])
-        base[idx] = solved[key][0]
-    width = values.shape[1]
-    rows = np.arange(values.shape[0])[:, None]
-    cols = np.arange(width)[None, :] + base[:, None]
-    shifted = np.where(cols < width, values[rows, np.minimum(cols, width - 1)], -np.inf)
-    if factor > 1.0:
-        own = np.minimum(np.minimum(cols, np.maximum(counts, base)[:, None]), width - 1)
-        shifted += (factor - 1.0) * (values[rows, own] - values[rows, base[:, None]])
-    extra, _ = solve_counts(shifted, capacity - int(base.sum()))
-    return base + extra
 
 
 def job_useful_sizes(jobs: Sequence[MalleableJob], width: int, min_gain: float

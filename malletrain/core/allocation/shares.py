@@ -7,12 +7,14 @@ the equal division stays with the users holding the most now, so that a steady s
 trade nodes back and forth; fewer nodes than users holding none, and parts below every one of
 a user's jobs' minimums, go in turns (:func:`fair_turn`), so a user with a runnable job waits a
 bounded number of turns and nothing moves within one. Slurm's account tree divides level by
-level (:func:`tree_caps`). Pure; :mod:`.fairness` sizes the jobs within these parts.
+level (:func:`tree_caps`). Nodes move from one user to another only to bring a user within a
+slack of its part (:func:`within_slack`). Pure; :mod:`.fairness` sizes the jobs within these
+parts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -219,3 +221,35 @@ def _subtree(node: str, children: Mapping[str, set[str]], demand: Mapping[str, i
         if m > 0:
             total[2] = m if total[2] == 0 else min(total[2], m)
     return total[0], total[1], total[2]
+
+
+def within_slack(parts: Mapping[K, int], held: Mapping[K, int], slack: int,
+                 waiting: Collection[K]) -> dict[K, int]:
+    """The ``parts`` with each user holding more than its part keeping up to ``slack`` nodes
+    more, taken from the parts of the ``waiting`` users (whose jobs Slurm took nodes from
+    within the last turn) that hold less than theirs and more than nothing, none of them
+    lowered below what it holds or more than ``slack`` below its part.
+
+    The parts follow the pool: on Philly's minute-by-minute idle count every reclaim moved
+    nodes between users, each move a shrink of one user's job and a grow of another's
+    (under ``LIVE``, 5,520 rescales against the user-blind allocator's 3,603 and 6.4 % of
+    the work). So a user that Slurm took a node from waits up to a turn for nodes held by
+    users above their parts, unless it is more than ``slack`` below its part or holds
+    nothing: every other user, and every user after a turn, gets its whole part after one
+    decision and the shrinks it orders (the bound of docs/allocator.md). The sum is
+    unchanged."""
+    out = dict(parts)
+    if slack <= 0 or not waiting:
+        return out
+    extra = {u: min(held.get(u, 0), parts[u] + slack) - parts[u]
+             for u in parts if held.get(u, 0) > parts[u]}
+    room = {u: parts[u] - max(held.get(u, 0), parts[u] - slack)
+            for u in parts if u in waiting and 0 < held.get(u, 0) < parts[u]}
+    for _ in range(min(sum(extra.values()), sum(room.values()))):
+        # one node at a time, from the user with the most room to the one keeping the
+        # most (ties by name: deterministic), so the shortfall is spread evenly
+        u = max(room, key=lambda k: (room[k], k))
+        v = max(extra, key=lambda k: (extra[k], k))
+        room[u], extra[v] = room[u] - 1, extra[v] - 1
+        out[u], out[v] = out[u] - 1, out[v] + 1
+    return out
