@@ -73,7 +73,7 @@ import numpy as np
 
 from malletrain.core.allocation.allocator import MalleTrainPolicy
 from malletrain.core.allocation.fairness import job_useful_sizes
-from malletrain.core.allocation.shares import fair_turn, user_caps
+from malletrain.core.allocation.shares import fair_turn, useful_first, user_caps
 from malletrain.core.model import AllocationInput, Plan
 from malletrain.core.options import LIVE, PolicyOptions
 from malletrain.core.policies import POLICIES, REPLAY, make_policy
@@ -143,18 +143,22 @@ class Recorder:
         finite = np.isfinite(values)
         largest = np.where(finite.any(axis=1),
                            values.shape[1] - 1 - np.argmax(finite[:, ::-1], axis=1), 0)
+        useful = job_useful_sizes(inp.jobs, values.shape[1], self.policy.fair_share_min_gain)
+        # the division's own demand: each job's useful size first (fairness.solve_fair's
+        # useful), then what no one took for the rest of its largest size
+        first_of = largest if useful is None else np.minimum(largest, useful)
         demand: dict[str, int] = {}
+        first: dict[str, int] = {}
         held: dict[str, int] = {}
         given: dict[str, int] = {}
-        useful = job_useful_sizes(inp.jobs, values.shape[1], self.policy.fair_share_min_gain)
-        if useful is not None:  # (the division's own demand: fairness.solve_fair's useful)
-            largest = np.minimum(largest, useful)
         for j, job in enumerate(inp.jobs):
             demand[job.user] = demand.get(job.user, 0) + int(largest[j])
+            first[job.user] = first.get(job.user, 0) + int(first_of[j])
             held[job.user] = held.get(job.user, 0) + len(job.nodes)
             given[job.user] = given.get(job.user, 0) + plan.count(job.job_id)
-        parts = user_caps(demand, held, len(inp.nodes),
-                          turn=fair_turn(inp.now_s, self.policy.fair_turn_s))
+        turn = fair_turn(inp.now_s, self.policy.fair_turn_s)
+        parts = useful_first(first, demand, len(inp.nodes),
+                             lambda wants, nodes: user_caps(wants, held, nodes, turn=turn))
         fits = frozenset(job.user for job in inp.jobs if parts[job.user] >= job.min_nodes)
         self.rows.append(Division(inp.now_s, parts, given, fits))
         return plan

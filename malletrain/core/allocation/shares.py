@@ -14,7 +14,7 @@ parts.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -221,6 +221,22 @@ def _subtree(node: str, children: Mapping[str, set[str]], demand: Mapping[str, i
         if m > 0:
             total[2] = m if total[2] == 0 else min(total[2], m)
     return total[0], total[1], total[2]
+
+
+def useful_first(first: Mapping[K, int], demand: Mapping[K, int], nodes: int,
+                 divide: Callable[[dict[K, int], int], dict[K, int]]) -> dict[K, int]:
+    """The parts as :func:`.fairness.solve_fair` divides ``nodes`` where jobs have useful
+    sizes (``fair_share_min_gain``): ``divide`` for each user's useful demand (``first``),
+    then what no one took, divided again for the rest of each user's ``demand``. For those
+    who show the division (``malletrain jobs``' entitlements, the fairness benchmark's
+    parts); the allocation sizes the jobs between the two phases."""
+    parts = divide(dict(first), nodes)
+    more = {k: demand[k] - parts[k] for k in demand if demand[k] > parts[k]}
+    left = nodes - sum(parts.values())
+    if more and left > 0:
+        for k, n in divide(more, left).items():
+            parts[k] += n
+    return parts
 
 
 def within_slack(parts: Mapping[K, int], held: Mapping[K, int], slack: int,

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from malletrain.core.allocation.fairness import job_useful_sizes
-from malletrain.core.allocation.shares import tree_caps, user_caps
+from malletrain.core.allocation.shares import tree_caps, useful_first, user_caps
 from malletrain.core.model import MalleableJob
 from malletrain.daemon.jobs.store import JobRecord
 
@@ -97,12 +97,7 @@ def entitlements(managed: Sequence[JobRecord], targets: Mapping[str, tuple[str, 
                           turn, least, account_parents) if tree else
                 user_caps(wants, held, nodes, dict(key_weights), turn, least))
 
-    parts = divide(first, offered)
-    more = {k: demand[k] - parts[k] for k in demand if demand[k] > parts[k]}
-    left = offered - sum(parts.values())
-    if first != demand and more and left > 0:  # (what no one took, for the rest)
-        for k, n in divide(more, left).items():
-            parts[k] += n
+    parts = useful_first(first, demand, offered, divide)
     out: dict[str, int] = {}
     for key, part in parts.items():
         user = key.split("/", 1)[1] if tree else key
