@@ -56,3 +56,16 @@ def test_a_reclaimed_user_waits_a_turn_then_gets_its_part():
     plan = policy.decide(AllocationInput(1060.0 + LIVE.fair_turn_s, _nodes(*range(1, 8), 10),
                                          later))
     assert (plan.count("a"), plan.count("c")) == (4, 4)
+
+
+def test_a_grow_not_placed_yet_is_no_reclaim():
+    """The daemon places a grow's slots over the next ticks: until then the job holds fewer
+    nodes than its plan gave it, but Slurm took none of them; its user does not wait."""
+    policy = make_policy("malletrain", LIVE)
+    first = policy.decide(AllocationInput(1000.0, _nodes(*range(1, 10)),
+                                          _jobs(("n1", "n2", "n3", "n4", "n5"), ("n6", "n7"))))
+    assert (first.count("a"), first.count("c")) == (5, 4)  # bob grows onto n8, n9
+    # not placed yet, and Slurm takes n8 and n9 (never bob's): parts 4 and 4 of 8
+    plan = policy.decide(AllocationInput(1060.0, _nodes(*range(1, 8), 10),
+                                         _jobs(("n1", "n2", "n3", "n4", "n5"), ("n6", "n7"))))
+    assert (plan.count("a"), plan.count("c")) == (4, 4)

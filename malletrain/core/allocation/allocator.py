@@ -235,8 +235,8 @@ class MalleTrainPolicy:
     fair_share_min_gain: float = 0.0
     #: A user Slurm took nodes from waits within this many of its part (:func:`.within_slack`)
     fair_share_slack_nodes: int = 0
-    #: job id -> (the count its last plan gave it, when Slurm last took nodes from it)
-    _given: dict[str, tuple[int, float]] = field(default_factory=dict, repr=False)
+    #: job id -> (the nodes it held that its last plan kept, when Slurm last took one)
+    _kept: dict[str, tuple[frozenset[str], float]] = field(default_factory=dict, repr=False)
 
     def decide(self, inp: AllocationInput) -> Plan:
         t0 = time.perf_counter()
@@ -250,9 +250,9 @@ class MalleTrainPolicy:
             assignments, objective = decide_by_type(self, inp)
         else:
             assignments, objective = self.assign(inp)
-        self._given = {j.job_id: (len(assignments.get(j.job_id, ())),
-                                  self._given.get(j.job_id, (0, -math.inf))[1])
-                       for j in inp.jobs}
+        self._kept = {j.job_id: (frozenset(j.nodes).intersection(assignments.get(j.job_id, ())),
+                                 self._kept.get(j.job_id, (frozenset(), -math.inf))[1])
+                      for j in inp.jobs}
         return Plan(assignments, objective, decision_s=time.perf_counter() - t0)
 
     #: Price the plan on the nodes the placement step really hands out, beside the plan in
@@ -302,17 +302,18 @@ class MalleTrainPolicy:
         return Solution(counts, objective, w, p, key, values, offer, table)
 
     def _note_reclaims(self, inp: AllocationInput) -> None:
-        """A job holding fewer nodes than its last plan gave it lost them to Slurm now."""
+        """A job without a node it held and its last plan kept lost it to Slurm now (a grow
+        the daemon has not placed yet is not a loss: those nodes were not held)."""
         for j in inp.jobs:
-            given, _ = self._given.get(j.job_id, (0, -math.inf))
-            if len(j.nodes) < given:
-                self._given[j.job_id] = (given, inp.now_s)
+            kept, _ = self._kept.get(j.job_id, (frozenset(), -math.inf))
+            if not kept.issubset(j.nodes):
+                self._kept[j.job_id] = (kept, inp.now_s)
 
     def _counts(self, inp: AllocationInput, values: np.ndarray, offer: NodeOffer,
                 unexplored: np.ndarray | None = None) -> tuple[np.ndarray, float]:
         """The counts and their objective (:func:`.fairness.input_counts`)."""
         turn_s = self.fair_turn_s
-        reclaimed = frozenset(k for k, (_, t) in self._given.items() if inp.now_s - t < turn_s)
+        reclaimed = frozenset(k for k, (_, t) in self._kept.items() if inp.now_s - t < turn_s)
         return input_counts(inp, values, offer.n_free, unexplored, FairRule(
             self.fair_share, turn_s, self.fair_share_lend_factor,
             self.fair_share_min_gain, self.fair_share_slack_nodes), reclaimed)
