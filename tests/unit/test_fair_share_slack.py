@@ -17,14 +17,20 @@ LINEAR = ThroughputModel(tuple((n, 100.0 * n) for n in range(1, 9)))
 
 def test_only_a_waiting_user_within_the_slack_leaves_nodes_with_others():
     parts, held = {"alice": 4, "bob": 4}, {"alice": 5, "bob": 3}
-    assert within_slack(parts, held, 2, {"bob"}) == {"alice": 5, "bob": 3}
-    assert within_slack(parts, held, 2, set()) == parts  # bob was not reclaimed: his part
-    assert within_slack(parts, held, 0, {"bob"}) == parts  # no slack
+    most = {"alice": 8, "bob": 8}
+    assert within_slack(parts, held, 2, {"bob"}, most) == {"alice": 5, "bob": 3}
+    assert within_slack(parts, held, 2, set(), most) == parts  # bob was not reclaimed
+    assert within_slack(parts, held, 0, {"bob"}, most) == parts  # no slack
     # more than the slack below: brought to part - slack; holding nothing: the whole part
-    assert within_slack(parts, {"alice": 7, "bob": 1}, 2, {"bob"}) == {"alice": 6, "bob": 2}
-    assert within_slack(parts, {"alice": 8, "bob": 0}, 2, {"bob"}) == parts
+    assert within_slack(parts, {"alice": 7, "bob": 1}, 2, {"bob"}, most) == \
+        {"alice": 6, "bob": 2}
+    assert within_slack(parts, {"alice": 8, "bob": 0}, 2, {"bob"}, most) == parts
+    # alice's Slurm limit fell to 4 (tests/e2e/test_slurm_limits.py): she keeps nothing past
+    # it, so bob's part is not lowered for nodes she must give back anyway
+    assert within_slack(parts, held, 2, {"bob"}, {"alice": 4, "bob": 8}) == parts
     # the shortfall spread over the waiting users, the sum kept
-    three = within_slack({"a": 6, "b": 5, "c": 5}, {"a": 8, "b": 4, "c": 4}, 2, {"b", "c"})
+    three = within_slack({"a": 6, "b": 5, "c": 5}, {"a": 8, "b": 4, "c": 4}, 2, {"b", "c"},
+                         {"a": 16, "b": 16, "c": 16})
     assert three == {"a": 8, "b": 4, "c": 4}
     assert sum(three.values()) == 16
 

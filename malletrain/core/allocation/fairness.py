@@ -67,7 +67,7 @@ def input_counts(inp: AllocationInput, values: np.ndarray, n_free: int,
         job_useful_sizes(inp.jobs, values.shape[1], rule.min_gain if rule.on else 0.0),
         rule.slack_nodes if rule.on else 0,
         frozenset(k for k, j in zip(tree.members if tree else users, inp.jobs, strict=True)
-                  if j.job_id in reclaimed), per_node_rates(inp.jobs))
+                  if j.job_id in reclaimed))
 
 
 def cap_demand(demand: Mapping[Unit, int], held: Mapping[Unit, int],
@@ -131,8 +131,8 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int], ca
                tree: FairTree | None = None, turn: int | None = None,
                lend_factor: float = 0.0, unexplored: np.ndarray | None = None,
                n_free: int = 0, useful: np.ndarray | None = None,
-               slack: int = 0, waiting: frozenset[str] = frozenset(),
-               scale: np.ndarray | None = None) -> tuple[np.ndarray, float]:
+               slack: int = 0, waiting: frozenset[str] = frozenset()
+               ) -> tuple[np.ndarray, float]:
     """:func:`solve_counts` with each user's jobs held to the user's fair share and to the
     ``caps`` on their ``keys``.
 
@@ -142,16 +142,15 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int], ca
     ``tree``: accounts above users (``users`` are then its members, :func:`.shares.tree_caps`);
     ``turn``: the odd nodes' turn (:func:`.shares.user_caps`); ``lend_factor``:
     :func:`lend_evenly`; ``unexplored``, ``n_free``: :func:`_unit_rows`; ``useful[j]``: the
-    largest size of job j the division counts (:func:`useful_sizes`; the nodes past it go
-    where they add the most once every user's part is met); ``scale[j]``: job j's rate per
-    node at its minimum, what the rest is compared in (:func:`_rest_by_value`);
+    largest size of job j the division counts (:func:`useful_sizes`; beyond it, a node is
+    offered to the others first, and back to the job's user only where no one takes it);
     ``slack``, ``waiting``: a user Slurm took nodes from may wait for nodes held above
     others' parts while within ``slack`` of its part (:func:`.shares.within_slack`). One
     user and no caps: exactly :func:`solve_counts`. The jobs of one user under the same keys
     are one *unit*, sized by one exact count problem. Each round solves every unit within
     its cap; a unit whose best plan uses fewer nodes gives the rest back, and the parts are
-    divided again (at most one round per unit); the nodes no unit took then go where they
-    add the most (:func:`_rest_by_value`)."""
+    divided again (at most one round per unit); the nodes no unit took then are offered to
+    the units that gave some back (:func:`_offer_rest`)."""
     caps = caps or {}
     units = _units(users, keys, caps)
     if len({u[0] for u in units}) <= 1 and not any(u[1] for u in units):
@@ -164,22 +163,21 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int], ca
     demand = wants if useful is None else cap_demand(
         {u: int(np.minimum(largest[idx], useful[idx]).sum()) for u, idx in units.items()},
         holding, caps)
-    limit = dict(wants)  # (before the rounds lower it to what a unit's plan uses)
     parts_of = _divider(tree, weights, turn, _least_sizes(finite, units))
-
     solved: dict[tuple[Unit, int], tuple[np.ndarray, float]] = {}
     rows = None if unexplored is None else values.copy()  # as each unit was sized
-    kept = (parts_of if slack <= 0 else
-            lambda d, h, n: within_slack(parts_of(d, h, n), h, slack, waiting))
-    counts, total = _rounds(units, holding, demand, kept, solved,
+    most = _by_user(wants, holding)[0]
+    kept = (parts_of if slack <= 0 else  # (the rest is divided with no slack)
+            lambda d, h, n: within_slack(parts_of(d, h, n), h, slack, waiting, most))
+    counts, total = _rounds(units, holding, demand, (kept, parts_of), solved,
                             lambda u, idx, cap: _unit_rows(values, unexplored, idx, held,
                                                            n_free, cap - holding[u]),
-                            capacity, rows, wants, scale)
+                            capacity, rows, wants)
     if lend_factor < 1.0:  # (0: never lend)
         return counts, total
     fair = _Fair(values if rows is None else rows, tuple(users), tuple(held), capacity, keys,
-                 caps, weights, tree, turn, scale)
-    return lend_evenly(fair, units, counts, total, limit, lend_factor, solved)
+                 caps, weights, tree, turn)
+    return lend_evenly(fair, units, counts, total, wants, lend_factor, solved)
 
 
 #: divides nodes among users: (each user's demand, what it holds, the nodes) -> its part
@@ -211,15 +209,16 @@ def _by_user(demand: Mapping[Unit, int], holding: Mapping[Unit, int]
 
 
 def _rounds(units: Mapping[Unit, list[int]], holding: Mapping[Unit, int],
-            demand: dict[Unit, int], parts_of: PartsOf,
+            demand: dict[Unit, int], parts_of: tuple[PartsOf, PartsOf],
             solved: dict[tuple[Unit, int], tuple[np.ndarray, float]],
             unit_rows: UnitRows, capacity: int,
-            rows: np.ndarray | None, wants: Mapping[Unit, int] | None = None,
-            scale: np.ndarray | None = None) -> tuple[np.ndarray, float]:
-    """Divide (``parts_of`` the users' demand and holdings), size each unit within its part
+            rows: np.ndarray | None, wants: Mapping[Unit, int] | None = None
+            ) -> tuple[np.ndarray, float]:
+    """Divide (``parts_of[0]`` the users' demand and holdings; ``parts_of[1]``: the
+    rest, :func:`_offer_rest`), size each unit within its part
     on its ``unit_rows`` (written into ``rows`` unless None), lower the demand of a unit that
-    used less, again, until no unit gives back; then what no unit took goes where it adds
-    the most, up to each unit's ``wants`` (:func:`_rest_by_value`): (counts, objective)."""
+    used less, again, until no unit gives back; then what no unit took is offered again
+    (:func:`_offer_rest`): (counts, objective)."""
     counts = np.zeros(sum(len(idx) for idx in units.values()), dtype=int)
     objective: dict[Unit, float] = {}
     sized: dict[tuple[Unit, int], np.ndarray] = {}  # the rows each (unit, cap) is sized on
@@ -240,69 +239,80 @@ def _rounds(units: Mapping[Unit, list[int]], holding: Mapping[Unit, int],
                           strict=True))
 
     wants = dict(demand if wants is None else wants)  # (what the rest is offered up to)
+    tried: dict[Unit, int] = {}  # the largest cap each unit was sized within
     cap_of: dict[Unit, int] = {}  # the cap of each unit's plan
     for _ in range(len(units)):
-        cap_of = _unit_caps(demand, holding, parts_of(*_by_user(demand, holding), capacity))
+        cap_of = _unit_caps(demand, holding, parts_of[0](*_by_user(demand, holding), capacity))
         size_all(cap_of)
         gave_back = False
         for u, idx in units.items():
             counts[idx], objective[u] = size(u, cap_of[u])
+            tried[u] = max(tried.get(u, 0), cap_of[u])
             if int(counts[idx].sum()) < cap_of[u]:
                 demand[u] = int(counts[idx].sum())  # more is worth nothing to it now
                 gave_back = True
         if not gave_back:
             break
-    _rest_by_value(units, wants, (rows_at, size), capacity, scale, (counts, objective, cap_of))
+    _offer_rest(units, holding, wants, tried, parts_of[1], (rows_at, size), capacity,
+                (counts, objective, cap_of))
     if rows is not None:
         for u, idx in units.items():
             rows[idx] = rows_at(u, cap_of[u])
     return counts, float(sum(objective.values()))
 
 
-def _rest_by_value(units: Mapping[Unit, list[int]], wants: Mapping[Unit, int],
-                   sizing: tuple[Callable[[Unit, int], np.ndarray],
-                                 Callable[[Unit, int], tuple[np.ndarray, float]]],
-                   capacity: int, scale: np.ndarray | None,
-                   plan: tuple[np.ndarray, dict[Unit, float], dict[Unit, int]]) -> None:
-    """The nodes no unit took in the rounds, to the jobs they add the most to: one count
-    problem over every job's nodes past its plan, up to its unit's ``wants`` (its demand held
-    to Slurm's caps), each job's row in its rate per node at its minimum (``scale``: what a
-    node adds relative to the job's own speed, so no job's reported rate buys one); ``plan``
+def _offer_rest(units: Mapping[Unit, list[int]], holding: Mapping[Unit, int],
+                wants: Mapping[Unit, int], tried: dict[Unit, int], parts_of: PartsOf,
+                sizing: tuple[Callable[[Unit, int], np.ndarray],
+                              Callable[[Unit, int], tuple[np.ndarray, float]]],
+                capacity: int,
+                plan: tuple[np.ndarray, dict[Unit, float], dict[Unit, int]]) -> None:
+    """The nodes no unit took after the rounds, divided again (``parts_of``) among the units
+    that gave some back, each sized within what it took plus its part of them; ``plan``
     (counts, each unit's objective and cap) updated in place; ``sizing``: a unit's rows and
     its best plan within a cap.
 
-    After the rounds every user's part for its jobs' useful sizes is met, or no node is left:
-    the rest takes nothing from anyone's part. Divided equally instead, a VC whose one job
-    adds half a node's worth per node past 4 took as much of it as a VC of a dozen jobs
-    (Philly days 60-63 under ``REPLAY``: fairness cost 11 % of the work). It also gives back
-    what a unit gave up in the rounds where keeping is worth more: a running job's row peaks
-    at the size it holds and may be worth less at every size of its part than at 0 (a user
-    holding 17 nodes with a part of 5, all back to Slurm within a second, stopped, and its 17
-    nodes stayed idle though nobody else wanted them: RICC day 31, issue 47)."""
+    The rounds lower a unit's demand to what its plan used within its part, as if more were
+    worth nothing to it; but a running job's row peaks at the size it holds (no rescale
+    cost there) and may be worth less at every size of its part than at 0. A user holding
+    17 nodes with a part of 5, all of them back to Slurm within a second, stopped (a shrink
+    and then a reclaim cost more than one stop), and its 17 nodes stayed idle though nobody
+    else wanted them and keeping was worth more (RICC day 31, issue 47). A unit is sized
+    again only where its part of the rest takes it above every cap it was sized within and
+    its rows there could be worth more than its plan (the sum of its jobs' best values
+    bounds any plan): a unit that gave back because more was worth nothing to it is not
+    solved again. A unit that cannot use its part drops out; the others try again."""
     rows_at, size = sizing
     counts, objective, cap_of = plan
-    took = {u: int(counts[idx].sum()) for u, idx in units.items()}
-    left = capacity - sum(took.values())
-    cap = {u: min(wants[u], took[u] + left) for u in units if wants[u] > took[u]}
-    if left <= 0 or not cap:
-        return
-    jobs = [(u, k, j) for u in cap for k, j in enumerate(units[u])]
-    table = np.full((len(jobs), left + 1), -np.inf)
-    for i, (u, k, j) in enumerate(jobs):
-        row, now = rows_at(u, cap[u])[k], int(counts[j])
-        gain = row[now:now + cap[u] - took[u] + 1] - row[now]
-        table[i, :gain.size] = gain / (1.0 if scale is None else scale[j])
-    extra, _ = solve_counts(table, left)
-    for i, (_, _, j) in enumerate(jobs):
-        counts[j] += int(extra[i])
-    for u in cap:
-        idx = units[u]
-        if int(counts[idx].sum()) > wants[u]:  # (its jobs together past its cap)
-            counts[idx], objective[u] = size(u, wants[u])
-            cap_of[u] = wants[u]
-        elif int(counts[idx].sum()) > took[u]:
-            objective[u] = float(rows_at(u, cap[u])[np.arange(len(idx)), counts[idx]].sum())
-            cap_of[u] = cap[u]
+    out: set[Unit] = set()  # units that cannot use more
+
+    def could_gain(u: Unit, cap: int) -> bool:  # (the sum of the jobs' best values bounds)
+        return bool(rows_at(u, cap).max(axis=1).sum() > objective[u] + 1e-9 * abs(objective[u]))
+
+    for _ in range(2 * len(units)):
+        took = {u: int(counts[idx].sum()) for u, idx in units.items()}
+        left = capacity - sum(took.values())
+        if left <= 0:
+            return
+        out.update(u for u in units if u not in out and (
+            wants[u] <= tried[u] or not could_gain(u, min(wants[u], took[u] + left))))
+        more = {u: wants[u] - took[u] for u in units if u not in out}
+        if not more:
+            return
+        extra = _unit_caps(more, holding, parts_of(*_by_user(more, holding), left))
+        offered = False
+        for u, n in extra.items():
+            cap = took[u] + n
+            if cap <= tried[u]:
+                continue  # (too little to change its plan)
+            tried[u], offered = cap, True
+            arr, value = size(u, cap)
+            if int(arr.sum()) > took[u] and value > objective[u]:
+                counts[units[u]], objective[u], cap_of[u] = arr, value, cap
+            else:
+                out.add(u)
+        if not offered:
+            return
 
 
 def _unit_rows(values: np.ndarray, unexplored: np.ndarray | None, idx: Sequence[int],
@@ -335,7 +345,6 @@ class _Fair:
     weights: Mapping[str, float] | None
     tree: FairTree | None
     turn: int | None
-    scale: np.ndarray | None
 
 
 def lend_evenly(fair: _Fair, units: Mapping[Unit, Sequence[int]], counts: np.ndarray,
@@ -358,8 +367,7 @@ def lend_evenly(fair: _Fair, units: Mapping[Unit, Sequence[int]], counts: np.nda
     sub, _ = solve_fair(values[rest], [fair.users[j] for j in rest],
                         [fair.held[j] for j in rest], fair.capacity - int(lent[lenders].sum()),
                         [fair.keys[j] for j in rest] if fair.keys else None, fair.caps,
-                        fair.weights, fair.tree, fair.turn,
-                        scale=None if fair.scale is None else fair.scale[rest])
+                        fair.weights, fair.tree, fair.turn)
     lent[rest] = sub
     value = float(values[np.arange(len(fair.users)), lent].sum())
     if value <= total or any(int(lent[idx].sum()) > limit[u] for u, idx in units.items()):
@@ -389,12 +397,3 @@ def useful_sizes(rates: np.ndarray, min_nodes: np.ndarray, min_gain: float) -> n
     low = (sizes > lo[:, None]) & (gain < min_gain * per_node[:, None])
     first_low = np.where(low.any(axis=1), np.argmax(low, axis=1), rates.shape[1])
     return np.asarray(np.maximum(first_low - 1, lo), dtype=np.int64)
-
-
-def per_node_rates(jobs: Sequence[MalleableJob]) -> np.ndarray:
-    """Each job's rate per node at its minimum times its ``--nice`` weight (1 where unknown):
-    the unit in which the nodes past users' parts are compared (:func:`_rest_by_value`), so
-    that neither a job's reported rate nor its user's nice moves them across users."""
-    lo = [max(1, j.min_nodes) for j in jobs]
-    rates = np.array([j.throughput.rate(n) / n * j.weight for j, n in zip(jobs, lo, strict=True)])
-    return np.where(rates > 0, rates, 1.0)

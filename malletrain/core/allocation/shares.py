@@ -240,11 +240,13 @@ def useful_first(first: Mapping[K, int], demand: Mapping[K, int], nodes: int,
 
 
 def within_slack(parts: Mapping[K, int], held: Mapping[K, int], slack: int,
-                 waiting: Collection[K]) -> dict[K, int]:
+                 waiting: Collection[K], most: Mapping[K, int]) -> dict[K, int]:
     """The ``parts`` with each user holding more than its part keeping up to ``slack`` nodes
-    more, taken from the parts of the ``waiting`` users (whose jobs Slurm took nodes from
-    within the last turn) that hold less than theirs and more than nothing, none of them
-    lowered below what it holds or more than ``slack`` below its part.
+    more (never past the ``most`` its jobs may hold under Slurm's caps: a user whose limit
+    fell would keep nodes it must give back anyway), taken from the parts of the ``waiting``
+    users (whose jobs Slurm took nodes from within the last turn) that hold less than theirs
+    and more than nothing, none of them lowered below what it holds or more than ``slack``
+    below its part.
 
     The parts follow the pool: on Philly's minute-by-minute idle count every reclaim moved
     nodes between users, each move a shrink of one user's job and a grow of another's
@@ -257,8 +259,8 @@ def within_slack(parts: Mapping[K, int], held: Mapping[K, int], slack: int,
     out = dict(parts)
     if slack <= 0 or not waiting:
         return out
-    extra = {u: min(held.get(u, 0), parts[u] + slack) - parts[u]
-             for u in parts if held.get(u, 0) > parts[u]}
+    extra = {u: min(held.get(u, 0), parts[u] + slack, most.get(u, 0)) - parts[u]
+             for u in parts if min(held.get(u, 0), most.get(u, 0)) > parts[u]}
     room = {u: parts[u] - max(held.get(u, 0), parts[u] - slack)
             for u in parts if u in waiting and 0 < held.get(u, 0) < parts[u]}
     for _ in range(min(sum(extra.values()), sum(room.values()))):
