@@ -69,8 +69,8 @@ class PolicyOptions:
     #: malletrain: a user that Slurm took nodes from waits up to a turn (fair_turn_s) for
     #: nodes other users hold above their parts while within this many nodes of its own
     #: (core.allocation.shares.within_slack); 0: no waiting. Every preset: on Philly's VCs
-    #: parts that followed the pool node by node cost 4.0 % of the work on average over
-    #: four slices under LIVE, 2.6 % with it (docs/allocator-measured.md)
+    #: (days 14-60, both presets) parts that followed the pool node by node cost 5.25 % of
+    #: the work on average, 4.32 % with it (docs/evaluation.md)
     fair_share_slack_nodes: int = 2
 
     def __post_init__(self) -> None:

@@ -55,19 +55,18 @@ def input_counts(inp: AllocationInput, values: np.ndarray, n_free: int,
     may explore onto the nodes its part moves to it); ``n_free``: the free pool;
     ``reclaimed``: the jobs Slurm took nodes from within the last turn (their users wait,
     :func:`.shares.within_slack`)."""
-    users = [j.user if rule.on else "" for j in inp.jobs]
     tree = fair_tree(inp) if rule.on and inp.account_weights else None
-    if not inp.caps and len(set(tree.members if tree else users)) <= 1:
+    users = tree.members if tree else [j.user if rule.on else "" for j in inp.jobs]
+    if not inp.caps and len(set(users)) <= 1:
         return solve_counts(values, len(inp.nodes))
     return solve_fair(
-        values, tree.members if tree else users, [len(j.nodes) for j in inp.jobs],
+        values, users, [len(j.nodes) for j in inp.jobs],
         len(inp.nodes), [j.limits for j in inp.jobs], inp.caps,
         tree.weights if tree else inp.user_weights, tree, fair_turn(inp.now_s, rule.turn_s),
         rule.lend_factor if rule.on else 0.0, unexplored if rule.on else None, n_free,
         job_useful_sizes(inp.jobs, values.shape[1], rule.min_gain if rule.on else 0.0),
         rule.slack_nodes if rule.on else 0,
-        frozenset(k for k, j in zip(tree.members if tree else users, inp.jobs, strict=True)
-                  if j.job_id in reclaimed))
+        frozenset(k for k, j in zip(users, inp.jobs, strict=True) if j.job_id in reclaimed))
 
 
 def cap_demand(demand: Mapping[Unit, int], held: Mapping[Unit, int],
@@ -193,6 +192,8 @@ def _divider(tree: FairTree | None, weights: Mapping[str, float] | None, turn: i
                           tree.account_weights, turn, least, tree.account_parents) if tree else
                 user_caps(user_demand, user_held, nodes, weights, turn, least))
     return parts_of
+
+
 #: a unit's rows of the value table when sized within a cap: (unit, its jobs, cap) -> rows
 UnitRows = Callable[[Unit, list[int], int], np.ndarray]
 
@@ -214,11 +215,10 @@ def _rounds(units: Mapping[Unit, list[int]], holding: Mapping[Unit, int],
             unit_rows: UnitRows, capacity: int,
             rows: np.ndarray | None, wants: Mapping[Unit, int] | None = None
             ) -> tuple[np.ndarray, float]:
-    """Divide (``parts_of[0]`` the users' demand and holdings; ``parts_of[1]``: the
-    rest, :func:`_offer_rest`), size each unit within its part
-    on its ``unit_rows`` (written into ``rows`` unless None), lower the demand of a unit that
-    used less, again, until no unit gives back; then what no unit took is offered again
-    (:func:`_offer_rest`): (counts, objective)."""
+    """Divide (``parts_of[0]`` the users' demand and holdings), size each unit within its
+    part on its ``unit_rows`` (written into ``rows`` unless None), lower the demand of a
+    unit that used less, again, until no unit gives back; then what no unit took is offered
+    again, divided by ``parts_of[1]`` (:func:`_offer_rest`): (counts, objective)."""
     counts = np.zeros(sum(len(idx) for idx in units.values()), dtype=int)
     objective: dict[Unit, float] = {}
     sized: dict[tuple[Unit, int], np.ndarray] = {}  # the rows each (unit, cap) is sized on
