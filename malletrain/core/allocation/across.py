@@ -92,19 +92,32 @@ def rest_by_value(units: Mapping[Unit, list[int]], wants: Mapping[Unit, int],
     if left <= 0 or not more:
         return
     jobs = [(u, k, j) for u in more for k, j in enumerate(units[u])]
-    table = np.full((len(jobs), left + 1), -np.inf)
-    for i, (u, k, j) in enumerate(jobs):
-        row, now = rows_of[u][k], int(counts[j])
-        gain = row[now:now + more[u] + 1] - row[now]
-        table[i, :gain.size] = gain / (1.0 if scale is None else scale[j])
-    extra, _ = solve_counts(table, left)
-    for i, (_, _, j) in enumerate(jobs):
-        counts[j] += int(extra[i])
+    ids = np.array([j for _, _, j in jobs])
+    table = _gains(np.stack([rows_of[u][k] for u, k, _ in jobs]), counts[ids],
+                   np.array([more[u] for u, _, _ in jobs]))
+    if scale is not None:
+        table /= scale[ids][:, None]
+    extra = np.argmax(table, axis=1)  # (each job's best, the smallest count of it)
+    if int(extra.sum()) > left:  # (the jobs a node adds nothing to take none: not solved)
+        gaining = np.flatnonzero(extra > 0)
+        extra[gaining] = solve_counts(table[gaining], left)[0]
+    counts[ids] += extra
     for u in more:
         idx, rows = units[u], rows_of[u]
         if int(counts[idx].sum()) > wants[u]:  # (its jobs together past its cap)
             counts[idx] = solve_counts(rows, wants[u])[0]
         objective[u] = float(rows[np.arange(len(idx)), counts[idx]].sum())
+
+
+def _gains(rows: np.ndarray, now: np.ndarray, reach: np.ndarray) -> np.ndarray:
+    """``[i, n]``: what ``n`` more nodes add to row ``i`` over its value at ``now[i]``, for
+    ``n`` up to ``reach[i]`` (-inf past it or past the row's end)."""
+    width = int(reach.max()) + 1
+    steps = np.arange(width)[None, :]
+    cols = now[:, None] + steps
+    picked = np.take_along_axis(rows, np.minimum(cols, rows.shape[1] - 1), axis=1)
+    ok = (steps <= reach[:, None]) & (cols < rows.shape[1])
+    return np.where(ok, picked - picked[:, :1], -np.inf)
 
 
 def per_node_rates(jobs: Sequence[MalleableJob]) -> np.ndarray:
