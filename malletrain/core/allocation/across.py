@@ -80,11 +80,11 @@ def rest_by_value(units: Mapping[Unit, list[int]], wants: Mapping[Unit, int],
     holding 17 nodes with a part of 5, all back to Slurm within a second, stopped, and its 17
     nodes stayed idle though nobody else wanted them: RICC day 31, issue 47).
 
-    The rows are the rounds' own: a unit explores (values a size past its measured ones
-    as a guess, :func:`.fairness._unit_rows`) only onto the free pool and its part, never onto the
-    rest, which holds other users' nodes past their useful sizes. Explored onto them, one
-    job's guess at 7 nodes took a measured job's second node across users, and back again
-    a tick later (the dev cluster's ``test_slurm_limits.py``)."""
+    The rows are the rounds' own: a unit explores (values a size past its measured ones as
+    a guess, :func:`.fairness._unit_rows`) only onto the free pool and its part, never onto
+    the rest, which holds other users' nodes past their useful sizes. Explored onto them, one
+    job's guess at 7 nodes took a measured job's second node across users, and back again a
+    tick later (the dev cluster's ``test_slurm_limits.py``)."""
     counts, objective = plan
     took = {u: int(counts[idx].sum()) for u, idx in units.items()}
     left = capacity - sum(took.values())

@@ -255,7 +255,7 @@ def _rounds(units: Mapping[Unit, list[int]], holding: Mapping[Unit, int],
         if not gave_back:
             break
     rest_by_value(units, wants, {u: rows_at(u, cap_of[u]) for u in units}, capacity, scale,
-                   (counts, objective))
+                  (counts, objective))
     if rows is not None:
         for u, idx in units.items():
             rows[idx] = rows_at(u, cap_of[u])
