@@ -46,12 +46,12 @@ def test_bob_is_held_at_his_account_limit_while_alice_uses_the_rest(bob_limited,
         alice = d.submit_example("mt-alice", "a0", "1-8", SAMPLES)
         bob = d.submit_example("mt-bob", "b0", "1-8", SAMPLES)
 
-        def held():
+        def held():  # (the reason is the last tick's: it may lag the nodes by a tick)
             rows = d.jobs()
             return (len(rows[bob]["nodes"]) == 2 and rows[bob]["samples_total"] > 0
-                    and len(rows[alice]["nodes"]) == 6)
+                    and len(rows[alice]["nodes"]) == 6 and rows[bob]["reason"] == "AccountLimit")
 
-        wait_until(held, 75, what="bob training on 2 nodes, alice on the 6 others",
+        wait_until(held, 75, what="bob training on 2 nodes (AccountLimit), alice on the 6 others",
                    on_timeout=lambda: json.dumps(d.jobs(), indent=1) + d.log()[-3000:])
         rows = d.jobs()
         assert rows[bob]["reason"] == "AccountLimit", rows[bob]
@@ -63,13 +63,14 @@ def test_bob_is_held_at_his_account_limit_while_alice_uses_the_rest(bob_limited,
         c.run("sacctmgr", "-i", "modify", "user", "mt-bob", "set", "GrpTRES=node=3")
         regular = c.sbatch("-p", "batch", "-N", "2", "-t", "2", wrap="sleep 60", user="mt-bob")
 
-        def beside_regular():
+        def beside_regular():  # (bob may reach 1 by value before the daemon sees the
+            # regular job run: its curve's second node can add less than alice's fifth)
             rows = d.jobs()
             return (c.job_state(regular) == "RUNNING" and len(rows[bob]["nodes"]) == 1
-                    and len(rows[alice]["nodes"]) == 5)
+                    and len(rows[alice]["nodes"]) == 5 and rows[bob]["reason"] == "AccountLimit")
 
         wait_until(beside_regular, 60,
-                   what="bob's regular job running, his malleable job on the 1 node left",
+                   what="bob's regular job running, his malleable job on 1 node (AccountLimit)",
                    on_timeout=lambda: json.dumps(d.jobs(), indent=1) + d.log()[-3000:])
         assert d.jobs()[bob]["reason"] == "AccountLimit"
         d.cli("mt-alice", "cancel", "--socket", str(d.socket), alice)
