@@ -63,8 +63,7 @@ def test_bob_is_held_at_his_account_limit_while_alice_uses_the_rest(bob_limited,
         c.run("sacctmgr", "-i", "modify", "user", "mt-bob", "set", "GrpTRES=node=3")
         regular = c.sbatch("-p", "batch", "-N", "2", "-t", "2", wrap="sleep 60", user="mt-bob")
 
-        def beside_regular():  # (bob may reach 1 by value before the daemon sees the
-            # regular job run: its curve's second node can add less than alice's fifth)
+        def beside_regular():  # (as held(): the reason may lag the nodes by a tick)
             rows = d.jobs()
             return (c.job_state(regular) == "RUNNING" and len(rows[bob]["nodes"]) == 1
                     and len(rows[alice]["nodes"]) == 5 and rows[bob]["reason"] == "AccountLimit")
