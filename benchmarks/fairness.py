@@ -29,10 +29,12 @@ side by side in one run:
 Figures per replay: Jain's index over users of their node-seconds (``jain_node_s``), of their
 useful work in one-worker-seconds (``jain_work``: normalised throughput, samples divided by the
 job's one-node rate), and of their normalised share (``jain_share``: at every decision each
-active user's nodes divided by its max-min fair part of the idle nodes
-as the allocator divides them (``core.allocation.shares.user_caps`` over its jobs' largest
-sizes and the nodes users hold; measured the same way for the user-blind allocator), the index
-averaged over time); ``starved``: the share of time in which some user was given nothing while
+active user's nodes divided by its part, up to 1, the part being its max-min fair part of the
+idle nodes for its jobs' useful sizes as the allocator divides them
+(``core.allocation.shares.user_caps`` over the jobs' largest sizes held to their useful sizes,
+and the nodes users hold; the nodes past every part go where they add the most, so a user
+given more than its part counts 1; measured the same way for the user-blind allocator), the
+index averaged over time); ``starved``: the share of time in which some user was given nothing while
 its part fitted one of its jobs' minimum; when the first idle node was on offer
 (``first_idle_s``, from the replay's start); B's wait from its submission to its
 first node and to its share (``ab``: 8 nodes, its job's largest size, or its equal part of the
@@ -73,7 +75,7 @@ import numpy as np
 
 from malletrain.core.allocation.allocator import MalleTrainPolicy
 from malletrain.core.allocation.fairness import job_useful_sizes
-from malletrain.core.allocation.shares import fair_turn, useful_first, user_caps
+from malletrain.core.allocation.shares import fair_turn, user_caps
 from malletrain.core.model import AllocationInput, Plan
 from malletrain.core.options import LIVE, PolicyOptions
 from malletrain.core.policies import POLICIES, REPLAY, make_policy
@@ -144,33 +146,30 @@ class Recorder:
         largest = np.where(finite.any(axis=1),
                            values.shape[1] - 1 - np.argmax(finite[:, ::-1], axis=1), 0)
         useful = job_useful_sizes(inp.jobs, values.shape[1], self.policy.fair_share_min_gain)
-        # the division's own demand: each job's useful size first (fairness.solve_fair's
-        # useful), then what no one took for the rest of its largest size
+        # the division's own demand: each job's useful size (fairness.solve_fair's useful)
         first_of = largest if useful is None else np.minimum(largest, useful)
-        demand: dict[str, int] = {}
         first: dict[str, int] = {}
         held: dict[str, int] = {}
         given: dict[str, int] = {}
         for j, job in enumerate(inp.jobs):
-            demand[job.user] = demand.get(job.user, 0) + int(largest[j])
             first[job.user] = first.get(job.user, 0) + int(first_of[j])
             held[job.user] = held.get(job.user, 0) + len(job.nodes)
             given[job.user] = given.get(job.user, 0) + plan.count(job.job_id)
-        turn = fair_turn(inp.now_s, self.policy.fair_turn_s)
-        parts = useful_first(first, demand, len(inp.nodes),
-                             lambda wants, nodes: user_caps(wants, held, nodes, turn=turn))
+        parts = user_caps(first, held, len(inp.nodes),
+                          turn=fair_turn(inp.now_s, self.policy.fair_turn_s))
         fits = frozenset(job.user for job in inp.jobs if parts[job.user] >= job.min_nodes)
         self.rows.append(Division(inp.now_s, parts, given, fits))
         return plan
 
 
 def share_figures(rows: Sequence[Division], end_s: float) -> dict[str, float]:
-    """Time-averaged Jain's index of users' nodes over their parts, and the share of time in
+    """Time-averaged Jain's index of users' nodes over their parts (up to 1: the nodes past
+    every part go where they add the most), and the share of time in
     which a user whose part fits one of its jobs was given nothing (decisions of 2+ users)."""
     weighted = starved_s = span_s = jain_s = 0.0
     for i, row in enumerate(rows):
         dt = (rows[i + 1].time_s if i + 1 < len(rows) else end_s) - row.time_s
-        ratios = [row.given[u] / row.parts[u] for u in row.parts if row.parts[u] > 0]
+        ratios = [min(1.0, row.given[u] / row.parts[u]) for u in row.parts if row.parts[u] > 0]
         if dt <= 0 or len(ratios) < 2:
             continue
         span_s += dt

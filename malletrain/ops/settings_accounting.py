@@ -82,9 +82,9 @@ class AccountingSettings:
         min=0, max=86_400))
     fair_share_min_gain: float = field(default=0.5, metadata=meta(
         "A user's part counts each of its jobs' nodes up to where one more node adds less "
-        "than this times the job's rate per node at its minimum; the rest of the part goes "
-        "to the other users first and back to the job where no one takes it. 0 = a user's "
-        "whole part is its jobs' to use, however little a node adds.",
+        "than this times the job's rate per node at its minimum; the other users' parts come "
+        "first, and what is left once every part is met goes where a node adds the most. "
+        "0 = a user's whole part is its jobs' to use, however little a node adds.",
         min=0.0, max=1.0))
     fair_share_slack_nodes: int = field(default=2, metadata=meta(
         "A user that Slurm took nodes from waits up to fair_turn_s for nodes other users "

@@ -111,7 +111,8 @@ def test_nodes_nobody_else_takes_go_back_to_a_user_whose_part_is_worth_less_than
     stop) and most at the 6 it holds; bob keeps his 2. The rounds of the division lowered
     alice's demand to the 0 her plan used within 5, and her 6 nodes stayed idle though
     nobody else wanted them: she was planned at 0 where keeping was worth more. The nodes no
-    user takes are offered again (``fairness._offer_rest``): she keeps her 6, as user-blind."""
+    user takes go where they add the most (``across.rest_by_value``): she keeps her 6, as
+    user-blind."""
     names = [f"n{i}" for i in range(10)]
     curve = _curve(1.0, 0.9, 16)
     alice = MalleableJob("a", 1, 16, tuple(names[:6]), curve, 18.0, 12.0, 0, "alice")

@@ -3,9 +3,10 @@
 :mod:`.shares` divides the nodes on offer among users (and accounts): max-min fair,
 work-conserving, odd nodes and raised minimums in turns. Within its part, a user's jobs are
 sized by the same exact count problem as before (:func:`~.knapsack.solve_counts`), so rescale
-costs, margins and throughput decide among one user's jobs, never across users: a user who
-submits twenty jobs gets one user's part, not twenty jobs' worth, and a job whose reports
-claim a higher rate moves nodes only within its own user's part. Slurm's limits
+costs, margins and throughput decide among one user's jobs: a user who submits twenty jobs
+gets one user's part, not twenty jobs' worth, and a job whose reports claim a higher rate
+moves nodes only within its own user's part. Only the nodes past every user's part for its
+jobs' useful sizes go across users by what they add (:mod:`.across`). Slurm's limits
 (``AllocationInput.caps``: ``MaxTRESPerUser``, ``GrpTRES``, ...) cap what the users and
 accounts they bind may hold together before the division, so what a capped user cannot hold
 goes to the others too; a part its owner's jobs gain far less from than others' may be lent
@@ -19,13 +20,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from malletrain.core.allocation.across import lend, per_node_rates, rest_by_value
 from malletrain.core.allocation.knapsack import solve_counts, solve_many
-from malletrain.core.allocation.lending import lend
 from malletrain.core.allocation.shares import (
     FairTree,
     Unit,
     fair_tree,
     fair_turn,
+    member_shares,
     tree_caps,
     user_caps,
     within_slack,
@@ -66,7 +68,23 @@ def input_counts(inp: AllocationInput, values: np.ndarray, n_free: int,
         rule.lend_factor if rule.on else 0.0, unexplored if rule.on else None, n_free,
         job_useful_sizes(inp.jobs, values.shape[1], rule.min_gain if rule.on else 0.0),
         rule.slack_nodes if rule.on else 0,
-        frozenset(k for k, j in zip(users, inp.jobs, strict=True) if j.job_id in reclaimed))
+        frozenset(k for k, j in zip(users, inp.jobs, strict=True) if j.job_id in reclaimed),
+        _rest_scale(inp, users, tree))
+
+
+def _rest_scale(inp: AllocationInput, users: Sequence[str], tree: FairTree | None
+                ) -> np.ndarray:
+    """Per job, the unit the rest is compared in (:func:`.across.rest_by_value`): its rate
+    per node at its minimum (:func:`.across.per_node_rates`), over its user's share
+    (:func:`.shares.member_shares`) where users are weighted. Weighted by Slurm's fair-share
+    factor (``tests/e2e/test_sshare.py``), bob entitled to 6 of 8 nodes held 3 and alice
+    kept 5: both jobs' early curves made their useful sizes ~3, and valued alike the 2
+    nodes past them stayed where keeping costs nothing."""
+    rates = per_node_rates(inp.jobs)
+    if tree is None and not inp.user_weights:
+        return rates
+    share = member_shares(users, tree.weights if tree else inp.user_weights, tree)
+    return np.asarray(rates / np.array([share[u] for u in users]), dtype=float)
 
 
 def cap_demand(demand: Mapping[Unit, int], held: Mapping[Unit, int],
@@ -130,8 +148,8 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int], ca
                tree: FairTree | None = None, turn: int | None = None,
                lend_factor: float = 0.0, unexplored: np.ndarray | None = None,
                n_free: int = 0, useful: np.ndarray | None = None,
-               slack: int = 0, waiting: frozenset[str] = frozenset()
-               ) -> tuple[np.ndarray, float]:
+               slack: int = 0, waiting: frozenset[str] = frozenset(),
+               scale: np.ndarray | None = None) -> tuple[np.ndarray, float]:
     """:func:`solve_counts` with each user's jobs held to the user's fair share and to the
     ``caps`` on their ``keys``.
 
@@ -141,15 +159,16 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int], ca
     ``tree``: accounts above users (``users`` are then its members, :func:`.shares.tree_caps`);
     ``turn``: the odd nodes' turn (:func:`.shares.user_caps`); ``lend_factor``:
     :func:`lend_evenly`; ``unexplored``, ``n_free``: :func:`_unit_rows`; ``useful[j]``: the
-    largest size of job j the division counts (:func:`useful_sizes`; beyond it, a node is
-    offered to the others first, and back to the job's user only where no one takes it);
+    largest size of job j the division counts (:func:`useful_sizes`; the nodes past it go
+    where they add the most once every user's part is met); ``scale[j]``: job j's rate per
+    node at its minimum, what the rest is compared in (:func:`.across.rest_by_value`);
     ``slack``, ``waiting``: a user Slurm took nodes from may wait for nodes held above
     others' parts while within ``slack`` of its part (:func:`.shares.within_slack`). One
     user and no caps: exactly :func:`solve_counts`. The jobs of one user under the same keys
     are one *unit*, sized by one exact count problem. Each round solves every unit within
     its cap; a unit whose best plan uses fewer nodes gives the rest back, and the parts are
-    divided again (at most one round per unit); the nodes no unit took then are offered to
-    the units that gave some back (:func:`_offer_rest`)."""
+    divided again (at most one round per unit); the nodes no unit took then go where they
+    add the most (:func:`.across.rest_by_value`)."""
     caps = caps or {}
     units = _units(users, keys, caps)
     if len({u[0] for u in units}) <= 1 and not any(u[1] for u in units):
@@ -166,16 +185,16 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int], ca
     solved: dict[tuple[Unit, int], tuple[np.ndarray, float]] = {}
     rows = None if unexplored is None else values.copy()  # as each unit was sized
     most = _by_user(wants, holding)[0]
-    kept = (parts_of if slack <= 0 else  # (the rest is divided with no slack)
+    kept = (parts_of if slack <= 0 else
             lambda d, h, n: within_slack(parts_of(d, h, n), h, slack, waiting, most))
-    counts, total = _rounds(units, holding, demand, (kept, parts_of), solved,
+    counts, total = _rounds(units, holding, demand, kept, solved,
                             lambda u, idx, cap: _unit_rows(values, unexplored, idx, held,
                                                            n_free, cap - holding[u]),
-                            capacity, rows, wants)
+                            capacity, rows, wants, scale)
     if lend_factor < 1.0:  # (0: never lend)
         return counts, total
     fair = _Fair(values if rows is None else rows, tuple(users), tuple(held), capacity, keys,
-                 caps, weights, tree, turn)
+                 caps, weights, tree, turn, scale)
     return lend_evenly(fair, units, counts, total, wants, lend_factor, solved)
 
 
@@ -210,15 +229,15 @@ def _by_user(demand: Mapping[Unit, int], holding: Mapping[Unit, int]
 
 
 def _rounds(units: Mapping[Unit, list[int]], holding: Mapping[Unit, int],
-            demand: dict[Unit, int], parts_of: tuple[PartsOf, PartsOf],
+            demand: dict[Unit, int], parts_of: PartsOf,
             solved: dict[tuple[Unit, int], tuple[np.ndarray, float]],
             unit_rows: UnitRows, capacity: int,
-            rows: np.ndarray | None, wants: Mapping[Unit, int] | None = None
-            ) -> tuple[np.ndarray, float]:
-    """Divide (``parts_of[0]`` the users' demand and holdings), size each unit within its
-    part on its ``unit_rows`` (written into ``rows`` unless None), lower the demand of a
-    unit that used less, again, until no unit gives back; then what no unit took is offered
-    again, divided by ``parts_of[1]`` (:func:`_offer_rest`): (counts, objective)."""
+            rows: np.ndarray | None, wants: Mapping[Unit, int] | None = None,
+            scale: np.ndarray | None = None) -> tuple[np.ndarray, float]:
+    """Divide (``parts_of`` the users' demand and holdings), size each unit within its part
+    on its ``unit_rows`` (written into ``rows`` unless None), lower the demand of a unit that
+    used less, again, until no unit gives back; then what no unit took goes where it adds
+    the most, up to each unit's ``wants`` (:func:`.across.rest_by_value`): (counts, objective)."""
     counts = np.zeros(sum(len(idx) for idx in units.values()), dtype=int)
     objective: dict[Unit, float] = {}
     sized: dict[tuple[Unit, int], np.ndarray] = {}  # the rows each (unit, cap) is sized on
@@ -239,80 +258,24 @@ def _rounds(units: Mapping[Unit, list[int]], holding: Mapping[Unit, int],
                           strict=True))
 
     wants = dict(demand if wants is None else wants)  # (what the rest is offered up to)
-    tried: dict[Unit, int] = {}  # the largest cap each unit was sized within
     cap_of: dict[Unit, int] = {}  # the cap of each unit's plan
     for _ in range(len(units)):
-        cap_of = _unit_caps(demand, holding, parts_of[0](*_by_user(demand, holding), capacity))
+        cap_of = _unit_caps(demand, holding, parts_of(*_by_user(demand, holding), capacity))
         size_all(cap_of)
         gave_back = False
         for u, idx in units.items():
             counts[idx], objective[u] = size(u, cap_of[u])
-            tried[u] = max(tried.get(u, 0), cap_of[u])
             if int(counts[idx].sum()) < cap_of[u]:
                 demand[u] = int(counts[idx].sum())  # more is worth nothing to it now
                 gave_back = True
         if not gave_back:
             break
-    _offer_rest(units, holding, wants, tried, parts_of[1], (rows_at, size), capacity,
-                (counts, objective, cap_of))
+    rest_by_value(units, wants, {u: rows_at(u, cap_of[u]) for u in units}, capacity, scale,
+                  (counts, objective))
     if rows is not None:
         for u, idx in units.items():
             rows[idx] = rows_at(u, cap_of[u])
     return counts, float(sum(objective.values()))
-
-
-def _offer_rest(units: Mapping[Unit, list[int]], holding: Mapping[Unit, int],
-                wants: Mapping[Unit, int], tried: dict[Unit, int], parts_of: PartsOf,
-                sizing: tuple[Callable[[Unit, int], np.ndarray],
-                              Callable[[Unit, int], tuple[np.ndarray, float]]],
-                capacity: int,
-                plan: tuple[np.ndarray, dict[Unit, float], dict[Unit, int]]) -> None:
-    """The nodes no unit took after the rounds, divided again (``parts_of``) among the units
-    that gave some back, each sized within what it took plus its part of them; ``plan``
-    (counts, each unit's objective and cap) updated in place; ``sizing``: a unit's rows and
-    its best plan within a cap.
-
-    The rounds lower a unit's demand to what its plan used within its part, as if more were
-    worth nothing to it; but a running job's row peaks at the size it holds (no rescale
-    cost there) and may be worth less at every size of its part than at 0. A user holding
-    17 nodes with a part of 5, all of them back to Slurm within a second, stopped (a shrink
-    and then a reclaim cost more than one stop), and its 17 nodes stayed idle though nobody
-    else wanted them and keeping was worth more (RICC day 31, issue 47). A unit is sized
-    again only where its part of the rest takes it above every cap it was sized within and
-    its rows there could be worth more than its plan (the sum of its jobs' best values
-    bounds any plan): a unit that gave back because more was worth nothing to it is not
-    solved again. A unit that cannot use its part drops out; the others try again."""
-    rows_at, size = sizing
-    counts, objective, cap_of = plan
-    out: set[Unit] = set()  # units that cannot use more
-
-    def could_gain(u: Unit, cap: int) -> bool:  # (the sum of the jobs' best values bounds)
-        return bool(rows_at(u, cap).max(axis=1).sum() > objective[u] + 1e-9 * abs(objective[u]))
-
-    for _ in range(2 * len(units)):
-        took = {u: int(counts[idx].sum()) for u, idx in units.items()}
-        left = capacity - sum(took.values())
-        if left <= 0:
-            return
-        out.update(u for u in units if u not in out and (
-            wants[u] <= tried[u] or not could_gain(u, min(wants[u], took[u] + left))))
-        more = {u: wants[u] - took[u] for u in units if u not in out}
-        if not more:
-            return
-        extra = _unit_caps(more, holding, parts_of(*_by_user(more, holding), left))
-        offered = False
-        for u, n in extra.items():
-            cap = took[u] + n
-            if cap <= tried[u]:
-                continue  # (too little to change its plan)
-            tried[u], offered = cap, True
-            arr, value = size(u, cap)
-            if int(arr.sum()) > took[u] and value > objective[u]:
-                counts[units[u]], objective[u], cap_of[u] = arr, value, cap
-            else:
-                out.add(u)
-        if not offered:
-            return
 
 
 def _unit_rows(values: np.ndarray, unexplored: np.ndarray | None, idx: Sequence[int],
@@ -345,6 +308,7 @@ class _Fair:
     weights: Mapping[str, float] | None
     tree: FairTree | None
     turn: int | None
+    scale: np.ndarray | None
 
 
 def lend_evenly(fair: _Fair, units: Mapping[Unit, Sequence[int]], counts: np.ndarray,
@@ -367,7 +331,8 @@ def lend_evenly(fair: _Fair, units: Mapping[Unit, Sequence[int]], counts: np.nda
     sub, _ = solve_fair(values[rest], [fair.users[j] for j in rest],
                         [fair.held[j] for j in rest], fair.capacity - int(lent[lenders].sum()),
                         [fair.keys[j] for j in rest] if fair.keys else None, fair.caps,
-                        fair.weights, fair.tree, fair.turn)
+                        fair.weights, fair.tree, fair.turn,
+                        scale=None if fair.scale is None else fair.scale[rest])
     lent[rest] = sub
     value = float(values[np.arange(len(fair.users)), lent].sum())
     if value <= total or any(int(lent[idx].sum()) > limit[u] for u, idx in units.items()):

@@ -271,3 +271,20 @@ def within_slack(parts: Mapping[K, int], held: Mapping[K, int], slack: int,
         room[u], extra[v] = room[u] - 1, extra[v] - 1
         out[u], out[v] = out[u] - 1, out[v] + 1
     return out
+
+
+def member_shares(members: Collection[str], weights: Mapping[str, float] | None,
+                  tree: FairTree | None) -> dict[str, float]:
+    """Each member's fraction of the nodes were every member to want them all: its weight
+    among the members' (``weights``), or down the account ``tree`` (its account's fraction
+    times its own among the account's children). The nodes past users' useful parts are
+    valued in it (:func:`.across.rest_by_value`): what a node adds to a job there counts in
+    proportion to its user's share, so Slurm's fair-share weights hold past the parts too
+    (equal weights: every user's gain counts alike)."""
+    names = sorted(set(members))
+    nodes = 1 << 20  # (integer parts: fine enough for fractions)
+    demand = dict.fromkeys(names, nodes)
+    parts = (tree_caps(demand, {}, nodes, weights, tree.parents, tree.account_weights,
+                       account_parents=tree.account_parents) if tree else
+             user_caps(demand, {}, nodes, weights))
+    return {m: max(parts[m], 1) / nodes for m in names}
