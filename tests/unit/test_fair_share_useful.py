@@ -153,3 +153,25 @@ def test_the_rest_follows_slurms_fair_share_weights():
     assert shown == {"mt-alice": 4, "mt-bob": 4}
     alike = policy.decide(AllocationInput(1000.0, nodes, jobs))
     assert (alike.count("a"), alike.count("b")) == (5, 3)  # alice past what she is shown
+
+
+def test_a_user_below_its_part_of_the_rest_may_grow_past_its_measured_sizes():
+    """The dev cluster's curves (``tests/e2e/test_sshare.py``, one decision logged, rates
+    rounded): both jobs measured up to 5 nodes, a second node adding less than half the
+    first (useful sizes 1), so 6 of 8 nodes are the rest; bob, weighted 2 to alice's 1, is
+    shown 6 of 8 (the rest's odd node rounds to the heavier user) and holds 5. Valued on its measured sizes only, his 6th node was worth a
+    flat curve's nothing against alice's 3rd, and alice kept 3 above the 2 she was shown;
+    within his part of the rest, his sizes are valued as the rounds value a part (explored
+    onto the nodes the division moves to him), so it goes to him."""
+    def curve(*points: tuple[int, float]) -> ThroughputModel:
+        return ThroughputModel(points, 205.0, measured_max_nodes=5)
+
+    early = curve((1, 419.5), (3, 726.6), (5, 1136.7))
+    jobs = (MalleableJob("a", 1, 8, ("n0", "n1", "n2"), early, 20.0, 5.0, 0, user="mt-alice"),
+            MalleableJob("b", 1, 8, tuple(f"n{i}" for i in range(3, 8)), early, 20.0, 5.0, 1,
+                         user="mt-bob"))
+    nodes = tuple(IdleNode(f"n{i}", None, 3600.0) for i in range(8))
+    weights = {"mt-alice": 0.333333, "mt-bob": 0.666667}  # (sshare's factors, as read)
+    plan = make_policy("malletrain", LIVE).decide(AllocationInput(1000.0, nodes, jobs,
+                                                                  user_weights=weights))
+    assert (plan.count("a"), plan.count("b")) == (2, 6)
