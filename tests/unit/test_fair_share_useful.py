@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from malletrain.core.allocation.fairness import solve_fair, useful_sizes
+from malletrain.core.allocation.shares import FairTree, member_shares
 from malletrain.core.model import AllocationInput, IdleNode, MalleableJob, ThroughputModel
 from malletrain.core.options import LIVE
 from malletrain.core.policies import make_policy
@@ -176,3 +177,17 @@ def test_a_user_below_its_part_of_the_rest_may_grow_past_its_measured_sizes():
     plan = make_policy("malletrain", LIVE).decide(AllocationInput(1000.0, nodes, jobs,
                                                                   user_weights=weights))
     assert (plan.count("a"), plan.count("b")) == (2, 6)
+
+
+def test_each_users_share_of_the_rest_follows_its_weight_down_the_account_tree():
+    # weights alone: in proportion
+    shares = member_shares(["a", "b", "b"], {"a": 1.0, "b": 3.0}, None)
+    assert shares == {"a": 0.25, "b": 0.75}
+    assert member_shares(["a", "b"], None, None) == {"a": 0.5, "b": 0.5}
+    # accounts first: phys (weight 1) has two users, chem (weight 1) one
+    tree = FairTree(members=("phys/x", "phys/y", "chem/z"),
+                    weights={"phys/x": 1.0, "phys/y": 1.0, "chem/z": 1.0},
+                    parents={"phys/x": "phys", "phys/y": "phys", "chem/z": "chem"},
+                    account_weights={})
+    shares = member_shares(tree.members, tree.weights, tree)
+    assert shares == {"chem/z": 0.5, "phys/x": 0.25, "phys/y": 0.25}
