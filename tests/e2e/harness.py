@@ -42,6 +42,13 @@ class Daemon(LocalDaemon):
         self.config.write_text(yaml.safe_dump(config))
         return self
 
+    def with_settings(self, section: str, **values: object) -> Daemon:
+        """``values`` set in the config's ``section`` (before :meth:`start`), the rest kept."""
+        config = yaml.safe_load(self.config.read_text())
+        config[section] = {**(config.get(section) or {}), **values}
+        self.config.write_text(yaml.safe_dump(config))
+        return self
+
 
 def wait_until(predicate: Callable[[], object], timeout_s: float, period_s: float = 0.5,
                what: str = "condition", on_timeout: Callable[[], str] | None = None) -> None:
