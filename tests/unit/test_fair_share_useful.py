@@ -162,8 +162,8 @@ def test_a_user_below_its_part_of_the_rest_may_grow_past_its_measured_sizes():
     sizes 1), so 6 of 8 nodes are the rest; bob, weighted 2 to alice's 1, is shown 6 of 8 (the
     rest's odd node rounds to the heavier user) and holds 5. Valued on its measured sizes only,
     his 6th node was worth a flat curve's nothing against alice's 3rd, and alice kept 3 above
-    the 2 she was shown; within his part of the rest, his next size is valued as the rounds value
-    a part (explored onto the nodes the division moves to him), so it goes to him.
+    the 2 she was shown; within his part of the rest, his sizes are valued as the rounds value a
+    part (explored onto the nodes the division moves to him), so it goes to him.
     """
     def curve(*points: tuple[int, float]) -> ThroughputModel:
         return ThroughputModel(points, 205.0, measured_max_nodes=5)

@@ -188,8 +188,8 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int], ca
     kept = (parts_of if slack <= 0 else
             lambda d, h, n: within_slack(parts_of(d, h, n), h, slack, waiting, most))
     counts, total = _rounds(units, holding, demand, kept, solved,
-                            lambda u, idx, cap, step: _unit_rows(
-                                values, unexplored, idx, held, n_free, cap - holding[u], step),
+                            lambda u, idx, cap: _unit_rows(values, unexplored, idx, held,
+                                                           n_free, cap - holding[u]),
                             capacity, rows, wants, scale)
     if lend_factor < 1.0:  # (0: never lend)
         return counts, total
@@ -213,9 +213,8 @@ def _divider(tree: FairTree | None, weights: Mapping[str, float] | None, turn: i
     return parts_of
 
 
-#: a unit's rows of the value table when sized within a cap: (unit, its jobs, cap, one
-#: explored size a job only) -> rows (:func:`_unit_rows`)
-UnitRows = Callable[[Unit, list[int], int, bool], np.ndarray]
+#: a unit's rows of the value table when sized within a cap: (unit, its jobs, cap) -> rows
+UnitRows = Callable[[Unit, list[int], int], np.ndarray]
 
 
 def _by_user(demand: Mapping[Unit, int], holding: Mapping[Unit, int]
@@ -245,7 +244,7 @@ def _rounds(units: Mapping[Unit, list[int]], holding: Mapping[Unit, int],
 
     def rows_at(u: Unit, cap: int) -> np.ndarray:
         if (u, cap) not in sized:
-            sized[(u, cap)] = unit_rows(u, units[u], cap, False)
+            sized[(u, cap)] = unit_rows(u, units[u], cap)
         return sized[(u, cap)]
 
     def size(u: Unit, cap: int) -> tuple[np.ndarray, float]:
@@ -272,8 +271,7 @@ def _rounds(units: Mapping[Unit, list[int]], holding: Mapping[Unit, int],
         if not gave_back:
             break
     reach = _rest_parts(units, counts, wants, holding, parts_of, capacity)
-    rest_by_value(units, wants, {u: unit_rows(u, units[u], max(cap_of[u], reach[u]), True)
-                                 for u in units},
+    rest_by_value(units, wants, {u: rows_at(u, max(cap_of[u], reach[u])) for u in units},
                   capacity, scale, (counts, objective))
     if rows is not None:
         for u, idx in units.items():
@@ -285,14 +283,15 @@ def _rest_parts(units: Mapping[Unit, list[int]], counts: np.ndarray,
                 wants: Mapping[Unit, int], holding: Mapping[Unit, int], parts_of: PartsOf,
                 capacity: int) -> dict[Unit, int]:
     """Per unit, what it takes in the rounds (``counts``) plus its part of what no unit took,
-    divided as the parts are (``malletrain jobs`` shows it as the user's entitlement): within
-    it the rest values a job's next unmeasured size as the rounds value a part (explored,
-    :func:`_unit_rows`), one size a decision. On the dev cluster (``tests/e2e/test_sshare.py``)
-    bob, weighted 2 to alice's 1 and entitled to 6 of 8 nodes, held 5: valued on measured
-    sizes only, his 6th was worth a flat curve's nothing (7k) against alice's 3rd (157k), so
-    alice kept 3, above the 2 she was shown, and bob could never be measured at 6. Explored
-    up to the whole part, the rest went to guesses as in equal parts (RICC days 30-33 under
-    ``LIVE``: fairness cost 5.09 %, against fair 7.4 % ahead exploring one size)."""
+    divided as the parts are (``malletrain jobs`` shows it as the user's entitlement): the
+    rest values each unit's sizes up to there as the rounds value a part (explored onto the
+    nodes the division moves to it, :func:`_unit_rows`), and only its measured sizes past
+    it. On the dev cluster (``tests/e2e/test_sshare.py``) bob, weighted 2 to alice's 1 and
+    entitled to 6 of 8 nodes, held 5: his 6th, unmeasured, was valued at a flat curve (7k)
+    against alice's 3rd (157k), so alice kept 3, above the 2 she was shown. (Exploring only
+    each job's next size instead, at ``423c38a``: Philly's eight cells cost 3.4 % on average
+    against 1.5 %, worst 10.3 % against 6.5 %; RICC days 30-33 ``LIVE`` was better, fair
+    7.4 % ahead against a cost of 5.1 %. Not kept.)"""
     took = {u: int(counts[idx].sum()) for u, idx in units.items()}
     left = capacity - sum(took.values())
     more = {u: wants[u] - took[u] for u in units if wants[u] > took[u]}
@@ -303,24 +302,18 @@ def _rest_parts(units: Mapping[Unit, list[int]], counts: np.ndarray,
 
 
 def _unit_rows(values: np.ndarray, unexplored: np.ndarray | None, idx: Sequence[int],
-               held: Sequence[int], n_free: int, moved: int, step: bool = False
-               ) -> np.ndarray:
+               held: Sequence[int], n_free: int, moved: int) -> np.ndarray:
     """A unit's rows of ``values``, but ``unexplored``'s (the table before
     ``explore_free_only``) up to each job's size plus the free pool (``n_free``) plus the
     nodes the division ``moved`` to the unit from other users. The rule values a size beyond
     the measured ones at the measured rate where its nodes come from another running job (an
     unmeasured guess must not evict a measured job: the node comes back); across users the
     node does not come back, it is the unit's by the division. Measured live: a user below
-    its part stayed there while the other user's jobs held the rest. ``step``: no further
-    than each job's first explored size (:func:`_rest_parts`)."""
+    its part stayed there while the other user's jobs held the rest."""
     rows = values[idx]
     if unexplored is None or moved <= 0:
         return rows
     reach = np.asarray(held)[idx] + n_free + moved
-    if step:  # one explored size a job, no more
-        differ = unexplored[idx] != rows
-        reach = np.minimum(reach, np.where(differ.any(axis=1), np.argmax(differ, axis=1),
-                                           values.shape[1]))
     cols = np.arange(values.shape[1])[None, :]
     return np.where(cols <= reach[:, None], unexplored[idx], rows)
 
