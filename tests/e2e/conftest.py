@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import Daemon, check_python_reachable
+from .harness import Daemon, serve
 
 
 @pytest.fixture
@@ -24,11 +24,4 @@ def workdir():
 def daemon(clean_cluster, workdir):
     """The daemon with its default policy, the learned `malletrain` (curves, costs and hole
     lengths learned online): a test that kills it with -9 checks that this survives."""
-    check_python_reachable("mt-alice", clean_cluster.env)
-    d = Daemon(workdir, clean_cluster.conf_path, clean_cluster.env).start()
-    yield d
-    d.stop()
-    if d.proc is not None and d.proc.poll() is None:
-        d.kill9()
-    clean_cluster.scancel_all()
-    d.stop_coordinator()
+    yield from serve(Daemon(workdir, clean_cluster.conf_path, clean_cluster.env), clean_cluster)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -22,7 +23,8 @@ from malletrain.devstack import (
     run,
 )
 
-__all__ = ["EXAMPLE", "Daemon", "check_python_reachable", "grace_time_s", "wait_until"]
+__all__ = ["EXAMPLE", "Daemon", "check_python_reachable", "grace_time_s", "serve",
+           "wait_until"]
 
 
 class Daemon(LocalDaemon):
@@ -48,6 +50,21 @@ class Daemon(LocalDaemon):
         config[section] = {**(config.get(section) or {}), **values}
         self.config.write_text(yaml.safe_dump(config))
         return self
+
+
+def serve(d: Daemon, cluster: Any) -> Iterator[Daemon]:
+    """A daemon fixture's body: ``d`` started on the dev ``cluster`` (its test users able to
+    reach this checkout), yielded, then stopped (killed with -9 if it will not stop: a test
+    that kills it checks that the state survives), the cluster's jobs cancelled and the
+    coordinator stopped."""
+    check_python_reachable("mt-alice", cluster.env)
+    d.start()
+    yield d
+    d.stop()
+    if d.proc is not None and d.proc.poll() is None:
+        d.kill9()
+    cluster.scancel_all()
+    d.stop_coordinator()
 
 
 def wait_until(predicate: Callable[[], object], timeout_s: float, period_s: float = 0.5,

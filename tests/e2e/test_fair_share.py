@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from .harness import Daemon, check_python_reachable, wait_until
+from .harness import Daemon, serve, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm, pytest.mark.torch]
 
@@ -26,15 +26,8 @@ SAMPLES = 10_000_000  # no job finishes: all are cancelled at the end
 @pytest.fixture
 def daemon(clean_cluster, workdir):
     """The default daemon with strict parts (the module's docstring says why)."""
-    check_python_reachable("mt-alice", clean_cluster.env)
     d = Daemon(workdir, clean_cluster.conf_path, clean_cluster.env)
-    d.with_settings("accounting", fair_share_min_gain=0.0).start()
-    yield d
-    d.stop()
-    if d.proc is not None and d.proc.poll() is None:
-        d.kill9()
-    clean_cluster.scancel_all()
-    d.stop_coordinator()
+    yield from serve(d.with_settings("accounting", fair_share_min_gain=0.0), clean_cluster)
 
 
 def test_bobs_one_job_gets_bobs_half_while_alices_jobs_hold_every_node(daemon,
