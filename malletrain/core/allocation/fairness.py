@@ -283,15 +283,16 @@ def _rest_parts(units: Mapping[Unit, list[int]], counts: np.ndarray,
                 wants: Mapping[Unit, int], holding: Mapping[Unit, int], parts_of: PartsOf,
                 capacity: int) -> dict[Unit, int]:
     """Per unit, what it takes in the rounds (``counts``) plus its part of what no unit took,
-    divided as the parts are (``malletrain jobs`` shows it as the user's entitlement): the
-    rest values each unit's sizes up to there as the rounds value a part (explored onto the
-    nodes the division moves to it, :func:`_unit_rows`), and only its measured sizes past
-    it. On the dev cluster (``tests/e2e/test_sshare.py``) bob, weighted 2 to alice's 1 and
-    entitled to 6 of 8 nodes, held 5: his 6th, unmeasured, was valued at a flat curve (7k)
-    against alice's 3rd (157k), so alice kept 3, above the 2 she was shown. (Exploring only
-    each job's next size instead, at ``423c38a``: Philly's eight cells cost 3.4 % on average
-    against 1.5 %, worst 10.3 % against 6.5 %; RICC days 30-33 ``LIVE`` was better, fair
-    7.4 % ahead against a cost of 5.1 %. Not kept.)"""
+    divided by the rounds' ``parts_of`` (``malletrain jobs`` shows the same weighted division,
+    without a reclaimed user's slack, in the user's entitlement): the rest values each unit's
+    sizes up to there as the rounds value a part (explored onto the nodes the division moves to
+    it, :func:`_unit_rows`), and only its measured sizes past it. On the dev cluster
+    (``tests/e2e/test_sshare.py``) bob, weighted 2 to alice's 1 and entitled to 6 of 8 nodes,
+    held 5: his 6th, unmeasured, was valued at a flat curve (7k) against alice's 3rd (157k), so
+    alice kept 3, above the 2 she was shown. (Exploring only each job's next size instead, at
+    ``423c38a``: Philly's eight cells cost 3.4 % on average against 1.5 %, worst 10.3 % against
+    6.5 %; RICC days 30-33 ``LIVE`` was better, fair 7.4 % ahead against a cost of 5.1 %. Not
+    kept.)"""
     took = {u: int(counts[idx].sum()) for u, idx in units.items()}
     left = capacity - sum(took.values())
     more = {u: wants[u] - took[u] for u in units if wants[u] > took[u]}
