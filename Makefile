@@ -45,9 +45,9 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	touch $@
 
 lint: venv
-	$(VENV)/bin/ruff check malletrain tests benchmarks examples slurm/dev-cluster slurm/record-golden slurm/slurm_roots.py
+	$(VENV)/bin/ruff check malletrain tests benchmarks examples slurm/dev-cluster slurm/record-golden* slurm/slurm_roots.py
 	$(VENV)/bin/mypy malletrain
-	for s in slurm/dev-cluster slurm/record-golden slurm/slurm_roots.py; do $(VENV)/bin/mypy "$$s" || exit 1; done
+	for s in slurm/dev-cluster slurm/record-golden* slurm/slurm_roots.py; do $(VENV)/bin/mypy "$$s" || exit 1; done
 
 # Unit tier: pure logic only, no Slurm, a few seconds.
 test-unit: venv

@@ -33,12 +33,18 @@ class TresLimit:
             caps.append(self.gpus // gpus_per_node)
         return min(caps) if caps else None
 
-    def less(self, nodes: int, jobs: int) -> TresLimit:
-        """What this limit leaves once running jobs hold ``nodes`` nodes in ``jobs`` jobs
-        (Slurm counts every running job of the association or QOS, regular ones too)."""
+    def less(self, nodes: int, jobs: int, gpus: int = 0) -> TresLimit:
+        """What this limit leaves once running jobs hold ``nodes`` nodes and ``gpus`` GPUs
+        in ``jobs`` jobs (Slurm counts every running job of the association or QOS,
+        regular ones too)."""
         return TresLimit(None if self.nodes is None else max(0, self.nodes - nodes),
-                         self.gpus,
+                         None if self.gpus is None else max(0, self.gpus - gpus),
                          None if self.jobs is None else max(0, self.jobs - jobs))
+
+    def exceeded_by(self, nodes: int, jobs: int, gpus: int) -> bool:
+        """Whether running jobs holding so much together would be past this limit."""
+        return any(cap is not None and used > cap for cap, used in
+                   ((self.nodes, nodes), (self.jobs, jobs), (self.gpus, gpus)))
 
 
 NO_LIMIT = TresLimit()
@@ -171,6 +177,17 @@ class SiteLimits:
             chain.append(own[account])
             account = own[account].parent
         return tuple(chain)
+
+    @cached_property
+    def holds_gpus(self) -> bool:
+        """Whether any limit on running jobs together counts GPUs (``GrpTRES`` of an
+        association, a QOS's per user, per account or total): then the regular jobs' GPUs
+        are read each tick (:data:`~malletrain.slurm.versions.JOB_GPUS`). A per-job
+        ``MaxTRES`` needs no one else's GPUs."""
+        limits = [a.total for a in self.associations]
+        limits += [lim for q in self.qos.values()
+                   for lim in (q.per_user, q.per_account, q.total)]
+        return any(lim.gpus is not None for lim in limits)
 
     def qos_of(self, user: str, account: str, asked: str | None) -> str:
         """The QOS a job runs under: its ``--qos``, else the association's default (Slurm

@@ -116,6 +116,9 @@ class Job:
     #: malleable jobs of its user and account (``daemon/tick/limits.py``).
     account: str = ""
     qos: str = ""
+    #: The GPUs it holds (running) or asks for (pending), against the same limits' GPU
+    #: counts; read only where the site holds such a limit (0 otherwise).
+    gpus: int = 0
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The Slurm backend interface, its CLI implementation, the snapshot cache and the selection.
+"""The Slurm backend interface and its CLI implementation.
 
 Everything above this layer (daemon, ``malletrain nodes``, ops) talks to a
 :class:`SlurmBackend`:
@@ -11,12 +11,9 @@ Everything above this layer (daemon, ``malletrain nodes``, ops) talks to a
 Failures are typed (:mod:`malletrain.slurm.errors`): a timeout, slurmctld down or a "try
 again" answer raise :class:`SlurmUnavailableError` (retryable); wrap the backend in
 :class:`~malletrain.slurm.cache.SnapshotCache` to keep serving the last good snapshot meanwhile.
-
-:func:`select_backend` returns the pyslurm implementation when pyslurm is importable and
-built for the cluster's Slurm version, else the CLI one, and logs once why.  On Slurm 22.05
-that is always the CLI: PyPI's pyslurm is 25.11 only and refuses to build against 22.05.
-
-Commands are argument lists run with a timeout, never shell strings.
+:func:`~malletrain.slurm.select.select_backend` picks this or the pyslurm one
+(:mod:`malletrain.slurm.pyslurm_backend`). Commands are argument lists run with a
+timeout, never shell strings.
 """
 
 from __future__ import annotations
@@ -50,13 +47,15 @@ from malletrain.slurm.parsers.parse import SnapshotTexts, build_snapshot, check_
 from malletrain.slurm.parsers.parse_json import check_json_errors
 from malletrain.slurm.parsers.parse_plain_jobs import RecordMemo, parse_jobs_plain
 from malletrain.slurm.parsers.parse_states import UNRECORDED_NODE
-from malletrain.slurm.parsers.parse_text import parse_job_ids
+from malletrain.slurm.parsers.parse_text import parse_job_gpus, parse_job_ids
 from malletrain.slurm.privacy import Privacy, read_privacy
 from malletrain.slurm.refresh import BackgroundRefresh
 from malletrain.slurm.sbatch import SbatchSpec, parse_job_id
 from malletrain.slurm.versions import (
     FORMAT_ENV,
+    JOB_GPUS,
     JOBS_PLAIN,
+    PENDING_IDS_COMMAND,
     PERIODIC_S,
     Release,
     check_readable,
@@ -69,9 +68,6 @@ from malletrain.slurm.versions import (
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 20.0
-
-#: The arrival probe between ticks: the ids of pending jobs, one short text answer.
-PENDING_IDS_COMMAND = ("squeue", "--all", "--noheader", "--states=PENDING", "--format=%A")
 
 #: Job ids that are gone or done: fine for an idempotent cancel.
 _GONE_MARKERS = ("already completing or completed", "invalid job id")
@@ -86,6 +82,9 @@ class SlurmBackend(Protocol):
 
     #: ``"cli"`` or ``"pyslurm"``.
     name: str
+    #: Read each job's GPUs too (``Job.gpus``): the daemon sets it where the site holds a
+    #: GPU limit on running jobs together (one more ``squeue`` a tick).
+    count_gpus: bool
 
     def snapshot(self) -> ClusterSnapshot:
         """Nodes, partitions, jobs (with planned starts/nodes) and reservations, now."""
@@ -131,12 +130,6 @@ class SlurmBackend(Protocol):
         ...
 
 
-# ----------------------------------------------------------------------------- errors
-
-
-# ----------------------------------------------------------------------------- CLI
-
-
 #: How long an ``scontrol`` line waits for the other lines of its wave when no script runs
 #: (slurm/coalesce.py): a little of a give-back's time (regular jobs wait ~1 s for Slurm's
 #: own preemption) against a call per line.
@@ -164,6 +157,7 @@ class CliBackend:
         self._release = release
         #: The daemon's form of a tick: the job list instead of whole JSON records.
         self.daemon = daemon
+        self.count_gpus = False
         #: The last answer of each periodic call: (read at, text).
         self._periodic: dict[str, tuple[float, str]] = {}
         #: this tick's periodic answers, kept once its snapshot parsed
@@ -251,6 +245,8 @@ class CliBackend:
         seconds more for a dead slurmctld).
         """
         commands = self._due_now()
+        if self.count_gpus:
+            commands["job_gpus"] = JOB_GPUS
         token = secrets.token_hex(12)  # the job list's record marker, new for every call
         outputs = self._run_batch(commands, {"jobs_plain": {FORMAT_ENV: jobs_format(token)}})
         if "jobs_plain" in outputs:
@@ -331,6 +327,14 @@ class CliBackend:
             raise classify_failure(argv, res.returncode, res.stderr or res.stdout)
         warnings: list[str] = []
         found = parse_jobs_plain(res.stdout, token, warnings)
+        for w in warnings:
+            log.warning("%s", w)
+        return found
+
+    def job_gpus(self) -> dict[int, int]:
+        """{job id: GPUs} of the running and pending jobs that have any (one ``squeue``)."""
+        warnings: list[str] = []
+        found = parse_job_gpus(self._check(JOB_GPUS), warnings)
         for w in warnings:
             log.warning("%s", w)
         return found

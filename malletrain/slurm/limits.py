@@ -82,6 +82,12 @@ class LimitsReader:
             self._maybe_read()
             return self.held()
 
+    def holds_gpus(self) -> bool:
+        """Whether the limits a tick holds count GPUs of running jobs together (then the
+        tick's snapshot reads every job's GPUs): read before the snapshot is taken."""
+        limits = self.current()
+        return limits is not None and limits.holds_gpus
+
     def held(self) -> SiteLimits | None:
         """What :meth:`current` returned last, without reading (the submit channel's
         threads: ``--qos`` checked against the associations held)."""

@@ -32,6 +32,7 @@ from malletrain.slurm.backend import CliBackend
 from malletrain.slurm.commands import render_update
 from malletrain.slurm.errors import SlurmCommandError, SlurmUnavailableError
 from malletrain.slurm.hostlist import expand_hostlist
+from malletrain.slurm.parsers.parse import with_gpus
 from malletrain.slurm.parsers.parse_json import job_state, node_state
 from malletrain.slurm.privacy import Privacy
 from malletrain.slurm.sbatch import SbatchSpec
@@ -70,6 +71,7 @@ class PyslurmBackend:
     def __init__(self, pyslurm: Any, *, cli: CliBackend) -> None:
         self._ps = pyslurm
         self._cli = cli
+        self.count_gpus = False
 
     def _call(self, what: str, fn: Any, *args: Any) -> Any:
         try:
@@ -95,6 +97,8 @@ class PyslurmBackend:
                                                                       self._ps.Partitions.load)))
         resvs = tuple(self._reservation(r) for r in _values(
             self._call("Reservations.load", self._ps.Reservations.load)))
+        if self.count_gpus:  # the allocated TRES as squeue prints them, on every release
+            jobs = with_gpus(jobs, self._cli.job_gpus())
         return ClusterSnapshot(taken_at=taken_at, nodes=nodes, partitions=parts, jobs=jobs,
                                reservations=resvs, warnings=tuple(warns))
 

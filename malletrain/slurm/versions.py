@@ -59,9 +59,19 @@ NODES_FROM_SCONTROL = Release(23, 2)
 JOB_FIELDS = ("%A", "%T", "%D", "%l", "%S", "%e", "%V", "%u", "%P", "%N", "%Y", "%r", "%a",
               "%q")
 JOBS_PLAIN = ("squeue", "--all", "--states=all", "--noheader")
+#: The arrival probe between ticks: the ids of pending jobs, one short text answer.
+PENDING_IDS_COMMAND = ("squeue", "--all", "--noheader", "--states=PENDING", "--format=%A")
 #: The format travels in squeue's environment, not its argv: another user on the login
 #: node can read a process's command line, not its environment.
 FORMAT_ENV = "SQUEUE_FORMAT"
+#: The GPUs each running job holds and each pending one asks for (``tres-alloc`` prints
+#: the request until the job runs; ``gres/gpu=N`` where ``AccountingStorageTRES`` has it,
+#: which a ``GrpTRES=gres/gpu=N`` limit needs): only ``--Format`` has that field, so it is
+#: a call of its own, each tick only where the site holds a GPU limit on running jobs
+#: together (:attr:`~malletrain.core.accounting.SiteLimits.holds_gpus`). Both fields are
+#: Slurm's own (no ``|`` or newline): no token is needed.
+JOB_GPUS = ("squeue", "--all", "--noheader", "--states=RUNNING,PENDING",
+            "--Format=JobID:0|,tres-alloc:0")
 
 
 def jobs_format(token: str) -> str:

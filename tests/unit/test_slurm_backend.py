@@ -30,7 +30,7 @@ from malletrain.slurm.errors import (
 from malletrain.slurm.parsers.parse import GOLDEN_FILES, SnapshotTexts, build_snapshot
 from malletrain.slurm.sbatch import SbatchSpec
 from malletrain.slurm.select import choose_backend_kind, select_backend
-from malletrain.slurm.versions import Release, snapshot_commands
+from malletrain.slurm.versions import JOB_GPUS, Release, snapshot_commands
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "slurm"
 
@@ -327,6 +327,12 @@ def test_pyslurm_adapter_maps_objects_like_the_cli_parser():
     (job,) = snap.jobs
     assert job.planned_nodes == ("n1", "n2") and job.time_limit_s == 600
     assert snap.partitions[0].priority_tier == 10 and snap.partitions[0].default
+    # where a GPU limit needs them, the GPUs come from squeue's tres-alloc (the CLI's read)
+    cli = CliBackend(runner=lambda argv, **_: subprocess.CompletedProcess(
+        argv, 0, "5|cpu=2,node=2,gres/gpu=4\n" if list(argv) == list(JOB_GPUS) else "", ""))
+    backend = PyslurmBackend(fake, cli=cli)
+    backend.count_gpus = True
+    assert [j.gpus for j in backend.snapshot().jobs] == [4]
 
 
 def test_periodic_calls_are_read_again_only_when_their_answer_is_old():

@@ -83,10 +83,7 @@ def limits_reader(settings: Settings) -> LimitsReader:
 
 class Daemon:
     def __init__(
-        self,
-        settings: Settings,
-        backend: SlurmBackend,
-        *,
+        self, settings: Settings, backend: SlurmBackend, *,
         metrics: Metrics | None = None,
         coordinator: Any = None,
         decide_overrides: Mapping[str, float] | None = None,
@@ -248,6 +245,7 @@ class Daemon:
 
     def _read_slurm(self) -> ClusterSnapshot:
         """The snapshot (on the reader thread), timed: the loop backs off when Slurm is slow."""
+        self.backend.count_gpus = self.limits.holds_gpus()  # (a GPU limit: their GPUs too)
         t0 = time.monotonic()
         try:
             snap = self.cache.refresh()

@@ -15,13 +15,13 @@ each job gets
 Node and GPU counts become nodes by the job's GPUs per node; job counts are nodes too,
 since each node slot is one Slurm job (:meth:`TresLimit.node_cap`). Slurm counts the
 running regular jobs of the same association and QOS against the same limits, so what
-they hold (nodes and jobs, from each tick's job list: :func:`regular_usage`) comes off the
-caps first, and so does what a regular job waiting at such a limit asks for: where
+they hold (nodes and jobs from each tick's job list, GPUs from squeue's ``tres-alloc``
+where the site holds a GPU limit: :func:`regular_usage`) comes off the caps first, and
+so does what a regular job waiting at such a limit asks for: where
 ``AccountingStorageEnforce`` holds limits, Slurm's preemption does not free a limit, so
-slots under it would keep the regular job waiting for as long as they run. Regular jobs'
-GPUs are not in the job list, so a GPU limit is held for the slots alone. The allocation
-holds the caps (:mod:`malletrain.core.allocation.fairness`) and ``malletrain jobs`` says
-``AccountLimit`` or ``QOSLimit`` for a job held at one (:func:`limited_jobs`).
+slots under it would keep the regular job waiting for as long as they run. The
+allocation holds the caps (:mod:`malletrain.core.allocation.fairness`) and ``malletrain
+jobs`` says ``AccountLimit`` or ``QOSLimit`` for a job held at one (:func:`limited_jobs`).
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ class Usage:
 
     nodes: int = 0
     jobs: int = 0
+    gpus: int = 0
 
 
 NO_USE = Usage()
@@ -75,7 +76,7 @@ _HELD_AT_SHARED_LIMIT = re.compile(
 def _add(caps: dict[str, int], key: str, limit: TresLimit, gpus_per_node: int,
          used: Mapping[str, Usage]) -> None:
     held = used.get(key, NO_USE)
-    cap = limit.less(held.nodes, held.jobs).node_cap(gpus_per_node)
+    cap = limit.less(held.nodes, held.jobs, held.gpus).node_cap(gpus_per_node)
     if cap is not None:
         caps[key] = cap
 
@@ -128,10 +129,11 @@ def _job_keys(site: SiteLimits, job: Job) -> list[tuple[str, TresLimit]]:
 def _count(used: dict[str, Usage], job: Job, keys: list[tuple[str, TresLimit]],
            fits_only: bool) -> None:
     """Add ``job`` under its ``keys`` (``fits_only``: only if it fits every limit)."""
-    after = {key: Usage(used.get(key, NO_USE).nodes + job.node_count,
-                        used.get(key, NO_USE).jobs + 1) for key, _ in keys}
-    if fits_only and any((lim.nodes is not None and after[key].nodes > lim.nodes)
-                         or (lim.jobs is not None and after[key].jobs > lim.jobs)
+    after = {}
+    for key, _ in keys:
+        was = used.get(key, NO_USE)
+        after[key] = Usage(was.nodes + job.node_count, was.jobs + 1, was.gpus + job.gpus)
+    if fits_only and any(lim.exceeded_by(after[key].nodes, after[key].jobs, after[key].gpus)
                          for key, lim in keys):
         return
     used.update(after)

@@ -33,17 +33,18 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from malletrain.core.cluster import ClusterSnapshot, Node
+from malletrain.core.cluster import ClusterSnapshot, Job, Node
 from malletrain.slurm.errors import SlurmParseError
 from malletrain.slurm.parsers import shapes
 from malletrain.slurm.parsers.parse_json import parse_nodes_json, parse_squeue_json
 from malletrain.slurm.parsers.parse_plain_jobs import RecordMemo, parse_jobs_plain
 from malletrain.slurm.parsers.parse_states import merge_node_states, parse_node_states
 from malletrain.slurm.parsers.parse_text import (
+    parse_job_gpus,
     parse_partitions,
     parse_planned,
     parse_reservations,
@@ -73,6 +74,8 @@ class SnapshotTexts:
     jobs_token: str = ""
     #: The daemon's node states of this tick, laid over ``nodes_json`` (:mod:`.parse_states`).
     node_states: str = ""
+    #: The jobs' GPUs (:data:`~malletrain.slurm.versions.JOB_GPUS`), where they are read.
+    job_gpus: str = ""
 
     @classmethod
     def read_dir(cls, directory: Path, daemon: bool = False) -> SnapshotTexts:
@@ -155,6 +158,12 @@ def _node_records(nodes_json: str, topology: str, warns: list[str]) -> tuple[Nod
     return parse_nodes_json(nodes_json, warns, switches=parse_topology(topology, []))
 
 
+def with_gpus(jobs: tuple[Job, ...], gpus: Mapping[int, int]) -> tuple[Job, ...]:
+    """The jobs with the GPUs read for them (a job the GPU list misses, one that started
+    between the two calls, counts none this tick)."""
+    return tuple(replace(j, gpus=gpus[j.job_id]) if j.job_id in gpus else j for j in jobs)
+
+
 def build_snapshot(taken_at: float, texts: SnapshotTexts,
                    memo: RecordMemo | None = None) -> ClusterSnapshot:
     """One :class:`ClusterSnapshot` from one tick's outputs (pure; golden-file tested);
@@ -170,6 +179,8 @@ def build_snapshot(taken_at: float, texts: SnapshotTexts,
         jobs = parse_squeue_json(texts.squeue_json, parse_planned(texts.planned, warns), warns)
     else:
         jobs = parse_jobs_plain(texts.jobs_plain, texts.jobs_token, warns, memo)
+    if texts.job_gpus:
+        jobs = with_gpus(jobs, parse_job_gpus(texts.job_gpus, warns))
     partitions = _periodic(parse_partitions, warns, texts.partitions)
     reservations = _periodic(parse_reservations, warns, texts.reservations)
     for w in warns:

@@ -60,11 +60,40 @@ _KEY_RE = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/.]*)=")
 def parse_job_ids(text: str) -> frozenset[int]:
     """Job ids, one per line (``squeue --noheader --format=%A``); other lines are skipped.
 
-    The arrival probe between ticks (:data:`~malletrain.slurm.backend.PENDING_IDS_COMMAND`)
+    The arrival probe between ticks (:data:`~malletrain.slurm.versions.PENDING_IDS_COMMAND`)
     only compares ids with the last snapshot's, so an odd line costs nothing but a wake-up.
     """
     return frozenset(int(t) for t in (line.strip() for line in text.splitlines())
                      if t.isdigit())
+
+
+def parse_job_gpus(text: str, warnings: list[str] | None = None) -> dict[int, int]:
+    """``squeue -O JobID:0|,tres-alloc:0`` (:data:`~malletrain.slurm.versions.JOB_GPUS`)
+    -> {job id: GPUs} for the jobs with any. A TRES string names GPUs as ``gres/gpu=N``
+    and, where the site accounts GPU types, ``gres/gpu:TYPE=N`` beside it: the untyped
+    count where given, else the typed ones summed. An odd line is skipped with a warning
+    (the job then counts no GPUs; its nodes and its job still count)."""
+    warns = warnings if warnings is not None else []
+    out: dict[int, int] = {}
+    for line in text.splitlines():
+        job_id, sep, tres = line.strip().partition("|")
+        if not line.strip():
+            continue
+        if not sep or not job_id.isdigit():
+            warns.append(f"squeue GPUs: cannot read line {line[:80]!r}; skipped")
+            continue
+        counts = {name: value for name, _, value in (item.partition("=")
+                                                      for item in tres.split(","))
+                  if name == "gres/gpu" or name.startswith("gres/gpu:")}
+        if not all(v.isdigit() for v in counts.values()):
+            warns.append(f"squeue GPUs: job {job_id}: a GPU count is not a number in "
+                         f"{tres[:80]!r}; no GPUs counted")
+            continue
+        gpus = (int(counts["gres/gpu"]) if "gres/gpu" in counts
+                else sum(int(v) for v in counts.values()))
+        if gpus:
+            out[int(job_id)] = gpus
+    return out
 
 
 def parse_key_values(line: str) -> dict[str, str]:
