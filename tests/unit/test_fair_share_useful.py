@@ -163,7 +163,9 @@ def test_a_user_below_its_part_of_the_rest_may_grow_past_its_measured_sizes():
     rest's odd node rounds to the heavier user) and holds 5. Valued on its measured sizes only,
     his 6th node was worth a flat curve's nothing against alice's 3rd, and alice kept 3 above
     the 2 she was shown; within his part of the rest, his sizes are valued as the rounds value a
-    part (explored onto the nodes the division moves to him), so it goes to him.
+    part (explored onto the nodes the division moves to him), so it goes to him. (Logged with
+    sshare's factors 0.333333 and 0.666667, whose 6 nodes of the rest were then rounded to 1
+    and 5; now 2 and 4, so the weights here are 0.3 and 0.7: 1.8 and 4.2, the odd node bob's.)
     """
     def curve(*points: tuple[int, float]) -> ThroughputModel:
         return ThroughputModel(points, 205.0, measured_max_nodes=5)
@@ -173,7 +175,7 @@ def test_a_user_below_its_part_of_the_rest_may_grow_past_its_measured_sizes():
             MalleableJob("b", 1, 8, tuple(f"n{i}" for i in range(3, 8)), early, 20.0, 5.0, 1,
                          user="mt-bob"))
     nodes = tuple(IdleNode(f"n{i}", None, 3600.0) for i in range(8))
-    weights = {"mt-alice": 0.333333, "mt-bob": 0.666667}  # (sshare's factors, as read)
+    weights = {"mt-alice": 0.3, "mt-bob": 0.7}
     plan = make_policy("malletrain", LIVE).decide(AllocationInput(1000.0, nodes, jobs,
                                                                   user_weights=weights))
     assert (plan.count("a"), plan.count("b")) == (2, 6)

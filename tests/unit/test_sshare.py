@@ -224,6 +224,17 @@ def test_decide_weights_users_by_their_factor():
     assert plan.entitled == {"carol": 15, "mt-bob": 1} and len(plan.targets["m9"]) == 1
 
 
+def test_sshares_six_places_do_not_round_a_part_down():
+    """sshare's factors 0.333333 and 0.666667 of 6 nodes are 2 and 4 (1.999998 was a part of
+    1, and the odd node went to the heavier user: 1 and 5); of 8, 2 and 6 as before."""
+    weights = {"mt-alice": 0.333333, "mt-bob": 0.666667}
+    demand = {"mt-alice": 8, "mt-bob": 8}
+    assert user_caps(demand, {}, 6, weights) == {"mt-alice": 2, "mt-bob": 4}
+    assert user_caps(demand, {}, 8, weights) == {"mt-alice": 2, "mt-bob": 6}
+    many = {f"u{i}": 1.0 / 3 for i in range(3000)}  # never more than the nodes given out
+    assert sum(user_caps(dict.fromkeys(many, 9), {}, 1000, many).values()) == 1000
+
+
 def test_entitlements_follow_the_account_tree():
     w = _alice_and_bob("carol")
     managed = [r for r in w.jobs if r.job_id in ("m1", "m9")]

@@ -123,7 +123,12 @@ def _shares(active: Sequence[K], left: int, weights: Mapping[K, float] | None
     if not weights:
         return dict.fromkeys(active, left // len(active))
     total = sum(weights.get(u, 1.0) for u in active)
-    return {u: int(left * weights.get(u, 1.0) / total) for u in active}
+    exact = {u: left * weights.get(u, 1.0) / total for u in active}
+    # a share within 1e-4 of a whole node is that node: sshare prints factors to six
+    # places, and its 0.333333 of 6 nodes (1.999998) made a part of 1, the odd node then
+    # going to the heavier user; the plain floors where that would give out more than left
+    near = {u: int(x + 1e-4) for u, x in exact.items()}
+    return near if sum(near.values()) <= left else {u: int(x) for u, x in exact.items()}
 
 
 @dataclass(frozen=True)
