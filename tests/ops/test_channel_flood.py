@@ -100,17 +100,18 @@ def test_running_out_of_file_descriptors_does_not_end_the_channel(dev_cluster, s
     """The accept loop survives EMFILE; service resumes when the flood's requests time out."""
     path = shared_tmp / "tight.sock"
     code = f"""
-import resource, sys, time
+import resource, sys
 from pathlib import Path
 from malletrain.daemon.submit.channel import MAX_CONNECTIONS_PER_UID, ChannelServer
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (16, hard))  # fewer than one uid may hold
 server = ChannelServer(Path({str(path)!r}), lambda peer, req: {{"jobs": [peer.user]}}).start()
 print("up", flush=True)
-time.sleep(25)
+sys.stdin.readline()  # the test has been served (or gave up)
 print("alive" if server._thread.is_alive() else "dead", flush=True)
 """
-    server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+    server = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True,
                               env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2])))
     try:
         assert server.stdout is not None and server.stdout.readline().strip() == "up"
@@ -120,6 +121,9 @@ print("alive" if server._thread.is_alive() else "dead", flush=True)
         ask = _as("mt-alice", ASK_UNTIL_SERVED, str(path))
         out, err = ask.communicate(timeout=45)
         assert out.split(" ", 1)[-1].strip() == "['mt-alice']", (out, err)
+        assert server.stdin is not None
+        server.stdin.write("check\n")
+        server.stdin.flush()
         assert server.stdout.readline().strip() == "alive"
         flood.wait(10)
     finally:
