@@ -187,7 +187,7 @@ def solve_fair(values: np.ndarray, users: Sequence[str], held: Sequence[int], ca
     most = _by_user(wants, holding)[0]
     kept = (parts_of if slack <= 0 else
             lambda d, h, n: within_slack(parts_of(d, h, n), h, slack, waiting, most))
-    counts, total = _rounds(units, holding, demand, kept, solved,
+    counts, total = _rounds(units, holding, demand, (kept, parts_of), solved,
                             lambda u, idx, cap: _unit_rows(values, unexplored, idx, held,
                                                            n_free, cap - holding[u]),
                             capacity, rows, wants, scale)
@@ -229,15 +229,18 @@ def _by_user(demand: Mapping[Unit, int], holding: Mapping[Unit, int]
 
 
 def _rounds(units: Mapping[Unit, list[int]], holding: Mapping[Unit, int],
-            demand: dict[Unit, int], parts_of: PartsOf,
+            demand: dict[Unit, int], dividers: tuple[PartsOf, PartsOf],
             solved: dict[tuple[Unit, int], tuple[np.ndarray, float]],
             unit_rows: UnitRows, capacity: int,
             rows: np.ndarray | None, wants: Mapping[Unit, int] | None = None,
             scale: np.ndarray | None = None) -> tuple[np.ndarray, float]:
-    """Divide (``parts_of`` the users' demand and holdings), size each unit within its part
-    on its ``unit_rows`` (written into ``rows`` unless None), lower the demand of a unit that
-    used less, again, until no unit gives back; then what no unit took goes where it adds
-    the most, up to each unit's ``wants`` (:func:`.across.rest_by_value`): (counts, objective)."""
+    """Divide (``dividers[0]`` of the users' demand and holdings), size each unit within its
+    part on its ``unit_rows`` (written into ``rows`` unless None), lower the demand of a unit
+    that used less, again, until no unit gives back; then what no unit took goes where it
+    adds the most, up to each unit's ``wants`` (:func:`.across.rest_by_value`), each unit
+    explored up to its part of it by ``dividers[1]`` (:func:`_rest_parts`): (counts,
+    objective)."""
+    parts_of, rest_parts_of = dividers
     counts = np.zeros(sum(len(idx) for idx in units.values()), dtype=int)
     objective: dict[Unit, float] = {}
     sized: dict[tuple[Unit, int], np.ndarray] = {}  # the rows each (unit, cap) is sized on
@@ -270,7 +273,7 @@ def _rounds(units: Mapping[Unit, list[int]], holding: Mapping[Unit, int],
                 gave_back = True
         if not gave_back:
             break
-    reach = _rest_parts(units, counts, wants, holding, parts_of, capacity)
+    reach = _rest_parts(units, counts, wants, holding, rest_parts_of, capacity)
     rest_by_value(units, wants, {u: rows_at(u, max(cap_of[u], reach[u])) for u in units},
                   capacity, scale, (counts, objective))
     if rows is not None:
@@ -283,8 +286,9 @@ def _rest_parts(units: Mapping[Unit, list[int]], counts: np.ndarray,
                 wants: Mapping[Unit, int], holding: Mapping[Unit, int], parts_of: PartsOf,
                 capacity: int) -> dict[Unit, int]:
     """Per unit, what it takes in the rounds (``counts``) plus its part of what no unit took,
-    divided by the rounds' ``parts_of`` (``malletrain jobs`` shows the same weighted division,
-    without a reclaimed user's slack, in the user's entitlement): the rest values each unit's
+    divided by ``parts_of``: the plain weighted division, without a reclaimed user's slack
+    (which compares parts to whole holdings: here they are parts of the rest, and ``malletrain
+    jobs`` shows the division without it too): the rest values each unit's
     sizes up to there as the rounds value a part (explored onto the nodes the division moves to
     it, :func:`_unit_rows`), and only its measured sizes past it. On the dev cluster
     (``tests/e2e/test_sshare.py``) bob, weighted 2 to alice's 1 and entitled to 6 of 8 nodes,
