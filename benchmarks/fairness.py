@@ -39,7 +39,9 @@ its part fitted one of its jobs' minimum; when the first idle node was on offer
 (``first_idle_s``, from the replay's start); B's wait from its submission to its
 first node and to its share (``ab``: 8 nodes, its job's largest size, or its equal part of the
 idle nodes if smaller); total useful work (``work``, one-worker-seconds) and its cost against
-the user-blind allocator; what the allocator's size changes cost in useful work (``lost``,
+the user-blind allocator; that work per node-second the jobs held (``work_per_node_s``:
+where the nodes went, apart from what moving them cost); what the allocator's size changes
+cost in useful work (``lost``,
 one-worker-seconds of rescale downtime; ``--free-rescales``: every job's rescale costs 0, to
 the allocator too, to tell churn from the division's own cost); size changes the allocator
 made (``rescales``, starts included) and those Slurm's jobs forced (``preempted``).
@@ -243,6 +245,7 @@ def replay(scenario: str, preset: str, fair: bool, days: float,
     return {"users": len(users), "jain_node_s": jain(node_s), "jain_work": jain(work),
             **share_figures(recorder.rows, res.end_s), **waits(res, sc.watch),
             "work": float(summary["one_worker_seconds_total"]),  # type: ignore[arg-type]
+            "work_per_node_s": sum(work) / max(sum(node_s), 1e-9),
             "lost": sum(r.lost_rescale / r.job.unit_rate() for r in res.jobs),
             "finished": float(summary["jobs_finished"]),  # type: ignore[arg-type]
             "rescales": res.rescales + res.starts, "preempted": res.preemptions,
@@ -289,7 +292,8 @@ def decision_time(decisions: int, factor: float, users: int = 50) -> None:
 
 
 COLUMNS = ("users", "jain_node_s", "jain_work", "jain_share", "starved", "first_idle_s",
-           "first_node_s", "share_s", "work", "lost", "finished", "rescales", "preempted", "wall_s")
+           "first_node_s", "share_s", "work", "work_per_node_s", "lost", "finished", "rescales",
+           "preempted", "wall_s")
 
 
 def _option(text: str) -> tuple[str, float]:
