@@ -63,9 +63,10 @@ class PolicyOptions:
     #: malletrain: > 0: a node past a job's minimum that adds less than this times the job's
     #: rate per node at its minimum is offered to the other users before its own user's job
     #: (core.allocation.fairness.useful_sizes); 0: a user's part is its jobs' to use. Every
-    #: preset: strict parts cost 17 % of the work on Philly's VCs, and 5.3 % on RICC's users
-    #: (benchmarks/fairness.py, docs/allocator-measured.md)
-    fair_share_min_gain: float = 0.5
+    #: preset: strict parts cost 17 % of the work on Philly's VCs, and 5.3 % on RICC's users;
+    #: 0.5 cost up to 6.5 % on three of sixteen replays, 0.6 at most 4.1 % (benchmarks/
+    #: fairness.py, docs/evaluation.md)
+    fair_share_min_gain: float = 0.6
     #: malletrain: a user that Slurm took nodes from waits up to a turn (fair_turn_s) for
     #: nodes other users hold above their parts while within this many nodes of its own
     #: (core.allocation.shares.within_slack); 0: no waiting. Every preset: on Philly's VCs

@@ -80,7 +80,7 @@ class AccountingSettings:
         "turns of this many seconds (each user waits a bounded number of turns, and nothing "
         "moves within one); 0 = to the users holding most, no turns.",
         min=0, max=86_400))
-    fair_share_min_gain: float = field(default=0.5, metadata=meta(
+    fair_share_min_gain: float = field(default=0.6, metadata=meta(
         "A user's part counts each of its jobs' nodes up to where one more node adds less "
         "than this times the job's rate per node at its minimum; the other users' parts come "
         "first, and what is left once every part is met goes where a node adds the most. "
