@@ -5,9 +5,9 @@ node of 8 after 18 s and kept 1 for the next 3 minutes.
 
 The parts count every node a job may hold (``fair_share_min_gain: 0``): the dev cluster's
 8 nodes share one 2-core machine, so a job's measured curve adds about half a node per node,
-at the useful-size rule's own threshold, and a part for useful sizes would follow that
-noise (once in three runs, with the rule, bob's REASON was not ``UserShare`` for 30 s after
-he reached his half; that run printed no jobs table, so its plan is not known).
+near the useful-size rule's threshold (0.5 then, 0.6 now), and a part for useful sizes would
+follow that noise (once in three runs, with the rule, bob's REASON was not ``UserShare`` for
+30 s after he reached his half; that run printed no jobs table, so its plan is not known).
 The rule is tested on its own (``tests/unit/test_fair_share_useful.py``, the replays)."""
 
 from __future__ import annotations
