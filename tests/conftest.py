@@ -318,6 +318,30 @@ def free_port_base() -> Callable[[int], int]:
 
 
 @pytest.fixture
+def extra_cluster() -> Iterator[Callable[[str, int], DevCluster]]:
+    """``extra_cluster(name, nodes)`` -> a second, short-lived cluster's directory, port and
+    environment (not started: the test runs ``up`` with the options it needs through
+    ``.dev_cluster``); each is taken down and removed afterwards."""
+    made: list[DevCluster] = []
+
+    def make(name: str, nodes: int) -> DevCluster:
+        base = Path(tempfile.mkdtemp(prefix=f"malletrain-devcluster-{name}-", dir="/tmp"))
+        port = _pick_port_base(nodes)
+        env = dict(os.environ, MALLETRAIN_DEVCLUSTER_DIR=str(base),
+                   MALLETRAIN_DEVCLUSTER_PORT=str(port),
+                   SLURM_CONF=str(base / "etc" / "slurm.conf"))
+        made.append(DevCluster(dir=base, conf_path=base / "etc" / "slurm.conf", port=port,
+                               nodes=tuple(f"n{i}" for i in range(1, nodes + 1)), env=env))
+        return made[-1]
+
+    yield make
+    for c in made:
+        subprocess.run([str(DEV_CLUSTER), "down"], env=c.env, capture_output=True, timeout=60,
+                       check=False)
+        shutil.rmtree(c.dir, ignore_errors=True)
+
+
+@pytest.fixture
 def clean_cluster(dev_cluster: DevCluster) -> Iterator[DevCluster]:
     """The session cluster with no jobs or reservations, before and after the test."""
     dev_cluster.scancel_all()

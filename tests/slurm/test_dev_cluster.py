@@ -170,7 +170,7 @@ def _show_config(env: dict[str, str]) -> dict[str, str]:
 
 
 def test_with_an_epilog_a_preempting_job_starts_as_soon_as_its_nodes_are_freed(
-        free_port_base):
+        extra_cluster):
     """``up --epilog``: a freed node goes to the waiting regular job at once.
 
     With an ``Epilog`` every slurmd reports EPILOG_COMPLETE and slurmctld schedules on
@@ -179,58 +179,40 @@ def test_with_an_epilog_a_preempting_job_starts_as_soon_as_its_nodes_are_freed(
     backfill pass (0-1 s, uniformly: three jobs all under the bound below without the
     epilog path would happen about once in 8 runs).
     """
-    base = Path(tempfile.mkdtemp(prefix="malletrain-devcluster-epilog-", dir="/tmp"))
-    env = dict(os.environ, MALLETRAIN_DEVCLUSTER_DIR=str(base),
-               MALLETRAIN_DEVCLUSTER_PORT=str(free_port_base(4)),
-               SLURM_CONF=str(base / "etc" / "slurm.conf"))
+    c = extra_cluster("epilog", 4)
+    base, env = c.dir, c.env
 
     def run(*argv: str, user: str | None = None) -> str:
-        cmd = list(argv) if user is None else [
-            "setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", *argv]
-        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60,
-                             check=False)
-        assert res.returncode == 0, f"{cmd}: {res.stderr}"
-        return res.stdout
+        return c.run(*argv, user=user, timeout_s=60).stdout
 
     def state(job: int) -> str:
         return run("squeue", "-h", "-t", "all", "-j", str(job), "-o", "%T").strip()
 
-    def wait(pred, what: str, timeout_s: float = 30) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not pred():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            time.sleep(0.2)
-
-    try:
-        run(str(DEV_CLUSTER), "up", "--nodes", "4", "--epilog", "--users", "mt-alice,mt-bob")
-        config = _show_config(env)  # 23.02+ may list several: Epilog[0]
-        assert config.get("Epilog", config.get("Epilog[0]")) == "/bin/true"
-        scav = [int(run("sbatch", "--parsable", "-p", "scavenger", "-N1", "--exclusive",
-                        "-t", "10", "-o", "/dev/null", "--wrap=exec srun sleep 600",
-                        user="mt-alice").split(";")[0]) for _ in range(4)]
-        wait(lambda: all(state(j) == "RUNNING" for j in scav), "a scavenger job per node")
-        wait(lambda: len(run("squeue", "-h", "-s", "-o", "%i").split()) >= 8,
-             "their steps")  # batch step + step 0 of each
-        time.sleep(1.0)  # a preemption during a step's launch hangs the node (§6.12)
-        node_of = {j: run("squeue", "-h", "-j", str(j), "-o", "%N").strip() for j in scav}
-        regular = [int(run("sbatch", "--parsable", "-p", "batch", f"-N{n}", "-t", "2",
-                           "-o", "/dev/null", "--wrap=srun sleep 1",
-                           user="mt-bob").split(";")[0]) for n in (2, 1, 1)]
-        wait(lambda: all(state(j) == "COMPLETED" for j in regular), "the regular jobs")
-        log = base / "log" / "slurmctld.log"
-        allocated = _ctld_times(log, r"sched: Allocate JobId=(\d+) ")
-        allocated.update(_ctld_times(log, r"sched/backfill: _start_job: Started JobId=(\d+) "))
-        ended = _ctld_times(log, r"_job_complete: JobId=(\d+) done")
-        for j in regular:
-            nodes = _nodes_from_log(log, j)
-            taken = [s for s, n in node_of.items() if n in nodes]
-            assert taken, f"job {j} on {nodes} took no scavenger node: {node_of}"
-            gap_s = allocated[j] - max(ended[s] for s in taken)
-            assert 0 <= gap_s < 0.6, f"job {j} started {gap_s:.2f} s after its nodes were freed"
-    finally:
-        subprocess.run([str(DEV_CLUSTER), "down"], env=env, capture_output=True, timeout=60,
-                       check=False)
-        shutil.rmtree(base, ignore_errors=True)
+    run(str(DEV_CLUSTER), "up", "--nodes", "4", "--epilog", "--users", "mt-alice,mt-bob")
+    config = _show_config(env)  # 23.02+ may list several: Epilog[0]
+    assert config.get("Epilog", config.get("Epilog[0]")) == "/bin/true"
+    scav = [int(run("sbatch", "--parsable", "-p", "scavenger", "-N1", "--exclusive",
+                    "-t", "10", "-o", "/dev/null", "--wrap=exec srun sleep 600",
+                    user="mt-alice").split(";")[0]) for _ in range(4)]
+    c.wait_until(lambda: all(state(j) == "RUNNING" for j in scav), what="a scavenger job per node")
+    c.wait_until(lambda: len(run("squeue", "-h", "-s", "-o", "%i").split()) >= 8,
+                 what="their steps")  # batch step + step 0 of each
+    time.sleep(1.0)  # a preemption during a step's launch hangs the node (§6.12)
+    node_of = {j: run("squeue", "-h", "-j", str(j), "-o", "%N").strip() for j in scav}
+    regular = [int(run("sbatch", "--parsable", "-p", "batch", f"-N{n}", "-t", "2",
+                       "-o", "/dev/null", "--wrap=srun sleep 1",
+                       user="mt-bob").split(";")[0]) for n in (2, 1, 1)]
+    c.wait_until(lambda: all(state(j) == "COMPLETED" for j in regular), what="the regular jobs")
+    log = base / "log" / "slurmctld.log"
+    allocated = _ctld_times(log, r"sched: Allocate JobId=(\d+) ")
+    allocated.update(_ctld_times(log, r"sched/backfill: _start_job: Started JobId=(\d+) "))
+    ended = _ctld_times(log, r"_job_complete: JobId=(\d+) done")
+    for j in regular:
+        nodes = _nodes_from_log(log, j)
+        taken = [s for s, n in node_of.items() if n in nodes]
+        assert taken, f"job {j} on {nodes} took no scavenger node: {node_of}"
+        gap_s = allocated[j] - max(ended[s] for s in taken)
+        assert 0 <= gap_s < 0.6, f"job {j} started {gap_s:.2f} s after its nodes were freed"
 
 
 def _nodes_from_log(log: Path, job: int) -> list[str]:

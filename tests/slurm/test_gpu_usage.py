@@ -10,10 +10,7 @@ one tick's snapshot through :class:`CliBackend` with the GPU read on) leaves bob
 from __future__ import annotations
 
 import functools
-import os
-import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -31,55 +28,39 @@ pytestmark = pytest.mark.slurm
 ACCOUNT = "gpulimit"
 
 
-def test_a_regular_jobs_gpus_come_off_its_users_gpu_limit(free_port_base, shared_tmp):
-    base = Path(tempfile.mkdtemp(prefix="malletrain-devcluster-gpus-", dir="/tmp"))
-    env = dict(os.environ)
-    env.update(MALLETRAIN_DEVCLUSTER_DIR=str(base),
-               MALLETRAIN_DEVCLUSTER_PORT=str(free_port_base(2)),
-               SLURM_CONF=str(base / "etc" / "slurm.conf"))
+def test_a_regular_jobs_gpus_come_off_its_users_gpu_limit(extra_cluster, shared_tmp):
+    c = extra_cluster("gpus", 2)
 
     def run(*argv: str, user: str | None = None) -> str:
-        cmd = list(argv) if user is None else [
-            "setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", *argv]
-        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120,
-                             check=False)
-        assert res.returncode == 0, f"{cmd}: {res.stderr}"
-        return res.stdout
+        return c.run(*argv, user=user, timeout_s=120).stdout
 
-    try:
-        run(str(DEV_CLUSTER), "up", "--nodes", "2", "--gpus", "a100:2", "--accounting",
-            "--users", "mt-bob")
-        run("sacctmgr", "-i", "add", "account", ACCOUNT, "Description=gpus", "Organization=t")
-        run("sacctmgr", "-i", "add", "user", "mt-bob", f"account={ACCOUNT}",
-            f"DefaultAccount={ACCOUNT}")
-        run("sacctmgr", "-i", "modify", "user", "mt-bob", "set", "GrpTRES=gres/gpu=3")
-        job_id = int(run("sbatch", "--parsable", "-p", "batch", "-N", "1", "--gres=gpu:2",
-                         f"--chdir={shared_tmp}", "--output=/dev/null", "--wrap=sleep 120",
-                         user="mt-bob").strip())
-        deadline = time.monotonic() + 30
-        while "RUNNING" not in run("squeue", "-h", "-j", str(job_id), "-o", "%T"):
-            assert time.monotonic() < deadline, "bob's regular job did not start"
-            time.sleep(0.3)
+    run(str(DEV_CLUSTER), "up", "--nodes", "2", "--gpus", "a100:2", "--accounting",
+        "--users", "mt-bob")
+    run("sacctmgr", "-i", "add", "account", ACCOUNT, "Description=gpus", "Organization=t")
+    run("sacctmgr", "-i", "add", "user", "mt-bob", f"account={ACCOUNT}",
+        f"DefaultAccount={ACCOUNT}")
+    run("sacctmgr", "-i", "modify", "user", "mt-bob", "set", "GrpTRES=gres/gpu=3")
+    job_id = int(run("sbatch", "--parsable", "-p", "batch", "-N", "1", "--gres=gpu:2",
+                     f"--chdir={shared_tmp}", "--output=/dev/null", "--wrap=sleep 120",
+                     user="mt-bob").strip())
+    c.wait_until(lambda: "RUNNING" in run("squeue", "-h", "-j", str(job_id), "-o", "%T"),
+                 30, period_s=0.3, what="bob's regular job to start")
 
-        reader = LimitsReader(mode="on", run=functools.partial(subprocess.run, env=env))
-        assert reader.holds_gpus(), reader.last_error
-        backend = CliBackend(env=env, daemon=True)
-        regular = next(j for j in backend.snapshot().jobs if j.job_id == job_id)
-        assert (regular.account, regular.gpus) == (ACCOUNT, 0)  # not read unless asked
-        backend.count_gpus = True
-        regular = next(j for j in backend.snapshot().jobs if j.job_id == job_id)
-        assert (regular.account, regular.gpus) == (ACCOUNT, 2)
+    reader = LimitsReader(mode="on", run=functools.partial(subprocess.run, env=c.env))
+    assert reader.holds_gpus(), reader.last_error
+    backend = CliBackend(env=c.env, daemon=True)
+    regular = next(j for j in backend.snapshot().jobs if j.job_id == job_id)
+    assert (regular.account, regular.gpus) == (ACCOUNT, 0)  # not read unless asked
+    backend.count_gpus = True
+    regular = next(j for j in backend.snapshot().jobs if j.job_id == job_id)
+    assert (regular.account, regular.gpus) == (ACCOUNT, 2)
 
-        site = reader.current()
-        assert site is not None
-        used = regular_usage([regular], site)
-        assert used[f"assoc:{ACCOUNT}/mt-bob"] == Usage(nodes=1, jobs=1, gpus=2)
-        bob = JobRecord("m1", 1, 1001, "mt-bob", JobSpec(script="/x/t.py", max_nodes=2,
-                                                          gpus_per_node=1),
-                        Lifecycle.new(time.time()), time.time())
-        assert job_limits(bob, site, used).caps[f"assoc:{ACCOUNT}/mt-bob"] == 1
-        assert job_limits(bob, site, {}).caps[f"assoc:{ACCOUNT}/mt-bob"] == 3
-    finally:
-        subprocess.run([str(DEV_CLUSTER), "down"], env=env, capture_output=True, timeout=60,
-                       check=False)
-        shutil.rmtree(base, ignore_errors=True)
+    site = reader.current()
+    assert site is not None
+    used = regular_usage([regular], site)
+    assert used[f"assoc:{ACCOUNT}/mt-bob"] == Usage(nodes=1, jobs=1, gpus=2)
+    bob = JobRecord("m1", 1, 1001, "mt-bob", JobSpec(script="/x/t.py", max_nodes=2,
+                                                      gpus_per_node=1),
+                    Lifecycle.new(time.time()), time.time())
+    assert job_limits(bob, site, used).caps[f"assoc:{ACCOUNT}/mt-bob"] == 1
+    assert job_limits(bob, site, {}).caps[f"assoc:{ACCOUNT}/mt-bob"] == 3
