@@ -53,8 +53,23 @@ lint: venv
 test-unit: venv
 	$(VENV)/bin/pytest -q tests/unit
 
-test: setup lint
-	$(VENV)/bin/pytest -q
+# `make test`: lint and the pure tier (no Slurm, no workers) run niced beside the cluster
+# tiers, whose tests mostly wait on Slurm and on paced training steps, so the run takes about
+# the cluster tiers' time. The two side logs are printed whole at the end; any failure fails.
+PURE_TESTS := tests/unit tests/sim
+TEST_LOGS := build/test-logs
+
+test: setup
+	@mkdir -p $(TEST_LOGS)
+	@nice -n 10 $(MAKE) --no-print-directory lint > $(TEST_LOGS)/lint.log 2>&1 & lint_pid=$$!; \
+	nice -n 10 $(VENV)/bin/pytest -q -p no:cacheprovider $(PURE_TESTS) \
+	  > $(TEST_LOGS)/pure.log 2>&1 & pure_pid=$$!; \
+	$(VENV)/bin/pytest -q $(addprefix --ignore=,$(PURE_TESTS)); cluster_rc=$$?; \
+	wait $$lint_pid; lint_rc=$$?; wait $$pure_pid; pure_rc=$$?; \
+	echo "=== lint ($(TEST_LOGS)/lint.log)"; cat $(TEST_LOGS)/lint.log; \
+	echo "=== pure tier: $(PURE_TESTS) ($(TEST_LOGS)/pure.log)"; cat $(TEST_LOGS)/pure.log; \
+	echo "=== lint rc $$lint_rc, pure tier rc $$pure_rc, cluster tiers rc $$cluster_rc"; \
+	[ $$lint_rc = 0 ] && [ $$pure_rc = 0 ] && [ $$cluster_rc = 0 ]
 
 # The Slurm contract tests and the daemon's end-to-end tests against the other tested
 # releases (22.05 runs in `make test`); a release runs this (about 8 min per release).

@@ -21,7 +21,7 @@ from .harness import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm, pytest.mark.torch]
 
-SAMPLES = 60_000
+SAMPLES = 30_000
 
 
 def _nodes(rows, *job_ids):

@@ -113,7 +113,7 @@ def test_slurmctld_down_node_vanishing_and_kill9_mid_rescale(daemon, clean_clust
     """One job through three failures; it still finishes with exactly its samples."""
     check_python_reachable("mt-alice", clean_cluster.env)
     d = daemon
-    samples = 30_000
+    samples = 20_000
     job = d.submit_example("mt-alice", "jf", "1-2", samples, launcher="torchrun")
     wait_until(lambda: d.jobs()[job]["members"] == 2, 150, what="the job on 2 nodes",
                on_timeout=lambda: d.log()[-3000:])

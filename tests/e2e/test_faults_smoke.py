@@ -39,7 +39,7 @@ def _load_faults():
 def test_a_worker_and_the_daemon_killed_mid_run_recover_exactly(clean_cluster, workdir):
     check_python_reachable("mt-alice", clean_cluster.env)
     faults = _load_faults()
-    args = argparse.Namespace(runs=1, seed=0, slurm_down_s=10.0, dir=str(workdir), samples=24_000,
+    args = argparse.Namespace(runs=1, seed=0, slurm_down_s=10.0, dir=str(workdir), samples=16_000,
                               port=clean_cluster.port, keep=True)
     cluster = LocalCluster(clean_cluster.dir, clean_cluster.port, len(clean_cluster.nodes))
     suite = faults.Suite(args, cluster=cluster)

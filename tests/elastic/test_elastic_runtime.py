@@ -422,7 +422,7 @@ def test_the_survivor_of_a_preemption_removed_by_the_daemon_at_once_still_saves(
     SIGTERM (m1 keeps the state, so it did not save) and m1 found itself removed (m0 keeps
     it, so it did not save either). Nobody saved; the next group had nothing to restore.
     With SIGKILL (Slurm's kill after its grace) m1 comes from a failed step instead."""
-    total = 240
+    total = 120
     state = tmp_path / "state"
     cluster.state_dir = state
     args = _args(total, "--step-sleep", "0.3", "--log-indices")
