@@ -21,6 +21,11 @@ from .harness import Daemon, serve, wait_until
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm, pytest.mark.torch]
 
 SAMPLES = 10_000_000  # no job finishes: all are cancelled at the end
+#: Steps paced at 0.5 s (the examples' default is 0.25 s). At 0.25 s, in one CI rehearsal,
+#: bob fell back from 4 nodes to 1 (REASON Resources) while alice's 1-node jobs took the
+#: rest: the plan valued his growth below their starts, most likely because nine jobs'
+#: workers on 2 cores left his 4-node rate measured barely above his 1-node rate.
+STEP_SLEEP_S = 0.5
 
 
 @pytest.fixture
@@ -33,7 +38,8 @@ def daemon(clean_cluster, workdir):
 def test_bobs_one_job_gets_bobs_half_while_alices_jobs_hold_every_node(daemon,
                                                                          clean_cluster):
     d = daemon
-    alice = [d.submit_example("mt-alice", f"a{k}", "1-8", SAMPLES) for k in range(8)]
+    alice = [d.submit_example("mt-alice", f"a{k}", "1-8", SAMPLES,
+                               step_sleep_s=STEP_SLEEP_S) for k in range(8)]
 
     def nodes_of(rows, jobs):
         return sum(len(rows[j]["nodes"]) for j in jobs)
@@ -41,7 +47,7 @@ def test_bobs_one_job_gets_bobs_half_while_alices_jobs_hold_every_node(daemon,
     wait_until(lambda: nodes_of(d.jobs(), alice) == 8, 150,
                what="alice's eight jobs on all 8 nodes",
                on_timeout=lambda: json.dumps(d.jobs(), indent=1) + d.log()[-3000:])
-    bob = d.submit_example("mt-bob", "b0", "1-8", SAMPLES)
+    bob = d.submit_example("mt-bob", "b0", "1-8", SAMPLES, step_sleep_s=STEP_SLEEP_S)
 
     def bob_has_his_half():
         rows = d.jobs()
