@@ -242,9 +242,14 @@ def _stop_orphaned_test_clusters() -> None:
         except PermissionError:
             continue
         env = dict(os.environ, MALLETRAIN_DEVCLUSTER_DIR=str(owner.parent))
-        subprocess.run([str(DEV_CLUSTER), "down"], env=env, capture_output=True, timeout=60,
-                       check=False)
+        _down(env)
         shutil.rmtree(owner.parent, ignore_errors=True)
+
+
+def _down(env: dict[str, str]) -> None:
+    """``dev-cluster down`` for the cluster ``env`` names (no process of it left)."""
+    subprocess.run([str(DEV_CLUSTER), "down"], env=env, capture_output=True, timeout=60,
+                   check=False)
 
 
 @pytest.fixture(scope="session")
@@ -287,8 +292,7 @@ def dev_cluster() -> Iterator[DevCluster]:
             os.environ[key] = env[key]
         yield cluster
     finally:
-        subprocess.run([str(DEV_CLUSTER), "down"], env=env, capture_output=True, timeout=60,
-                       check=False)
+        _down(env)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -336,8 +340,7 @@ def extra_cluster() -> Iterator[Callable[[str, int], DevCluster]]:
 
     yield make
     for c in made:
-        subprocess.run([str(DEV_CLUSTER), "down"], env=c.env, capture_output=True, timeout=60,
-                       check=False)
+        _down(c.env)
         shutil.rmtree(c.dir, ignore_errors=True)
 
 
